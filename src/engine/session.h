@@ -1,0 +1,71 @@
+#pragma once
+// Generation on top of Model: prompt -> prefill -> sample -> decode ... until a stop
+// condition, for one sequence (Session) or several decoded together in one step
+// (generate_batch). Text streams out as it becomes whole UTF-8.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/sampling.h"
+#include "engine/model.h"
+
+namespace metrale {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 128;
+  // Token ids that end generation (and are not part of the output). Empty: the config's
+  // eos ids (config.json + generation_config.json) and the tokenizer's eos.
+  std::vector<int32_t> eos_ids;
+  bool ignore_eos = false;
+  // Generation ends when the decoded text contains one of these; the text is cut before it.
+  std::vector<std::string> stop_strings;
+  SamplingParams sampling{.temperature = 0.0f};  // greedy unless temperature > 0
+  uint64_t seed = 0;
+};
+
+enum class StopReason : uint8_t { kEos, kStopString, kMaxTokens, kContextFull };
+std::string_view stop_reason_name(StopReason r);
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids (without the eos that stopped it)
+  std::string text;             // their text (empty without a tokenizer), cut at a stop string
+  StopReason stop = StopReason::kMaxTokens;
+  int64_t prompt_tokens = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;    // from the first decode step to the end
+};
+
+// Called with each newly completed piece of text (may be empty for a token that ends
+// mid-character).
+using TextCallback = std::function<void(std::string_view piece)>;
+
+class Session {
+ public:
+  explicit Session(Model& model);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  Sequence& sequence() { return seq_; }
+  // Prefill `prompt` and generate. The sequence keeps its tokens, so a later generate()
+  // continues the conversation from the cache.
+  GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                          const TextCallback& on_text = nullptr);
+
+ private:
+  Model& model_;
+  Sequence seq_;
+};
+
+// Generates for several prompts at once: each decode step runs every unfinished sequence in
+// one pass. Results are identical to generating each prompt alone.
+std::vector<GenerateResult> generate_batch(Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                                           const GenerateOptions& options);
+
+// The eos set GenerateOptions resolves to for `model`.
+std::vector<int32_t> default_eos_ids(const Model& model);
+
+}  // namespace metrale

@@ -1,0 +1,109 @@
+#include "weights/tensor_loader.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "quant/weight_format.h"
+#include "weights/dense_weights.h"
+
+namespace metrale {
+
+TensorLoader::TensorLoader(const Checkpoint& checkpoint, Backend& backend, WeightPlacement placement,
+                           void (*progress)(uint64_t, uint64_t))
+    : checkpoint_(checkpoint), backend_(backend), placement_(placement), progress_(progress) {}
+
+const CheckpointTensor& TensorLoader::claim(const std::string& name,
+                                            std::initializer_list<int64_t> shape) {
+  const CheckpointTensor* t = checkpoint_.find(name);
+  METRALE_CHECK(t != nullptr, checkpoint_.dir().string(), ": missing tensor '", name,
+                "' (expected shape ", Shape(shape).str(), ")");
+  METRALE_CHECK(t->info->shape == Shape(shape), checkpoint_.dir().string(), ": tensor '", name,
+                "' has shape ", t->info->shape.str(), ", expected ", Shape(shape).str(),
+                " from config.json");
+  claimed_.insert(name);
+  return *t;
+}
+
+void TensorLoader::advance(uint64_t bytes) {
+  done_ += bytes;
+  if (progress_ != nullptr) progress_(done_, checkpoint_.total_bytes());
+}
+
+// Copy into backend memory (streamed, releasing the mapped pages as it goes), or read in
+// place when asked and the tensor is aligned for its element type.
+const void* TensorLoader::place(const CheckpointTensor& t) {
+  const bool aligned = t.file->is_aligned(*t.info);
+  if (placement_ == WeightPlacement::kInPlace && aligned) return t.bytes().data();
+  auto buffer = std::make_shared<Buffer>(backend_.allocate(t.info->nbytes()));
+  checkpoint_.copy_to(t.info->name, {buffer->as<std::byte>(), buffer->size()});
+  const void* data = buffer->data();
+  storage_.push_back(std::move(buffer));
+  return data;
+}
+
+WeightTensor TensorLoader::matrix(const std::string& name, int64_t n_out, int64_t n_in) {
+  return linear_impl(name, nullptr, n_out, n_in);
+}
+
+WeightTensor TensorLoader::linear(const std::string& prefix, int64_t n_out, int64_t n_in,
+                                  bool has_bias) {
+  const std::string bias_name = prefix + ".bias";
+  if (!has_bias) return linear_impl(prefix + ".weight", nullptr, n_out, n_in);
+  return linear_impl(prefix + ".weight", &bias_name, n_out, n_in);
+}
+
+WeightTensor TensorLoader::linear_impl(const std::string& name, const std::string* bias_name,
+                                       int64_t n_out, int64_t n_in) {
+  const CheckpointTensor& t = claim(name, {n_out, n_in});
+  const auto format = weight_format_for_dtype(t.info->dtype);
+  METRALE_CHECK(format.has_value(), checkpoint_.dir().string(), ": tensor '", name, "' has dtype ",
+                dtype_name(t.info->dtype), "; plain weights must be f32 or bf16");
+  backend_.require(Op::kLinear, *format, DType::kF32, name);
+  WeightTensor w{.name = name, .format = *format, .n_out = n_out, .n_in = n_in};
+  w.data = place(t);
+  if (bias_name != nullptr) {
+    const CheckpointTensor& b = claim(*bias_name, {n_out});
+    METRALE_CHECK(b.info->dtype == DType::kF32 || b.info->dtype == DType::kBF16,
+                  checkpoint_.dir().string(), ": tensor '", *bias_name, "' has dtype ",
+                  dtype_name(b.info->dtype), "; expected f32 or bf16");
+    w.bias = place(b);
+    w.bias_dtype = b.info->dtype;
+    advance(b.info->nbytes());
+  }
+  advance(t.info->nbytes());
+  WeightTensor prepared = backend_.prepare(w, PrepareMode::kInPlace);
+  if (prepared.storage) storage_.push_back(prepared.storage);
+  return prepared;
+}
+
+NormWeight TensorLoader::norm(const std::string& name, int64_t n) {
+  const CheckpointTensor& t = claim(name, {n});
+  const DType dt = t.info->dtype;
+  METRALE_CHECK(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16,
+                checkpoint_.dir().string(), ": tensor '", name, "' has dtype ", dtype_name(dt),
+                "; expected f32, bf16 or f16");
+  // The mapping may not be aligned for the element type: copy the bytes out first.
+  const auto bytes = t.bytes();
+  std::vector<std::byte> raw(bytes.begin(), bytes.end());
+  NormWeight out(static_cast<size_t>(n));
+  to_f32(raw.data(), dt, out.data(), out.size());
+  advance(t.info->nbytes());
+  return out;
+}
+
+void TensorLoader::ignore(const std::string& name) { claimed_.insert(name); }
+
+void TensorLoader::check_all_claimed() const {
+  std::string unexpected;
+  int count = 0;
+  for (const CheckpointTensor& t : checkpoint_.tensors()) {
+    if (claimed_.count(t.name()) != 0) continue;
+    if (count < 5) unexpected += (count ? ", '" : "'") + std::string(t.name()) + "'";
+    ++count;
+  }
+  METRALE_CHECK(count == 0, checkpoint_.dir().string(), ": ", count,
+                " tensor(s) the config does not account for: ", unexpected,
+                count > 5 ? ", ..." : "", " (does config.json match these weights?)");
+}
+
+}  // namespace metrale

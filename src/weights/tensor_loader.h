@@ -1,0 +1,60 @@
+#pragma once
+// TensorLoader: the shared mechanics of every weight map. It looks tensors up by their
+// safetensors key, checks dtype and shape against what the config implies (errors name the
+// tensor, the expected and the found), hands linear weights to the backend in the placement
+// asked for, and remembers which tensors were claimed so a map can insist that the
+// checkpoint holds nothing it does not understand.
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/safetensors/checkpoint.h"
+
+namespace metrale {
+
+// Where decode reads weights from (DESIGN.md: a measured choice; `metrale bench` reports
+// both). kCopy streams each tensor into backend memory and releases the mapped pages as it
+// goes, so a load never holds two resident copies.
+enum class WeightPlacement : uint8_t { kCopy, kInPlace };
+
+// A norm weight widened to f32 at load time (they are tiny and read every row).
+using NormWeight = std::vector<float>;
+
+class TensorLoader {
+ public:
+  TensorLoader(const Checkpoint& checkpoint, Backend& backend, WeightPlacement placement,
+               void (*progress)(uint64_t done, uint64_t total));
+
+  // A [n_out, n_in] matrix in a plain weight format (f32, bf16), prepared by the backend.
+  WeightTensor matrix(const std::string& name, int64_t n_out, int64_t n_in);
+  // `prefix`.weight [n_out, n_in], plus `prefix`.bias [n_out] when has_bias.
+  WeightTensor linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool has_bias);
+  // A 1-D [n] vector (norm weight), widened to f32.
+  NormWeight norm(const std::string& name, int64_t n);
+  // Marks `name` as understood but unused (absent is fine too).
+  void ignore(const std::string& name);
+  // Throws an Error listing (up to a few) checkpoint tensors no field claimed.
+  void check_all_claimed() const;
+  std::vector<std::shared_ptr<const Buffer>> take_storage() { return std::move(storage_); }
+
+ private:
+  const CheckpointTensor& claim(const std::string& name, std::initializer_list<int64_t> shape);
+  WeightTensor linear_impl(const std::string& name, const std::string* bias_name, int64_t n_out,
+                           int64_t n_in);
+  const void* place(const CheckpointTensor& t);
+  void advance(uint64_t bytes);
+
+  const Checkpoint& checkpoint_;
+  Backend& backend_;
+  WeightPlacement placement_;
+  void (*progress_)(uint64_t, uint64_t);
+  uint64_t done_ = 0;
+  std::set<std::string, std::less<>> claimed_;
+  std::vector<std::shared_ptr<const Buffer>> storage_;
+};
+
+}  // namespace metrale
