@@ -1,0 +1,179 @@
+#pragma once
+// Backend: the small interface every compute device implements (DESIGN.md "Backend").
+//
+//  - memory: allocate() hands out aligned device buffers;
+//  - supports(op, format, dtype) is asked at load time, so an unsupported combination fails
+//    before the first token (require() turns "no" into an Error naming op/format/dtype);
+//  - prepare(weight) may repack a weight into the backend's preferred layout and then owns
+//    the result (WeightTensor::storage keeps it alive);
+//  - a fixed set of coarse ops on f32 activations (Rows, rows.h).
+//
+// Contracts shared by all ops:
+//  - activations are f32; weights come in a WeightFormat (quant/weight_format.h);
+//  - a row's result depends only on that row's inputs: not on the thread count, nor on
+//    which other rows share the call (decode alone == decode co-batched, chunked prefill ==
+//    one-piece prefill), because every reduction runs in a fixed order;
+//  - ops allocate nothing on the heap; shapes are validated with METRALE_CHECK (cheap, per
+//    call, never per element) and a mismatch throws Error naming the tensor.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "backend/buffer.h"
+#include "backend/kv_cache.h"
+#include "backend/rope_table.h"
+#include "backend/rows.h"
+#include "core/dtype.h"
+#include "quant/weight_format.h"
+
+namespace metrale {
+
+enum class Op : uint8_t {
+  kLinear,           // y = x W^T (+ b)
+  kEmbedding,        // rows of a [vocab, dim] table
+  kRmsNorm,          // both conventions, optional fused residual add, per-group (qk-norm)
+  kRope,             // rotate_half RoPE from a RopeTable
+  kKvStore,          // write K/V rows into pages
+  kAttention,        // paged attention, decode and prefill
+  kGatedActivation,  // silu(g) * u, gelu_tanh(g) * u
+  kArgmax,
+};
+std::string_view op_name(Op op);
+
+// A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
+// `format`; bias (optional) is [n_out] of bias_dtype (f32 or bf16).
+struct WeightTensor {
+  std::string name;  // the safetensors key, for error messages
+  WeightFormat format = WeightFormat::kF32;
+  int64_t n_out = 0;
+  int64_t n_in = 0;
+  const void* data = nullptr;  // n_out rows of weight_row_bytes(format, n_in) bytes
+  const void* bias = nullptr;
+  DType bias_dtype = DType::kF32;
+  // Backend-specific packing tag set by prepare(): 0 = plain rows as in the checkpoint.
+  // Ops reject a tag they did not produce.
+  uint32_t packing = 0;
+  // Owns what prepare() allocated (null: data/bias point into the caller's memory, which
+  // must outlive this tensor).
+  std::shared_ptr<const Buffer> storage;
+};
+
+enum class PrepareMode : uint8_t {
+  kInPlace,  // keep reading the caller's memory (e.g. the safetensors mmap)
+  kCopy,     // copy (and repack) into backend memory; the caller may release its source
+};
+
+// rms_norm conventions: Llama/Qwen/Mistral scale by w; Gemma-style checkpoints store w - 1
+// and scale by (1 + w).
+enum class NormStyle : uint8_t { kWeight, kOnePlusWeight };
+
+struct RmsNormArgs {
+  ConstRows x;
+  // Optional fused residual: when residual.data is set, first residual += x, then the
+  // norm reads residual (HF: h = h + x; out = norm(h)). Same shape as x.
+  Rows residual{};
+  Rows out;                       // same shape as x; may alias x
+  const float* weight = nullptr;  // [group] f32
+  float eps = 1e-6f;
+  NormStyle style = NormStyle::kWeight;
+  // 0: normalise whole rows. Otherwise normalise each run of `group` values separately
+  // (per-head qk-norm: group = head_dim, the same weight for every head).
+  int64_t group = 0;
+};
+
+struct RopeArgs {
+  Rows x;                           // [n_tokens, n_heads * head_dim], rotated in place
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;             // the first table.rotary_dim() values of each head rotate
+  std::span<const int32_t> positions;  // [n_tokens]
+  const RopeTable* table = nullptr;
+};
+
+struct KvStoreArgs {
+  ConstRows k;                    // [n_tokens, n_kv_heads * head_dim]
+  ConstRows v;                    // same
+  std::span<const int64_t> slots;  // [n_tokens], page * page_size + offset
+  KvLayerView cache;
+};
+
+struct AttentionShape {
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;  // divides n_heads (GQA); head h reads kv head h / (n_heads / n_kv)
+  int64_t head_dim = 0;
+  float scale = 0.0f;          // softmax scale; 0 means 1 / sqrt(head_dim)
+  int64_t sliding_window = 0;  // 0: none; else a query at p sees keys k with p - k < window
+};
+
+// Decode: row i of q is the newest token (position seqs[i].seq_len - 1) of sequence i,
+// whose K/V was already stored. Many sequences per call, each with its own pages.
+struct DecodeAttentionArgs {
+  ConstRows q;  // [n_seqs, n_heads * head_dim]
+  Rows out;     // [n_seqs, n_heads * head_dim]
+  KvLayerView cache;
+  std::span<const KvPageTable> seqs;  // [n_seqs]
+  AttentionShape shape;
+};
+
+// Causal prefill of one sequence: q holds the chunk's n_new tokens at positions
+// [seq.seq_len - n_new, seq.seq_len); their K/V are already stored, so each attends to the
+// cached prefix and to the chunk up to itself.
+struct PrefillAttentionArgs {
+  ConstRows q;  // [n_new, n_heads * head_dim]
+  Rows out;     // [n_new, n_heads * head_dim]
+  KvLayerView cache;
+  KvPageTable seq;
+  AttentionShape shape;
+};
+
+enum class Activation : uint8_t {
+  kSilu,      // x * sigmoid(x)                        (HF "silu")
+  kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))  (HF "gelu_pytorch_tanh")
+};
+
+struct GatedActivationArgs {
+  ConstRows gate;
+  ConstRows up;  // same shape as gate
+  Rows out;      // same shape; may alias gate or up
+  Activation act = Activation::kSilu;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // --- memory ---
+  // Zero-filled, aligned to at least 64 bytes.
+  virtual Buffer allocate(size_t bytes) = 0;
+
+  // --- capabilities ---
+  // `format` matters for kLinear and kEmbedding (pass kF32 for others); `dtype` is the
+  // activation / cache element type (kF32 today).
+  virtual bool supports(Op op, WeightFormat format, DType dtype) const = 0;
+  // Throws Error "backend cpu: op linear does not support weight format X with dtype Y
+  // (needed by 'tensor')" when unsupported.
+  void require(Op op, WeightFormat format, DType dtype, std::string_view needed_by) const;
+
+  // Validates w (shape, pointers, format support) and returns the tensor the ops want.
+  virtual WeightTensor prepare(const WeightTensor& w, PrepareMode mode) = 0;
+
+  // --- ops ---
+  // y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]).  x: [rows, n_in], y: [rows, n_out].
+  virtual void linear(ConstRows x, const WeightTensor& w, Rows y) = 0;
+  // out[r] = table[ids[r]] widened to f32; ids out of range throw.
+  virtual void embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) = 0;
+  virtual void rms_norm(const RmsNormArgs& a) = 0;
+  virtual void rope(const RopeArgs& a) = 0;
+  virtual void kv_store(const KvStoreArgs& a) = 0;
+  virtual void attention_decode(const DecodeAttentionArgs& a) = 0;
+  virtual void attention_prefill(const PrefillAttentionArgs& a) = 0;
+  virtual void gated_activation(const GatedActivationArgs& a) = 0;
+  // out[r] = index of the largest value of row r (the first one on ties, as torch.argmax).
+  virtual void argmax(ConstRows logits, std::span<int32_t> out) = 0;
+};
+
+}  // namespace metrale

@@ -1,0 +1,24 @@
+// The bf16 linear kernel: its own translation unit (one per weight format keeps builds
+// parallel and lets a format's kernel change without recompiling the others).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backend/cpu/linear_bf16.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "backend/cpu/linear-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace metrale::cpu::HWY_NAMESPACE {
+void LinearBf16(const LinearTask& t, int64_t o_begin, int64_t o_end) {
+  LinearRange<hwy::bfloat16_t>(t, o_begin, o_end);
+}
+}  // namespace metrale::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace metrale::cpu {
+HWY_EXPORT(LinearBf16);
+void linear_bf16(const LinearTask& t, int64_t o_begin, int64_t o_end) {
+  HWY_DYNAMIC_DISPATCH(LinearBf16)(t, o_begin, o_end);
+}
+}  // namespace metrale::cpu
+#endif

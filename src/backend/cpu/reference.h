@@ -1,0 +1,31 @@
+#pragma once
+// Scalar references for every CPU kernel: plain loops, written for clarity, with sums in
+// double where that makes them the better truth. Tests compare the SIMD kernels (on every
+// compiled target) against these; nothing on a hot path calls them.
+#include <cstdint>
+#include <span>
+
+#include "backend/backend.h"
+
+namespace metrale::cpu::reference {
+
+// y = x W^T (+ bias); W rows decoded with dequantize_row, sums in double.
+void linear(ConstRows x, WeightFormat format, const void* w, int64_t n_out, int64_t n_in,
+            const float* bias, Rows y);
+
+// Same contract as Backend::rms_norm.
+void rms_norm(const RmsNormArgs& a);
+
+// Same contract as Backend::rope: HF's q * cos + rotate_half(q) * sin.
+void rope(const RopeArgs& a);
+
+// out = act(gate) * up with std::exp / std::tanh.
+void gated_activation(const GatedActivationArgs& a);
+
+// Dense causal attention of one query row against contiguous K/V
+// ([n_keys, n_kv_heads, head_dim]) for a query at position `pos` (keys 0..pos exist);
+// softmax in double, two passes. `scale` must be resolved (non-zero).
+void attention_row(const float* q, const float* k, const float* v, int64_t pos,
+                   const AttentionShape& shape, float* out);
+
+}  // namespace metrale::cpu::reference

@@ -1,0 +1,46 @@
+#pragma once
+// The paged KV cache layout shared by every backend. The cache of one layer is two arrays
+// (K and V), each [n_pages, page_size, n_kv_heads, head_dim] f32; token t of a sequence
+// lives in page block_table[t / page_size] at offset t % page_size. A "slot" is
+// page * page_size + offset: the flat token index that kv_store writes to.
+#include <cstdint>
+#include <span>
+
+namespace metrale {
+
+struct KvLayout {
+  int64_t n_pages = 0;
+  int64_t page_size = 0;  // tokens per page
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+
+  int64_t row_elems() const { return n_kv_heads * head_dim; }  // one token's K (or V)
+  int64_t page_elems() const { return page_size * row_elems(); }
+  int64_t layer_elems() const { return n_pages * page_elems(); }
+  int64_t n_slots() const { return n_pages * page_size; }
+};
+
+// One layer's K and V pages (memory owned by whoever allocated the cache).
+struct KvLayerView {
+  float* k = nullptr;  // [n_pages, page_size, n_kv_heads, head_dim]
+  float* v = nullptr;  // same
+  KvLayout layout;
+
+  float* k_row(int64_t slot) const { return k + slot * layout.row_elems(); }
+  float* v_row(int64_t slot) const { return v + slot * layout.row_elems(); }
+};
+
+// The pages of one sequence: block_table[i] is the page holding tokens
+// [i * page_size, (i + 1) * page_size). seq_len counts every token whose K/V is stored,
+// including the ones being processed in this call.
+struct KvPageTable {
+  std::span<const int32_t> block_table;
+  int64_t seq_len = 0;
+
+  int64_t slot(int64_t pos, int64_t page_size) const {
+    return static_cast<int64_t>(block_table[static_cast<size_t>(pos / page_size)]) * page_size +
+           pos % page_size;
+  }
+};
+
+}  // namespace metrale

@@ -1,0 +1,153 @@
+// `metrale bench --model DIR`: prefill and decode tokens/s, peak RSS, and the fraction of
+// the memory-bandwidth roofline, with the bandwidth measured in the same run.
+// Decode roofline: tokens/s x weight bytes read per token / bandwidth.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "engine/bandwidth.h"
+
+namespace metrale::cli {
+namespace {
+
+struct BenchFlags {
+  ModelFlags model;
+  std::string prefill = "128,512";
+  std::string batch = "1,4,16";
+  int64_t decode_tokens = 64;
+  int reps = 3;
+  bool json = false;
+  bool skip_bandwidth = false;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(std::min<int64_t>(vocab, 32000) - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = d(rng);
+  return ids;
+}
+
+double bench_prefill(Model& m, int64_t n, int reps) {
+  std::vector<float> logits(static_cast<size_t>(m.vocab_size()));
+  const std::vector<int32_t> ids = random_ids(n, m.vocab_size(), 1);
+  std::vector<double> tps;
+  for (int r = 0; r < reps + 1; ++r) {  // the first run warms caches and pages
+    Sequence seq;
+    const double t0 = now_s();
+    m.prefill(seq, ids, logits);
+    const double dt = now_s() - t0;
+    m.release(seq);
+    if (r > 0) tps.push_back(static_cast<double>(n) / dt);
+  }
+  return median(tps);
+}
+
+double bench_decode(Model& m, int64_t batch, int64_t steps, int reps) {
+  const auto B = static_cast<size_t>(batch);
+  std::vector<float> logits(B * static_cast<size_t>(m.vocab_size()));
+  std::vector<double> tps;
+  for (int r = 0; r < reps + 1; ++r) {
+    std::vector<Sequence> seqs(B);
+    std::vector<Sequence*> ptrs;
+    for (size_t i = 0; i < B; ++i) {
+      const auto prompt = random_ids(16, m.vocab_size(), static_cast<uint32_t>(i + 7));
+      m.prefill(seqs[i], prompt, std::span(logits).first(static_cast<size_t>(m.vocab_size())));
+      ptrs.push_back(&seqs[i]);
+    }
+    std::vector<int32_t> tokens(B, 1);
+    const double t0 = now_s();
+    for (int64_t s = 0; s < steps; ++s) {
+      m.decode(ptrs, tokens, logits);
+      for (size_t i = 0; i < B; ++i) tokens[i] = static_cast<int32_t>((tokens[i] * 31 + 7) % 1000);
+    }
+    const double dt = now_s() - t0;
+    for (Sequence& s : seqs) m.release(s);
+    if (r > 0) tps.push_back(static_cast<double>(batch * steps) / dt);
+  }
+  return median(tps);
+}
+
+void run_bench(const BenchFlags& f) {
+  const std::vector<int64_t> prefills = parse_count_list(f.prefill, "--prefill");
+  const std::vector<int64_t> batches = parse_count_list(f.batch, "--batch");
+  ModelFlags mf = f.model;
+  const int64_t longest = *std::max_element(prefills.begin(), prefills.end());
+  const int64_t widest = *std::max_element(batches.begin(), batches.end());
+  mf.max_rows = std::max(mf.max_rows, widest);
+  if (mf.kv_tokens == 0) mf.kv_tokens = std::max(longest, widest * (16 + f.decode_tokens)) + 64;
+  std::unique_ptr<Model> model = load_model(mf);
+  Model& m = *model;
+  METRALE_CHECK(longest <= m.context_limit(), "--prefill ", longest, " exceeds the context of ",
+                m.context_limit());
+
+  double gbs = 0;
+  if (!f.skip_bandwidth) gbs = measure_read_bandwidth(m.pool()).gb_per_s;
+  std::vector<double> prefill_tps, decode_tps;
+  for (int64_t n : prefills) prefill_tps.push_back(bench_prefill(m, n, f.reps));
+  for (int64_t b : batches) decode_tps.push_back(bench_decode(m, b, f.decode_tokens, f.reps));
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const auto rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  const double bytes = static_cast<double>(m.weight_bytes());
+  auto roofline = [&](double tps) { return gbs > 0 ? tps * bytes / (gbs * 1e9) : 0.0; };
+
+  if (f.json) {
+    std::printf("{\"model\": \"%s\", \"threads\": %d, \"prefill\": {", m.dir().string().c_str(), m.pool().size());
+    for (size_t i = 0; i < prefills.size(); ++i)
+      std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(prefills[i]), prefill_tps[i]);
+    std::printf("}, \"decode\": {");
+    for (size_t i = 0; i < batches.size(); ++i)
+      std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(batches[i]), decode_tps[i]);
+    std::printf("}, \"weight_bytes\": %.0f, \"peak_rss_bytes\": %llu, \"bandwidth_gbs\": %.3f, "
+                "\"decode1_roofline_fraction\": %.4f}\n",
+                bytes, static_cast<unsigned long long>(rss), gbs,
+                batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]));
+    return;
+  }
+  std::printf("model: %s, %d thread(s), weights %.1f MB (%s)\n", m.dir().string().c_str(), m.pool().size(),
+              bytes / 1e6, f.model.placement.c_str());
+  if (gbs > 0) std::printf("read bandwidth (measured now): %.1f GB/s\n", gbs);
+  for (size_t i = 0; i < prefills.size(); ++i)
+    std::printf("prefill %5lld tokens: %9.1f tokens/s\n", static_cast<long long>(prefills[i]), prefill_tps[i]);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const double per_seq = decode_tps[i] / static_cast<double>(batches[i]);
+    std::printf("decode batch %3lld:     %9.1f tokens/s", static_cast<long long>(batches[i]), decode_tps[i]);
+    if (gbs > 0) std::printf("  (%.0f%% of the roofline per step)", 100.0 * roofline(per_seq));
+    std::printf("\n");
+  }
+  std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);
+}
+
+void setup(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  auto* cmd = app.add_subcommand("bench", "measure prefill / decode speed and the bandwidth roofline");
+  f->model.add_to(*cmd);
+  cmd->add_option("--prefill", f->prefill, "prompt lengths to time, comma-separated");
+  cmd->add_option("--batch", f->batch, "decode batch widths to time, comma-separated");
+  cmd->add_option("--decode-tokens", f->decode_tokens, "decode steps per timing")
+      ->check(CLI::Range(int64_t{1}, int64_t{100000}));
+  cmd->add_option("--reps", f->reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000));
+  cmd->add_flag("--json", f->json, "print one JSON object");
+  cmd->add_flag("--no-bandwidth", f->skip_bandwidth, "skip the bandwidth probe");
+  cmd->callback([f] { run_bench(*f); });
+}
+
+}  // namespace
+METRALE_REGISTER_COMMAND(setup);
+}  // namespace metrale::cli

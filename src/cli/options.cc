@@ -1,0 +1,79 @@
+#include "cli/options.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace metrale::cli {
+namespace {
+
+template <typename T>
+std::vector<T> parse_list(const std::string& text, const std::string& flag, T min) {
+  std::vector<T> out;
+  size_t begin = 0;
+  METRALE_CHECK(!text.empty(), flag, ": expected a comma-separated list, found nothing");
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view item = std::string_view(text).substr(begin, end - begin);
+    T value{};
+    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    METRALE_CHECK(ec == std::errc() && ptr == item.data() + item.size() && value >= min, flag,
+                  ": item ", out.size() + 1, " '", item, "' is not an integer >= ", min);
+    out.push_back(value);
+    begin = end + 1;
+  }
+  return out;
+}
+
+void draw_progress(uint64_t done, uint64_t total) {
+  if (total < (uint64_t{64} << 20)) return;  // small loads finish before a line helps
+  static int last = -1;
+  const int pct = total ? static_cast<int>(done * 100 / total) : 100;
+  if (pct == last) return;
+  last = pct;
+  std::fprintf(stderr, "\rloading weights: %3d%% (%.1f / %.1f MB)", pct, static_cast<double>(done) / 1e6,
+               static_cast<double>(total) / 1e6);
+  if (done >= total) std::fputc('\n', stderr);
+}
+
+}  // namespace
+
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag) {
+  return parse_list<int32_t>(text, flag, 0);
+}
+std::vector<int64_t> parse_count_list(const std::string& text, const std::string& flag) {
+  return parse_list<int64_t>(text, flag, 1);
+}
+
+void ModelFlags::add_to(CLI::App& cmd) {
+  cmd.add_option("--model,-m", dir, "checkpoint directory (config.json, *.safetensors)")->required();
+  cmd.add_option("--threads,-t", threads, "compute threads (default: METRALE_THREADS or the cores)")
+      ->check(CLI::Range(0, 1024));
+  cmd.add_option("--kv-tokens", kv_tokens, "KV cache capacity in tokens (default: min(context, 4096))")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd.add_option("--max-rows", max_rows, "largest prefill chunk / decode batch")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  cmd.add_option("--weights", placement, "where decode reads weights: copy (anonymous memory) or mmap")
+      ->check(CLI::IsMember({"copy", "mmap"}));
+}
+
+LoadOptions ModelFlags::load_options() const {
+  LoadOptions o;
+  o.n_threads = threads;
+  o.kv_tokens = kv_tokens;
+  o.max_rows = max_rows;
+  o.placement = placement == "mmap" ? WeightPlacement::kInPlace : WeightPlacement::kCopy;
+  // Progress only where a person watches and the load takes a moment.
+  if (isatty(STDERR_FILENO)) o.progress = draw_progress;
+  return o;
+}
+
+std::unique_ptr<Model> load_model(const ModelFlags& flags) {
+  return Model::load(flags.dir, flags.load_options());
+}
+
+}  // namespace metrale::cli

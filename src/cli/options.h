@@ -1,0 +1,33 @@
+#pragma once
+// Helpers shared by the sub-commands: id-list parsing, load progress, model loading with the
+// common flags.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "engine/model.h"
+
+namespace metrale::cli {
+
+// "1,2,3" -> {1, 2, 3}. Throws Error naming `flag` and the bad item.
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);
+std::vector<int64_t> parse_count_list(const std::string& text, const std::string& flag);
+
+// Flags every model-running command takes.
+struct ModelFlags {
+  std::string dir;
+  int threads = 0;
+  int64_t kv_tokens = 0;
+  int64_t max_rows = 128;
+  std::string placement = "copy";
+
+  void add_to(CLI::App& cmd);
+  LoadOptions load_options() const;
+};
+
+// Loads the model, drawing a progress line on stderr while weights stream in.
+std::unique_ptr<Model> load_model(const ModelFlags& flags);
+
+}  // namespace metrale::cli

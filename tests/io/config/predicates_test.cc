@@ -1,0 +1,83 @@
+// The per-model-type predicates, one case per type. The expected values were measured against
+// transformers 5.x by tools/fixtures/configs/make_expectations.py (norms run with zero weights)
+// and check_chunked_prefill.py (one prefill vs the same prompt in chunks); the comment on each
+// row names the modeling class that decides it.
+#include <string>
+
+#include "config_test_util.h"
+
+namespace metrale {
+namespace {
+
+struct PredicateCase {
+  const char* model_type;
+  bool vanilla_norm;
+  const char* norm_class;  // the HF class whose forward decides vanilla_norm
+};
+
+const PredicateCase kCases[] = {
+    {"llama", true, "LlamaRMSNorm: weight * x"},
+    {"mistral", true, "MistralRMSNorm: weight * x"},
+    {"qwen2", true, "Qwen2RMSNorm: weight * x"},
+    {"qwen3", true, "Qwen3RMSNorm: weight * x"},
+    {"qwen3_moe", true, "Qwen3MoeRMSNorm: weight * x"},
+    {"qwen3_next", false, "Qwen3NextRMSNorm: x * (1 + weight), zero-initialised"},
+    {"qwen3_5", false, "Qwen3_5RMSNorm: x * (1 + weight), zero-initialised"},
+    {"qwen3_5_moe", false, "Qwen3_5MoeRMSNorm: x * (1 + weight), zero-initialised"},
+    {"deepseek_v3", true, "DeepseekV3RMSNorm: weight * x"},
+    {"glm4_moe", true, "Glm4MoeRMSNorm: weight * x"},
+};
+
+class PredicateTest : public ::testing::TestWithParam<PredicateCase> {};
+
+TEST_P(PredicateTest, VanillaNormWeights) {
+  const PredicateCase& p = GetParam();
+  EXPECT_EQ(p.vanilla_norm, model_type_ships_vanilla_norm_weights(p.model_type)) << p.norm_class;
+  // The committed expectation was measured by running the HF norm, not copied from this table.
+  EXPECT_EQ(test::expectations()[p.model_type]["ships_vanilla_norm_weights"].get<bool>(), p.vanilla_norm)
+      << p.norm_class;
+  ModelConfig c = load_model_config(std::string(test::kConfigsDir) + "/" + p.model_type);
+  EXPECT_EQ(p.vanilla_norm, ships_vanilla_norm_weights(c));
+}
+
+// Softmax attention (every type), the gated delta net of qwen3_next / qwen3_5 / qwen3_5_moe
+// (Qwen3NextGatedDeltaNet etc.: conv window prepended from the cache, chunk rule seeded with the
+// cached recurrent state) and MLA (DeepseekV3Attention: latent cache re-expanded each call) all
+// continue a prefill across chunks in transformers 5.x.
+TEST_P(PredicateTest, ChunkedPrefillIsContinuable) {
+  const PredicateCase& p = GetParam();
+  bool measured = test::expectations()[p.model_type]["requires_single_chunk_prefill"].get<bool>();
+  ModelConfig c = load_model_config(std::string(test::kConfigsDir) + "/" + p.model_type);
+  EXPECT_EQ(measured, requires_single_chunk_prefill(c));
+  EXPECT_EQ(measured, requires_single_chunk_prefill(p.model_type, c.mla.kv_lora_rank));
+  EXPECT_FALSE(requires_single_chunk_prefill(c));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, PredicateTest, ::testing::ValuesIn(kCases),
+                         [](const auto& p) { return std::string(p.param.model_type); });
+
+TEST(Predicates, EveryListedTypeIsCovered) {
+  EXPECT_EQ(std::size(kCases), supported_model_types().size());
+  for (const PredicateCase& p : kCases) EXPECT_TRUE(is_supported_model_type(p.model_type)) << p.model_type;
+}
+
+TEST(Predicates, UnknownTypeIsAnError) {
+  std::string msg = test::error_of([] { model_type_ships_vanilla_norm_weights("gpt2"); });
+  EXPECT_NE(msg.find("\"gpt2\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("qwen3_next"), std::string::npos) << msg;  // lists what is supported
+  msg = test::error_of([] { requires_single_chunk_prefill("qwen3_vl", 0); });
+  EXPECT_NE(msg.find("\"qwen3_vl\""), std::string::npos) << msg;
+  EXPECT_FALSE(is_supported_model_type("qwen3_5_text"));  // the nested name is not a checkpoint type
+}
+
+TEST(Predicates, MlaNeedsALatentRank) {
+  // deepseek_v3 is MLA: kv_lora_rank 0 describes no latent cache at all.
+  std::string msg = test::error_of([] { requires_single_chunk_prefill("deepseek_v3", 0); });
+  EXPECT_NE(msg.find("kv_lora_rank"), std::string::npos) << msg;
+  EXPECT_FALSE(requires_single_chunk_prefill("deepseek_v3", 512));
+  EXPECT_NE(test::error_of([] { requires_single_chunk_prefill("llama", -1); }).find("kv_lora_rank"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace metrale
