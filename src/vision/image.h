@@ -2,6 +2,7 @@
 // A decoded still image: 8-bit RGB, row-major, no padding. Every decoder converts to this
 // (grey, alpha and palette images converted as PIL's Image.convert("RGB") does), so geometry
 // and normalisation code sees one layout.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
