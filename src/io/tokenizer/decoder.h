@@ -1,0 +1,20 @@
+#pragma once
+// Decoders of tokenizer.json ("decoder"): ByteLevel, Metaspace, Replace, ByteFallback, Fuse,
+// Strip, BPEDecoder and Sequence, each a step over the list of token strings as in HF.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/tokenizer/json_util.h"
+
+namespace metrale::tok {
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+};
+
+std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where);
+
+}  // namespace metrale::tok
