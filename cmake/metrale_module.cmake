@@ -2,7 +2,10 @@
 add_library(metrale_flags INTERFACE)
 target_compile_options(metrale_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wno-missing-field-initializers>
-  $<$<BOOL:${METRALE_WERROR}>:-Werror>)
+  $<$<BOOL:${METRALE_WERROR}>:-Werror>
+  # No silent a*b+c fusing: a kernel and its scalar reference must round the same way at every
+  # optimisation level and on every SIMD target; kernels that want FMA say so explicitly.
+  -ffp-contract=off)
 target_include_directories(metrale_flags INTERFACE ${PROJECT_SOURCE_DIR}/src)
 if(METRALE_SANITIZE)
   target_compile_options(metrale_flags INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer

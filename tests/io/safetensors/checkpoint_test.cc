@@ -32,6 +32,9 @@ void write_shard(const std::filesystem::path& path, std::initializer_list<const 
 void expect_has(const std::string& msg, std::initializer_list<const char*> words) {
   for (const char* w : words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
 }
+void expect_has(const std::string& msg, const std::vector<const char*>& words) {
+  for (const char* w : words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
+}
 
 constexpr const char* kIndex = "model.safetensors.index.json";
 
@@ -102,7 +105,8 @@ TEST(Checkpoint, IndexPointsAtMissingTensor) {
 TEST(Checkpoint, BadIndexFiles) {
   ScratchDir dir;
   write_shard(dir / "a.safetensors", {"x"});
-  const std::pair<const char*, std::initializer_list<const char*>> cases[] = {
+  // A vector, not an initializer_list: a list member of an array element would dangle.
+  const std::pair<const char*, std::vector<const char*>> cases[] = {
       {"not json", {kIndex, "not valid JSON"}},
       {"[]", {kIndex, "expected a JSON object", "found array"}},
       {R"({"metadata": {}})", {kIndex, "missing key 'weight_map'"}},
