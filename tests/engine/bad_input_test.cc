@@ -8,36 +8,23 @@
 #include "engine/session.h"
 #include "fixture_util.h"
 #include "io/safetensors/writer.h"
+#include "support/test_support.h"
 
 namespace metrale {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Runs fn and returns the Error message (fails the test when nothing is thrown).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a metrale::Error";
-  return {};
-}
+using test::error_of;
 
 // A scratch copy of a fixture checkpoint, edited by the test.
 class CheckpointCopy {
  public:
-  explicit CheckpointCopy(const std::string& name)
-      : dir_(fs::temp_directory_path() / ("metrale_bad_" + name + "_" + std::to_string(::getpid()) + "_" +
-                                          std::to_string(counter_++))) {
-    fs::create_directories(dir_);
+  explicit CheckpointCopy(const std::string& name) : dir_(scratch_.path()) {
     for (const auto& e : fs::directory_iterator(testing::fixture_dir(name))) {
       fs::copy_file(e.path(), dir_ / e.path().filename());
     }
   }
-  ~CheckpointCopy() { fs::remove_all(dir_); }
   const fs::path& dir() const { return dir_; }
 
   // Rewrites model.safetensors through `edit(name) -> keep?`, optionally adding a tensor.
@@ -66,7 +53,7 @@ class CheckpointCopy {
   }
 
  private:
-  static inline int counter_ = 0;
+  test::ScratchDir scratch_;
   fs::path dir_;
 };
 

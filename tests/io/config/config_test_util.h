@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/config/model_config.h"
+#include "support/test_support.h"
 
 namespace metrale::test {
 
@@ -44,19 +45,5 @@ inline nlohmann::json apply_variant(nlohmann::json doc, const nlohmann::json& va
   return doc;
 }
 
-// The message of the Error `fn` throws; fails the test when it throws nothing (or else).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-metrale exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected a metrale::Error, nothing was thrown";
-  return {};
-}
 
 }  // namespace metrale::test
