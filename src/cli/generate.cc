@@ -43,6 +43,7 @@ void run_generate(const GenerateFlags& f) {
     for (int32_t t : r.tokens) std::printf("%d ", t);
   }
   std::printf("\n");
+  std::fflush(stdout);  // the text before the statistics, also when both go to a terminal
   const auto n_dec = static_cast<double>(r.tokens.size());
   std::fprintf(stderr, "prompt: %lld tokens, %.1f tokens/s | decode: %lld tokens, %.1f tokens/s | stop: %s\n",
                static_cast<long long>(r.prompt_tokens),
