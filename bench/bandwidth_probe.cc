@@ -98,11 +98,10 @@ Options parse(int argc, char** argv) {
 }
 
 // Sums `n_lines` lines from each of kStreams streams that start `stride` lines apart. The
-// stream count is a template parameter so the accumulators live in registers; the clones give
-// the loop full-width loads on AVX-512 / AVX2 machines without building the probe for one ISA.
+// stream count is a template parameter so the accumulators live in registers.
 template <size_t kStreams>
-__attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t sum_streams(
-    const Line* base, size_t stride, size_t n_lines) {
+[[gnu::always_inline]] inline uint64_t sum_streams_body(const Line* base, size_t stride,
+                                                        size_t n_lines) {
   Line acc[kStreams] = {};
   for (size_t i = 0; i < n_lines; ++i) {
     // Unrolled even at -O2, otherwise the accumulators round-trip through the stack.
@@ -116,13 +115,16 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t sum_stream
   return out;
 }
 
-uint64_t sum_streams(const Line* base, size_t streams, size_t stride, size_t n_lines) {
+// The clones give the loop full-width loads on AVX-512 / AVX2 machines without building the
+// probe for one ISA (clang allows target_clones only on non-template functions).
+__attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t sum_streams(
+    const Line* base, size_t streams, size_t stride, size_t n_lines) {
   switch (streams) {
-    case 1: return sum_streams<1>(base, stride, n_lines);
-    case 2: return sum_streams<2>(base, stride, n_lines);
-    case 4: return sum_streams<4>(base, stride, n_lines);
-    case 8: return sum_streams<8>(base, stride, n_lines);
-    default: return sum_streams<16>(base, stride, n_lines);
+    case 1: return sum_streams_body<1>(base, stride, n_lines);
+    case 2: return sum_streams_body<2>(base, stride, n_lines);
+    case 4: return sum_streams_body<4>(base, stride, n_lines);
+    case 8: return sum_streams_body<8>(base, stride, n_lines);
+    default: return sum_streams_body<16>(base, stride, n_lines);
   }
 }
 

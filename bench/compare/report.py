@@ -1,0 +1,171 @@
+"""Turns the samples of bench/compare/run.py into medians, a markdown table, JSON and a PNG.
+
+Kept apart from run.py so the table can be rebuilt from a saved results.json:
+    python3 bench/compare/report.py out/compare/results.json
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ENGINES = ("metrale", "llama.cpp", "hf")
+BASELINE = "llama.cpp"
+
+
+def metric_keys(prefill: list[int], batches: list[int]) -> list[tuple[str, str, str]]:
+    """(section, key, column title) for every throughput figure, in table order."""
+    return ([("prefill", str(n), f"prefill {n}") for n in prefill] +
+            [("decode", str(b), f"decode b{b}") for b in batches])
+
+
+def medians(samples: list[dict], prefill: list[int], batches: list[int]) -> dict:
+    """Median of each figure over repetitions; a figure some repetition lacks is skipped there."""
+    out = {"prefill": {}, "decode": {}}
+    for section, key, _ in metric_keys(prefill, batches):
+        values = [s[section][key] for s in samples if key in s.get(section, {})]
+        if values:
+            out[section][key] = statistics.median(values)
+    rss = [s["peak_rss_bytes"] for s in samples if s.get("peak_rss_bytes")]
+    out["peak_rss_bytes"] = max(rss) if rss else None
+    out["reps"] = len(samples)
+    return out
+
+
+def summarize(results: dict) -> dict:
+    """Adds per-(threads, engine) medians, ratios to llama.cpp and roofline fractions."""
+    cfg = results["config"]
+    prefill, batches = cfg["prefill"], cfg["batch"]
+    summary = {}
+    for threads, per_engine in results["samples"].items():
+        bw = results["bandwidth"].get(threads, {}).get("median_gbs")
+        rows = {}
+        for engine, samples in per_engine.items():
+            if not samples:
+                continue
+            row = medians(samples, prefill, batches)
+            weight_bytes = results["weight_bytes"].get(engine) or results["weight_bytes"]["bf16"]
+            if bw:
+                # Decode reads every weight once per step, whatever the batch width, so B rows
+                # per step can reach B times the one-row roofline (KV reads ignored).
+                roof = bw * 1e9 / weight_bytes
+                row["roofline_tps_b1"] = roof
+                row["roofline_fraction"] = {b: v / (roof * int(b)) for b, v in row["decode"].items()}
+            rows[engine] = row
+        base = rows.get(BASELINE)
+        for engine, row in rows.items():
+            if base:
+                row["ratio_to_llama_cpp"] = {
+                    f"{section} {key}": row[section][key] / base[section][key]
+                    for section, key, _ in metric_keys(prefill, batches)
+                    if key in row[section] and key in base[section] and base[section][key] > 0}
+        summary[threads] = rows
+    return summary
+
+
+def fmt(v, spec=".1f") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def markdown(results: dict, summary: dict) -> str:
+    cfg = results["config"]
+    cols = metric_keys(cfg["prefill"], cfg["batch"])
+    head = ["threads", "engine"] + [c[2] + " t/s" for c in cols] + \
+           ["peak RSS MiB", "b1 % roofline"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for threads, rows in summary.items():
+        for engine in ENGINES:
+            row = rows.get(engine)
+            if not row:
+                continue
+            vals = [fmt(row[s].get(k)) for s, k, _ in cols]
+            rss = row["peak_rss_bytes"]
+            frac = row.get("roofline_fraction", {}).get("1")
+            lines.append("| " + " | ".join([threads, engine] + vals + [
+                fmt(rss / 2**20 if rss else None, ".0f"),
+                fmt(frac * 100 if frac is not None else None, ".0f")]) + " |")
+    lines.append("")
+    lines.append(f"Ratio to llama.cpp ({cfg['llama_outtype']}, same threads; > 1 is faster):")
+    lines.append("")
+    head = ["threads", "engine"] + [c[2] for c in cols]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for threads, rows in summary.items():
+        for engine in ENGINES:
+            row = rows.get(engine)
+            if not row or engine == BASELINE or "ratio_to_llama_cpp" not in row:
+                continue
+            r = row["ratio_to_llama_cpp"]
+            lines.append("| " + " | ".join([threads, engine] + [
+                fmt(r.get(f"{s} {k}"), ".2f") for s, k, _ in cols]) + " |")
+    lines.append("")
+    bw = ", ".join(f"{t} thread(s) {fmt(v.get('median_gbs'))} GB/s"
+                   for t, v in results["bandwidth"].items())
+    lines.append(f"Read bandwidth (bench/bandwidth_probe, median of runs): {bw}. "
+                 f"Weight bytes per decode step: {results['weight_bytes']['bf16'] / 1e9:.3f} GB "
+                 f"(bf16). Medians of {cfg['reps']} interleaved repetitions.")
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict, summary: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = results["config"]
+    cols = metric_keys(cfg["prefill"], cfg["batch"])
+    threads = list(summary)
+    fig, axes = plt.subplots(1, len(cols), figsize=(3.2 * len(cols), 3.6))
+    if len(cols) == 1:
+        axes = [axes]
+    engines = [e for e in ENGINES if any(e in rows for rows in summary.values())]
+    width = 0.8 / max(1, len(engines))
+    bw = results["bandwidth"]
+    for ax, (section, key, title) in zip(axes, cols):
+        for i, engine in enumerate(engines):
+            xs, ys = [], []
+            for j, t in enumerate(threads):
+                v = summary[t].get(engine, {}).get(section, {}).get(key)
+                if v is not None:
+                    xs.append(j + (i - (len(engines) - 1) / 2) * width)
+                    ys.append(v)
+            if ys:
+                bars = ax.bar(xs, ys, width, label=engine)
+                ax.bar_label(bars, fmt="%.0f" if max(ys) >= 10 else "%.1f", fontsize=7)
+        if section == "decode":
+            # bf16 roofline of this batch width: weights streamed once per step.
+            for j, t in enumerate(threads):
+                gbs = bw.get(t, {}).get("median_gbs")
+                if gbs:
+                    roof = int(key) * gbs * 1e9 / results["weight_bytes"]["bf16"]
+                    ax.hlines(roof, j - 0.45, j + 0.45, colors="gray", linestyles="--",
+                              label="bf16 roofline" if j == 0 else None)
+        ax.set_xticks(range(len(threads)), [f"{t} thr" for t in threads])
+        ax.set_title(title + " (t/s)", fontsize=10)
+    axes[0].legend(fontsize=8)
+    axes[-1].legend(fontsize=8)
+    fig.suptitle(f"{cfg['model']} — {cfg['precision']}, medians of {cfg['reps']} interleaved reps",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(results: dict, out_dir: Path) -> str:
+    summary = summarize(results)
+    results["summary"] = summary
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = markdown(results, summary)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "table.md").write_text(md)
+    try:
+        chart(results, summary, out_dir / "chart.png")
+    except ImportError:
+        print("report: matplotlib missing (pip install matplotlib); no chart.png", file=sys.stderr)
+    return md
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: report.py RESULTS_JSON")
+    src = Path(sys.argv[1])
+    print(write(json.loads(src.read_text()), src.parent))

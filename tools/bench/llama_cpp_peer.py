@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""llama.cpp as a benchmark peer, obtained from PyPI only and built once into a cache.
+
+    python3 tools/bench/llama_cpp_peer.py --model HF_DIR --threads 2 [--outtype bf16] [--json]
+
+* Source: `pip download llama-cpp-python --no-binary :all: --no-deps` (the sdist vendors
+  llama.cpp with its convert_hf_to_gguf.py and the llama-bench / llama-batched-bench sources).
+* Build: Release, -DGGML_NATIVE=ON, CPU only, static, into <cache>/llama.cpp-build.
+* Weights: the HF checkpoint converted by the vendored converter to GGUF at the matching
+  precision (bf16, or q8_0 beside an 8-bit metrale path), cached per checkpoint + outtype.
+* Timing: llama-bench for prefill (pp128, pp512) and one-sequence decode (tg64), with the
+  weights in anonymous memory (`-lm none`, this version's spelling of the older `-mmp 0`;
+  with mmap decode was 2-4x slower on our VMs); llama-batched-bench for decode at batch 4 and
+  16 (`-npl`), also with `-lm none`, each sequence decoding after a 16-token prompt of its own
+  (as `metrale bench` does; llama-bench's tg64 starts from an empty cache). Each call does one repetition (plus llama-bench's own
+  warm-up) so the caller can interleave repetitions with the other engines.
+
+Prints (with --json) the same object as `metrale bench --json`:
+{"prefill": {"128": tps, ...}, "decode": {"1": tps, ...}, ...}.
+Nothing from the sdist is copied into the repository.
+"""
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+DEFAULT_CACHE = Path("/tmp/metrale-bench")
+PACKAGE = "llama-cpp-python"
+TOOLS = ("llama-bench", "llama-batched-bench")
+
+
+def log(msg: str) -> None:
+    print(f"[llama.cpp] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_source(cache: Path) -> Path:
+    """Returns vendor/llama.cpp of the newest llama-cpp-python sdist, downloading it once."""
+    dl = cache / "dl"
+    dl.mkdir(parents=True, exist_ok=True)
+    sdists = sorted(dl.glob("llama_cpp_python-*.tar.gz"))
+    if not sdists:
+        log(f"pip download {PACKAGE} (sdist) -> {dl}")
+        subprocess.run([sys.executable, "-m", "pip", "download", PACKAGE, "--no-binary", ":all:",
+                        "--no-deps", "-d", str(dl)], check=True, stdout=sys.stderr)
+        sdists = sorted(dl.glob("llama_cpp_python-*.tar.gz"))
+        if not sdists:
+            sys.exit(f"llama.cpp peer: pip download left no llama_cpp_python-*.tar.gz in {dl}")
+    sdist = sdists[-1]
+    root = dl / sdist.name[: -len(".tar.gz")]
+    src = root / "vendor" / "llama.cpp"
+    if not (src / "CMakeLists.txt").is_file():
+        log(f"extracting {sdist.name}")
+        with tarfile.open(sdist) as tar:
+            tar.extractall(dl, filter="data")
+    if not (src / "convert_hf_to_gguf.py").is_file():
+        sys.exit(f"llama.cpp peer: {src} lacks convert_hf_to_gguf.py; sdist layout changed?")
+    return src
+
+
+def ensure_build(cache: Path, src: Path) -> Path:
+    """Builds llama-bench and llama-batched-bench once; returns the bin directory."""
+    build = cache / "llama.cpp-build"
+    bin_dir = build / "bin"
+    if all((bin_dir / t).is_file() for t in TOOLS):
+        return bin_dir
+    log(f"building {', '.join(TOOLS)} in {build} (once; takes a while on 2 cores)")
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+                    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF"],
+                   check=True, stdout=sys.stderr)
+    subprocess.run(["cmake", "--build", str(build), "--target", *TOOLS, "-j2"],
+                   check=True, stdout=sys.stderr)
+    return bin_dir
+
+
+def checkpoint_key(model_dir: Path) -> str:
+    """Distinguishes checkpoints by path, size and mtime of their weight files."""
+    h = hashlib.sha256(str(model_dir.resolve()).encode())
+    for f in sorted(model_dir.glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:12]
+
+
+def ensure_gguf(cache: Path, src: Path, model_dir: Path, outtype: str) -> Path:
+    out_dir = cache / "gguf"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{model_dir.name}-{checkpoint_key(model_dir)}-{outtype}.gguf"
+    if out.is_file():
+        return out
+    partial = out.with_suffix(".gguf.partial")
+    log(f"converting {model_dir} -> {out.name}")
+    converter = Path(__file__).resolve().parent / "convert_gguf.py"
+    config = json.loads((model_dir / "config.json").read_text())
+    # Llama-architecture checkpoints here carry a re-cut tokenizer with an unknown
+    # pre-tokenizer hash; see convert_gguf.py.
+    fallback = ["--pre-fallback", "llama-bpe"] if config.get("model_type") == "llama" else []
+    subprocess.run([sys.executable, str(converter), "--llama-src", str(src), *fallback, "--",
+                    str(model_dir), "--outtype", outtype, "--outfile", str(partial)],
+                   check=True, stdout=sys.stderr)
+    partial.rename(out)
+    return out
+
+
+def run_llama_bench(bin_dir: Path, gguf: Path, threads: int, prefill: list[int],
+                    decode_tokens: int) -> dict:
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads),
+           "-p", ",".join(map(str, prefill)), "-n", str(decode_tokens), "-lm", "none",
+           "-r", "1", "-o", "json"]
+    log(" ".join(cmd))
+    res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    rows = json.loads(res.stdout)
+    out = {"prefill": {}, "decode": {}}
+    for row in rows:
+        if row["n_prompt"] > 0 and row["n_gen"] == 0:
+            out["prefill"][str(row["n_prompt"])] = row["avg_ts"]
+        elif row["n_gen"] > 0 and row["n_prompt"] == 0:
+            out["decode"]["1"] = row["avg_ts"]
+    out["build"] = {"commit": rows[0].get("build_commit"), "number": rows[0].get("build_number"),
+                    "cpu": rows[0].get("cpu_info")} if rows else {}
+    return out
+
+
+def run_batched_bench(bin_dir: Path, gguf: Path, threads: int, batches: list[int],
+                      decode_tokens: int, prompt: int) -> dict:
+    """Aggregate decode tokens/s (S_TG) per batch width, each sequence after a `prompt`-token
+    prefill of its own."""
+    ctx = max(batches) * (prompt + decode_tokens) + 64
+    cmd = [str(bin_dir / "llama-batched-bench"), "-m", str(gguf), "-t", str(threads),
+           "-tb", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512",
+           "-npp", str(prompt), "-ntg", str(decode_tokens),
+           "-npl", ",".join(map(str, batches)), "-lm", "none", "--output-format", "jsonl"]
+    log(" ".join(cmd))
+    res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    out = {}
+    for line in res.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            row = json.loads(line)
+            out[str(row["pl"])] = row["speed_tg"]
+    missing = [b for b in batches if str(b) not in out]
+    if missing:
+        sys.exit(f"llama-batched-bench: no result for batch {missing}; stdout was:\n{res.stdout}")
+    return out
+
+
+def bench(model_dir: Path, threads: int, prefill: list[int], batches: list[int],
+          decode_tokens: int, outtype: str = "bf16", cache: Path = DEFAULT_CACHE,
+          batched_prompt: int = 16) -> dict:
+    src = ensure_source(cache)
+    bin_dir = ensure_build(cache, src)
+    gguf = ensure_gguf(cache, src, model_dir, outtype)
+    out = run_llama_bench(bin_dir, gguf, threads, prefill, decode_tokens)
+    wider = [b for b in batches if b != 1]
+    if wider:
+        out["decode"].update(run_batched_bench(bin_dir, gguf, threads, wider, decode_tokens,
+                                               batched_prompt))
+    out["weight_bytes"] = gguf.stat().st_size  # upper bound: includes the vocabulary
+    out["gguf"] = str(gguf)
+    return out
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, found {text!r}")
+    return values
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True, help="HF checkpoint directory")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prefill", type=int_list, default=[128, 512])
+    ap.add_argument("--batch", type=int_list, default=[1, 4, 16])
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--outtype", choices=["bf16", "q8_0"], default="bf16")
+    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="download, build and convert, then exit")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.prepare_only:
+        src = ensure_source(args.cache_dir)
+        ensure_build(args.cache_dir, src)
+        print(ensure_gguf(args.cache_dir, src, args.model, args.outtype))
+        return
+    out = bench(args.model, args.threads, args.prefill, args.batch, args.decode_tokens,
+                args.outtype, args.cache_dir)
+    print(json.dumps(out) if args.json else json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
