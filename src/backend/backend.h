@@ -53,8 +53,9 @@ struct WeightTensor {
   const void* data = nullptr;  // n_out rows of weight_row_bytes(format, n_in) bytes
   const void* bias = nullptr;
   DType bias_dtype = DType::kF32;
-  // Backend-specific packing tag set by prepare(): 0 = plain rows as in the checkpoint.
-  // Ops reject a tag they did not produce.
+  // Backend-specific packing tag set by prepare(): 0 = plain rows as in the checkpoint
+  // (cpu: 1 = bf16 in 16-row tiles, cpu/linear_packed.h). Ops reject a tag they did not
+  // produce; embedding() reads a packed table too (a tied lm_head shares the embedding).
   uint32_t packing = 0;
   // Owns what prepare() allocated (null: data/bias point into the caller's memory, which
   // must outlive this tensor).

@@ -11,6 +11,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "backend/profiling_backend.h"
 #include "engine/bandwidth.h"
 
 namespace metrale::cli {
@@ -24,6 +25,7 @@ struct BenchFlags {
   int reps = 3;
   bool json = false;
   bool skip_bandwidth = false;
+  bool profile = false;
 };
 
 double median(std::vector<double> v) {
@@ -83,6 +85,44 @@ double bench_decode(Model& m, int64_t batch, int64_t steps, int reps) {
   return median(tps);
 }
 
+// Decode steps at batch 1 through a ProfilingBackend: per op (and weight) time per step,
+// as a table sorted by time, with the share of the step and what falls between the ops.
+void print_profile(Model& m, int64_t steps) {
+  ProfilingBackend prof(m.backend());
+  const auto V = static_cast<size_t>(m.vocab_size());
+  std::vector<float> logits(V);
+  Sequence seq;
+  m.prefill(seq, random_ids(16, m.vocab_size(), 3), logits);
+  Sequence* one = &seq;
+  int32_t token = 1;
+  m.route_ops_through(&prof);
+  m.decode({&one, 1}, {&token, 1}, logits);  // warm-up step, not counted
+  prof.reset();
+  const double t0 = now_s();
+  for (int64_t s = 0; s < steps; ++s) {
+    token = static_cast<int32_t>((token * 31 + 7) % 1000);
+    m.decode({&one, 1}, {&token, 1}, logits);
+  }
+  const double step = (now_s() - t0) / static_cast<double>(steps);
+  m.route_ops_through(nullptr);
+  m.release(seq);
+  std::vector<ProfilingBackend::Entry> rows = prof.entries();
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+  const auto n = static_cast<double>(steps);
+  std::printf("\ndecode step profile (batch 1, %lld steps): %.2f ms/step, %.1f tokens/s\n",
+              static_cast<long long>(steps), step * 1e3, 1.0 / step);
+  std::printf("%-62s %8s %10s %7s\n", "op", "calls", "ms/step", "%");
+  double covered = 0;
+  for (const auto& e : rows) {
+    const double ms = e.seconds / n * 1e3;
+    covered += e.seconds / n;
+    std::printf("%-62s %8.0f %10.3f %6.1f%%\n", e.key.c_str(), static_cast<double>(e.calls) / n, ms,
+                100.0 * e.seconds / n / step);
+  }
+  std::printf("%-62s %8s %10.3f %6.1f%%\n", "(between ops: engine, sampling-free loop)", "",
+              (step - covered) * 1e3, 100.0 * (step - covered) / step);
+}
+
 void run_bench(const BenchFlags& f) {
   const std::vector<int64_t> prefills = parse_count_list(f.prefill, "--prefill");
   const std::vector<int64_t> batches = parse_count_list(f.batch, "--batch");
@@ -132,6 +172,7 @@ void run_bench(const BenchFlags& f) {
     std::printf("\n");
   }
   std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);
+  if (f.profile) print_profile(m, f.decode_tokens);
 }
 
 void setup(CLI::App& app) {
@@ -145,6 +186,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--reps", f->reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", f->json, "print one JSON object");
   cmd->add_flag("--no-bandwidth", f->skip_bandwidth, "skip the bandwidth probe");
+  cmd->add_flag("--profile", f->profile, "also print where a batch-1 decode step's time goes, per op");
   cmd->callback([f] { run_bench(*f); });
 }
 

@@ -47,6 +47,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     }
     m->pool_ = std::make_unique<ThreadPool>(o.n_threads > 0 ? o.n_threads : default_thread_count());
     m->backend_ = std::make_unique<CpuBackend>(*m->pool_);
+    m->active_ = m->backend_.get();
     m->checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(dir));
     m->weights_ = load_dense_weights(c, *m->checkpoint_, *m->backend_, o.placement, o.progress);
     m->weight_bytes_ = m->checkpoint_->total_bytes();
@@ -92,7 +93,7 @@ void Model::check_ids(std::span<const int32_t> ids) const {
 
 void Model::run(const ForwardContext& ctx, std::span<const int32_t> ids, int64_t first_logit_row,
                 float* logits, const HiddenSink* sink) {
-  Backend& be = *backend_;
+  Backend& be = *ctx.backend;
   const int64_t n = ctx.n_rows;
   Residual r{.h = {h_.data, n, h_.n_cols, h_.stride}, .delta = {delta_.data, n, delta_.n_cols, delta_.stride}};
   be.embedding(weights_.embed, ids, r.h);
@@ -146,7 +147,7 @@ void Model::prefill(Sequence& seq, std::span<const int32_t> ids, std::span<float
     for (int64_t i = 0; i < rows; ++i) {
       slots_[static_cast<size_t>(i)] = tables_[0].slot(pos0 + i, kv_->layout().page_size);
     }
-    const ForwardContext ctx{.backend = backend_.get(),
+    const ForwardContext ctx{.backend = active_,
                              .n_rows = rows,
                              .positions = std::span(positions_).first(static_cast<size_t>(rows)),
                              .slots = std::span(slots_).first(static_cast<size_t>(rows)),
@@ -195,7 +196,7 @@ void Model::decode(std::span<Sequence* const> seqs, std::span<const int32_t> tok
     slots_[static_cast<size_t>(i)] = tables_[static_cast<size_t>(i)].slot(pos, kv_->layout().page_size);
   }
   const auto un = static_cast<size_t>(n);
-  const ForwardContext ctx{.backend = backend_.get(),
+  const ForwardContext ctx{.backend = active_,
                            .n_rows = n,
                            .positions = std::span(positions_).first(un),
                            .slots = std::span(slots_).first(un),

@@ -53,6 +53,9 @@ class Model {
   // nullptr when the directory has no tokenizer.json (or load_tokenizer was false).
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   Backend& backend() { return *backend_; }
+  // Runs the passes through `b` instead of the model's own backend (e.g. a ProfilingBackend
+  // wrapping it); nullptr restores the own one. `b` must share the own backend's memory.
+  void route_ops_through(Backend* b) { active_ = b != nullptr ? b : backend_.get(); }
   ThreadPool& pool() { return *pool_; }
   int64_t max_rows() const { return max_rows_; }
   int64_t vocab_size() const { return config_.vocab_size; }
@@ -85,6 +88,7 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Backend> backend_;
+  Backend* active_ = nullptr;  // what the passes call: backend_ or a decorator of it
   DenseModelWeights weights_;
   std::vector<DenseLayer> layers_;
   RopeTable rope_;

@@ -28,12 +28,12 @@ Activation activation_for(const ModelConfig& c) {
 
 DenseScratch DenseScratch::first(int64_t n) const {
   auto cut = [n](Rows r) { return Rows{r.data, n, r.n_cols, r.stride}; };
-  return {cut(x), cut(q), cut(k), cut(v), cut(attn), cut(gate), cut(up)};
+  return {cut(x), cut(qkv), cut(q), cut(k), cut(v), cut(attn), cut(gate_up), cut(gate), cut(up)};
 }
 
 size_t dense_scratch_bytes(const ModelConfig& c, int64_t max_rows) {
   const ScratchWidths w = widths(c);
-  const int64_t per_row = padded(w.h) + 2 * padded(w.q) + 2 * padded(w.kv) + 2 * padded(w.i);
+  const int64_t per_row = padded(w.h) + padded(w.q + 2 * w.kv) + padded(w.q) + padded(2 * w.i);
   return static_cast<size_t>(per_row * max_rows) * sizeof(float);
 }
 
@@ -47,12 +47,14 @@ DenseScratch dense_scratch_at(void* base, const ModelConfig& c, int64_t max_rows
   };
   DenseScratch s;
   s.x = take(w.h);
-  s.q = take(w.q);
-  s.k = take(w.kv);
-  s.v = take(w.kv);
+  s.qkv = take(w.q + 2 * w.kv);
+  s.q = column_slice(s.qkv, 0, w.q);
+  s.k = column_slice(s.qkv, w.q, w.kv);
+  s.v = column_slice(s.qkv, w.q + w.kv, w.kv);
   s.attn = take(w.q);
-  s.gate = take(w.i);
-  s.up = take(w.i);
+  s.gate_up = take(2 * w.i);
+  s.gate = column_slice(s.gate_up, 0, w.i);
+  s.up = column_slice(s.gate_up, w.i, w.i);
   return s;
 }
 
@@ -87,9 +89,13 @@ void DenseLayer::forward(const ForwardContext& ctx, const LayerState& state, Res
 
   // --- attention block ---
   add_and_norm(be, r, s.x, w.input_norm.data(), eps_, norm_style_);
-  be.linear(s.x, w.q, s.q);
-  be.linear(s.x, w.k, s.k);
-  be.linear(s.x, w.v, s.v);
+  if (w.qkv.data != nullptr) {
+    be.linear(s.x, w.qkv, s.qkv);
+  } else {
+    be.linear(s.x, w.q, s.q);
+    be.linear(s.x, w.k, s.k);
+    be.linear(s.x, w.v, s.v);
+  }
   if (!w.q_norm.empty()) {  // qwen3: per-head RMSNorm of q and k before rope
     be.rms_norm({.x = s.q, .out = s.q, .weight = w.q_norm.data(), .eps = eps_,
                  .style = norm_style_, .group = head_dim_});
@@ -114,8 +120,12 @@ void DenseLayer::forward(const ForwardContext& ctx, const LayerState& state, Res
 
   // --- MLP block ---
   add_and_norm(be, r, s.x, w.post_attn_norm.data(), eps_, norm_style_);
-  be.linear(s.x, w.gate, s.gate);
-  be.linear(s.x, w.up, s.up);
+  if (w.gate_up.data != nullptr) {
+    be.linear(s.x, w.gate_up, s.gate_up);
+  } else {
+    be.linear(s.x, w.gate, s.gate);
+    be.linear(s.x, w.up, s.up);
+  }
   be.gated_activation({.gate = s.gate, .up = s.up, .out = s.gate, .act = act_});
   be.linear(s.gate, w.down, delta);
   r.pending = true;

@@ -12,14 +12,18 @@ namespace metrale {
 
 // Scratch rows one pass needs, carved once from backend memory for the largest pass
 // (no allocation per step).
+// q/k/v are column slices of one [R, Q + 2 KV] block and gate/up of one [R, 2 I] block, so
+// a fused matrix writes them in one call and the unfused path writes the same places.
 struct DenseScratch {
-  Rows x;     // [R, H]  normed input of a sub-block
-  Rows q;     // [R, Q]
-  Rows k;     // [R, KV]
-  Rows v;     // [R, KV]
-  Rows attn;  // [R, Q]
-  Rows gate;  // [R, I]
-  Rows up;    // [R, I]
+  Rows x;        // [R, H]  normed input of a sub-block
+  Rows qkv;      // [R, Q + 2 KV]
+  Rows q;        // [R, Q]  slices of qkv
+  Rows k;        // [R, KV]
+  Rows v;        // [R, KV]
+  Rows attn;     // [R, Q]
+  Rows gate_up;  // [R, 2 I]
+  Rows gate;     // [R, I]  slices of gate_up
+  Rows up;       // [R, I]
 
   // Views of the first n rows.
   DenseScratch first(int64_t n) const;

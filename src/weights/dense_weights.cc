@@ -38,16 +38,25 @@ DenseModelWeights load_dense_weights(const ModelConfig& c, const Checkpoint& che
     DenseLayerWeights& l = w.layers[static_cast<size_t>(i)];
     l.input_norm = loader.norm(p + "input_layernorm.weight", H);
     l.post_attn_norm = loader.norm(p + "post_attention_layernorm.weight", H);
-    l.q = loader.linear(p + "self_attn.q_proj", Q, H, c.attention_qkv_bias);
-    l.k = loader.linear(p + "self_attn.k_proj", KV, H, c.attention_qkv_bias);
-    l.v = loader.linear(p + "self_attn.v_proj", KV, H, c.attention_qkv_bias);
+    if (loader.can_fuse()) {
+      l.qkv = loader.fused_linear({p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"},
+                                  {Q, KV, KV}, H, c.attention_qkv_bias);
+    } else {
+      l.q = loader.linear(p + "self_attn.q_proj", Q, H, c.attention_qkv_bias);
+      l.k = loader.linear(p + "self_attn.k_proj", KV, H, c.attention_qkv_bias);
+      l.v = loader.linear(p + "self_attn.v_proj", KV, H, c.attention_qkv_bias);
+    }
     l.o = loader.linear(p + "self_attn.o_proj", H, Q, c.attention_out_bias);
     if (c.qk_norm) {
       l.q_norm = loader.norm(p + "self_attn.q_norm.weight", D);
       l.k_norm = loader.norm(p + "self_attn.k_norm.weight", D);
     }
-    l.gate = loader.linear(p + "mlp.gate_proj", I, H, c.mlp_bias);
-    l.up = loader.linear(p + "mlp.up_proj", I, H, c.mlp_bias);
+    if (loader.can_fuse()) {
+      l.gate_up = loader.fused_linear({p + "mlp.gate_proj", p + "mlp.up_proj"}, {I, I}, H, c.mlp_bias);
+    } else {
+      l.gate = loader.linear(p + "mlp.gate_proj", I, H, c.mlp_bias);
+      l.up = loader.linear(p + "mlp.up_proj", I, H, c.mlp_bias);
+    }
     l.down = loader.linear(p + "mlp.down_proj", H, I, c.mlp_bias);
   }
   w.final_norm = loader.norm("model.norm.weight", H);

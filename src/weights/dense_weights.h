@@ -15,8 +15,13 @@
 namespace metrale {
 
 
+// When the weights are copied into backend memory, q/k/v and gate/up are concatenated
+// along their outputs (`qkv`, `gate_up`) so one pass over the weights (and one thread-pool
+// split) serves each group; the separate fields then stay empty. Read in place (mmap) the
+// checkpoint's tensors cannot be joined, and the separate fields are used instead.
 struct DenseLayerWeights {
   NormWeight input_norm;      // [H]  input_layernorm.weight
+  WeightTensor qkv;           // [Q + 2 KV, H] q_proj | k_proj | v_proj (copied weights only)
   WeightTensor q;             // [Q, H]  self_attn.q_proj (+ bias for qwen2)
   WeightTensor k;             // [KV, H] self_attn.k_proj
   WeightTensor v;             // [KV, H] self_attn.v_proj
@@ -24,6 +29,7 @@ struct DenseLayerWeights {
   NormWeight q_norm;          // [D] qwen3 only (empty otherwise)
   NormWeight k_norm;          // [D]
   NormWeight post_attn_norm;  // [H]  post_attention_layernorm.weight
+  WeightTensor gate_up;       // [2 I, H] gate_proj | up_proj (copied weights only)
   WeightTensor gate;          // [I, H] mlp.gate_proj
   WeightTensor up;            // [I, H] mlp.up_proj
   WeightTensor down;          // [H, I] mlp.down_proj

@@ -1,6 +1,7 @@
 #include "weights/tensor_loader.h"
 
 #include <cstring>
+#include <optional>
 
 #include "core/error.h"
 #include "quant/weight_format.h"
@@ -54,6 +55,7 @@ WeightTensor TensorLoader::linear(const std::string& prefix, int64_t n_out, int6
 
 WeightTensor TensorLoader::linear_impl(const std::string& name, const std::string* bias_name,
                                        int64_t n_out, int64_t n_in) {
+  if (placement_ == WeightPlacement::kCopy) return copy_parts({{name, bias_name, n_out}}, n_in, name);
   const CheckpointTensor& t = claim(name, {n_out, n_in});
   const auto format = weight_format_for_dtype(t.info->dtype);
   METRALE_CHECK(format.has_value(), checkpoint_.dir().string(), ": tensor '", name, "' has dtype ",
@@ -73,6 +75,71 @@ WeightTensor TensorLoader::linear_impl(const std::string& name, const std::strin
   advance(t.info->nbytes());
   WeightTensor prepared = backend_.prepare(w, PrepareMode::kInPlace);
   if (prepared.storage) storage_.push_back(prepared.storage);
+  return prepared;
+}
+
+WeightTensor TensorLoader::fused_linear(const std::vector<std::string>& prefixes,
+                                        const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias) {
+  METRALE_CHECK(can_fuse() && !prefixes.empty() && prefixes.size() == n_outs.size(),
+                "fused_linear: needs copied weights and one n_out per prefix");
+  std::vector<std::string> bias_names;
+  bias_names.reserve(prefixes.size());
+  std::vector<Part> parts;
+  std::string name;
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    bias_names.push_back(prefixes[i] + ".bias");
+    parts.push_back({prefixes[i] + ".weight", has_bias ? &bias_names.back() : nullptr, n_outs[i]});
+    name += (i ? "+" : "") + prefixes[i] + ".weight";
+  }
+  return copy_parts(parts, n_in, name);
+}
+
+WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_in, const std::string& name) {
+  std::optional<WeightFormat> format;
+  int64_t n_out = 0;
+  bool any_bias = false;
+  for (const Part& p : parts) {
+    const CheckpointTensor& t = claim(p.name, {p.n_out, n_in});
+    const auto f = weight_format_for_dtype(t.info->dtype);
+    METRALE_CHECK(f.has_value(), checkpoint_.dir().string(), ": tensor '", p.name, "' has dtype ",
+                  dtype_name(t.info->dtype), "; plain weights must be f32 or bf16");
+    METRALE_CHECK(!format || *format == *f, checkpoint_.dir().string(), ": tensor '", p.name, "' is ",
+                  weight_format_name(*f), " but '", parts[0].name, "' is ", weight_format_name(*format),
+                  "; fused matrices need one format");
+    format = f;
+    backend_.require(Op::kLinear, *f, DType::kF32, p.name);
+    n_out += p.n_out;
+    any_bias = any_bias || p.bias_name != nullptr;
+  }
+  const size_t row_bytes = weight_row_bytes(*format, n_in);
+  // Staging: rows in checkpoint layout, released once the backend has its own copy.
+  const Buffer staging = backend_.allocate(row_bytes * static_cast<size_t>(n_out));
+  std::vector<float> bias(any_bias ? static_cast<size_t>(n_out) : 0);
+  size_t row = 0;
+  for (const Part& p : parts) {
+    const CheckpointTensor& t = *checkpoint_.find(p.name);
+    checkpoint_.copy_to(p.name, {staging.as<std::byte>() + row * row_bytes, t.info->nbytes()});
+    advance(t.info->nbytes());
+    if (p.bias_name != nullptr) {
+      const CheckpointTensor& b = claim(*p.bias_name, {p.n_out});
+      METRALE_CHECK(b.info->dtype == DType::kF32 || b.info->dtype == DType::kBF16,
+                    checkpoint_.dir().string(), ": tensor '", *p.bias_name, "' has dtype ",
+                    dtype_name(b.info->dtype), "; expected f32 or bf16");
+      const auto bytes = b.bytes();  // may be unaligned for its element type: copy out first
+      std::vector<std::byte> raw(bytes.begin(), bytes.end());
+      to_f32(raw.data(), b.info->dtype, bias.data() + row, static_cast<size_t>(p.n_out));
+      advance(b.info->nbytes());
+    }
+    row += static_cast<size_t>(p.n_out);
+  }
+  WeightTensor w{.name = name, .format = *format, .n_out = n_out, .n_in = n_in, .data = staging.data()};
+  if (any_bias) {
+    w.bias = bias.data();
+    w.bias_dtype = DType::kF32;
+  }
+  WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
+  METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '", name, "'");
+  storage_.push_back(prepared.storage);
   return prepared;
 }
 

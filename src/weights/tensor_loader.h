@@ -33,6 +33,12 @@ class TensorLoader {
   WeightTensor matrix(const std::string& name, int64_t n_out, int64_t n_in);
   // `prefix`.weight [n_out, n_in], plus `prefix`.bias [n_out] when has_bias.
   WeightTensor linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool has_bias);
+  // Several linears sharing n_in concatenated along n_out into one matrix (q/k/v, gate/up),
+  // so one pass over the weights serves them all; each prefix's .weight (and .bias when
+  // has_bias) is checked as linear() would. Only with WeightPlacement::kCopy (can_fuse()).
+  WeightTensor fused_linear(const std::vector<std::string>& prefixes, const std::vector<int64_t>& n_outs,
+                            int64_t n_in, bool has_bias);
+  bool can_fuse() const { return placement_ == WeightPlacement::kCopy; }
   // A 1-D [n] vector (norm weight), widened to f32.
   NormWeight norm(const std::string& name, int64_t n);
   // Marks `name` as understood but unused (absent is fine too).
@@ -45,6 +51,14 @@ class TensorLoader {
   const CheckpointTensor& claim(const std::string& name, std::initializer_list<int64_t> shape);
   WeightTensor linear_impl(const std::string& name, const std::string* bias_name, int64_t n_out,
                            int64_t n_in);
+  struct Part {
+    std::string name;
+    const std::string* bias_name;  // null: no bias
+    int64_t n_out;
+  };
+  // Copies the parts (rows concatenated) into a staging buffer, then lets the backend copy
+  // and repack them into its own memory; the staging buffer is freed on return.
+  WeightTensor copy_parts(const std::vector<Part>& parts, int64_t n_in, const std::string& name);
   const void* place(const CheckpointTensor& t);
   void advance(uint64_t bytes);
 

@@ -11,6 +11,7 @@
 #include <new>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/linear_packed.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -88,13 +89,23 @@ WeightTensor CpuBackend::prepare(const WeightTensor& w, PrepareMode mode) {
   const bool convert_bias = w.bias != nullptr && w.bias_dtype != DType::kF32;
   if (mode == PrepareMode::kInPlace && !convert_bias) return out;
 
+  // A copy is the chance to repack bf16 rows for the AVX-512 kernel (in place, the caller's
+  // rows stay as they are and the Highway kernel reads them).
+  const bool pack = mode == PrepareMode::kCopy && w.format == WeightFormat::kBF16 &&
+                    cpu::packable_bf16(w.n_in) && cpu::packed_bf16_enabled();
   const size_t data_bytes =
-      mode == PrepareMode::kCopy ? weight_row_bytes(w.format, w.n_in) * static_cast<size_t>(w.n_out) : 0;
+      mode != PrepareMode::kCopy ? 0
+      : pack                     ? cpu::packed_bf16_bytes(w.n_out, w.n_in)
+                                 : weight_row_bytes(w.format, w.n_in) * static_cast<size_t>(w.n_out);
   const size_t bias_offset = round_up(data_bytes, kSmallAlign);
   const size_t bias_bytes = w.bias != nullptr ? static_cast<size_t>(w.n_out) * sizeof(float) : 0;
   auto buffer = std::make_shared<Buffer>(allocate(bias_offset + bias_bytes));
   auto* base = buffer->as<char>();
-  if (mode == PrepareMode::kCopy) {
+  if (pack) {
+    cpu::pack_bf16(static_cast<const uint16_t*>(w.data), w.n_out, w.n_in, reinterpret_cast<uint16_t*>(base));
+    out.data = base;
+    out.packing = cpu::kPackingBf16x16;
+  } else if (mode == PrepareMode::kCopy) {
     std::memcpy(base, w.data, data_bytes);
     out.data = base;
   }
@@ -114,7 +125,8 @@ WeightTensor CpuBackend::prepare(const WeightTensor& w, PrepareMode mode) {
 
 void CpuBackend::linear(ConstRows x, const WeightTensor& w, Rows y) {
   METRALE_CHECK(w.data != nullptr, "linear '", w.name, "': weight has no data");
-  METRALE_CHECK(w.packing == 0, "linear '", w.name, "': unknown packing ", w.packing);
+  METRALE_CHECK(w.packing == 0 || (w.packing == cpu::kPackingBf16x16 && w.format == WeightFormat::kBF16),
+                "linear '", w.name, "': unknown packing ", w.packing);
   METRALE_CHECK(w.bias == nullptr || w.bias_dtype == DType::kF32, "linear '", w.name,
                 "': bias is ", dtype_name(w.bias_dtype), "; pass the weight through prepare() first");
   check_rows("linear '" + w.name + "' input", x, x.n_rows, w.n_in);
@@ -124,7 +136,9 @@ void CpuBackend::linear(ConstRows x, const WeightTensor& w, Rows y) {
   void (*kernel)(const cpu::LinearTask&, int64_t, int64_t) = nullptr;
   switch (w.format) {
     case WeightFormat::kF32: kernel = &cpu::linear_f32; break;
-    case WeightFormat::kBF16: kernel = &cpu::linear_bf16; break;
+    case WeightFormat::kBF16:
+      kernel = w.packing == cpu::kPackingBf16x16 ? &cpu::linear_bf16_packed : &cpu::linear_bf16;
+      break;
   }
   METRALE_CHECK(kernel != nullptr, "linear '", w.name, "': weight format ", weight_format_name(w.format),
                 " is not supported by the cpu backend");
@@ -150,7 +164,9 @@ void CpuBackend::embedding(const WeightTensor& table, std::span<const int32_t> i
     for (size_t i = b; i < e; ++i) {
       const char* src = base + static_cast<size_t>(ids[i]) * row_bytes;
       float* dst = out.row(static_cast<int64_t>(i));
-      if (table.format == WeightFormat::kF32) {
+      if (table.packing == cpu::kPackingBf16x16) {
+        cpu::unpack_bf16_row(static_cast<const uint16_t*>(table.data), table.n_in, ids[i], dst);
+      } else if (table.format == WeightFormat::kF32) {
         std::memcpy(dst, src, row_bytes);
       } else {
         cpu::widen_bf16(reinterpret_cast<const uint16_t*>(src), table.n_in, dst);

@@ -12,7 +12,9 @@ namespace metrale::cpu {
 // y[r, o] = dot(x[r], W[o]) + bias[o] for every row r and o in [o_begin, o_end).
 // The dot product's order is fixed: lane j of one vector accumulator sums x[k] * w[k] for
 // k = j, j + N, ... in order, the zero-padded tail last, then the lanes are summed. No path
-// (GEMV, blocked GEMM, any tiling or thread split) changes that order.
+// (GEMV, blocked GEMM, any tiling or thread split) changes that order. Packed bf16 weights
+// (prepare(kCopy) on an AVX-512 CPU) use their own kernel with its own fixed order, stated
+// in cpu/linear_packed.h; a weight is either packed or not, so a row still never sees two.
 struct LinearTask {
   ConstRows x;                  // [rows, n_in]
   const void* w = nullptr;      // [n_out, n_in] rows in the format of the kernel called
