@@ -3,6 +3,8 @@ add_library(metrale_flags INTERFACE)
 target_compile_options(metrale_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wno-missing-field-initializers>
   $<$<BOOL:${METRALE_WERROR}>:-Werror>
+  # g++ 12 at -O3 reports std::string concatenation as overlapping memcpy (GCC bug 105651).
+  $<$<CXX_COMPILER_ID:GNU>:-Wno-restrict>
   # No silent a*b+c fusing: a kernel and its scalar reference must round the same way at every
   # optimisation level and on every SIMD target; kernels that want FMA say so explicitly.
   -ffp-contract=off)

@@ -136,14 +136,15 @@ void run_bench(const BenchFlags& f) {
   METRALE_CHECK(longest <= m.context_limit(), "--prefill ", longest, " exceeds the context of ",
                 m.context_limit());
 
-  double gbs = 0;
-  if (!f.skip_bandwidth) gbs = measure_read_bandwidth(m.pool()).gb_per_s;
   std::vector<double> prefill_tps, decode_tps;
   for (int64_t n : prefills) prefill_tps.push_back(bench_prefill(m, n, f.reps));
   for (int64_t b : batches) decode_tps.push_back(bench_decode(m, b, f.decode_tokens, f.reps));
+  // Peak RSS of the model's work, read before the probe's 1 GiB buffer raises the mark.
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const auto rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  double gbs = 0;
+  if (!f.skip_bandwidth) gbs = measure_read_bandwidth(m.pool()).gb_per_s;
   const double bytes = static_cast<double>(m.weight_bytes());
   auto roofline = [&](double tps) { return gbs > 0 ? tps * bytes / (gbs * 1e9) : 0.0; };
 
