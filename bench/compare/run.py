@@ -195,6 +195,9 @@ def main() -> None:
     ap.add_argument("--llama-outtype", choices=["bf16", "q8_0"], default="bf16",
                     help="GGUF precision for llama.cpp (q8_0 beside metrale's 8-bit path)")
     ap.add_argument("--metrale-bin", type=Path, default=RELEASE / "src" / "metrale")
+    ap.add_argument("--metrale-args", default="",
+                    help="extra flags for `metrale bench` (split on spaces); write it with '=': "
+                         "--metrale-args='--compute bf16'")
     ap.add_argument("--cache-dir", type=Path, default=llama_cpp_peer.DEFAULT_CACHE)
     ap.add_argument("--no-build", action="store_true", help="never build; use what exists")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
@@ -242,7 +245,8 @@ def main() -> None:
         if engine == "metrale":
             return [str(metrale), "bench", "--model", str(model_dir), "--threads", str(threads),
                     "--prefill", prefill, "--batch", batch, "--decode-tokens",
-                    str(args.decode_tokens), "--reps", "1", "--json"]
+                    str(args.decode_tokens), "--reps", "1", "--json", "--no-bandwidth",
+                    *args.metrale_args.split()]  # the round's probe measures bandwidth
         if engine == "llama.cpp":
             return [sys.executable, str(REPO / "tools/bench/llama_cpp_peer.py"), "--model",
                     str(model_dir), "--threads", str(threads), "--prefill", prefill, "--batch",

@@ -62,6 +62,13 @@ struct WeightTensor {
   std::shared_ptr<const Buffer> storage;
 };
 
+// What a backend's linear layers compute in (set when the backend is made, honoured by
+// prepare(kCopy) of bf16 weights). kF32: f32 activations, HF's upcast numerics (the default).
+// kBF16: input rows rounded to bf16 and bf16 x bf16 products summed in f32 (llama.cpp's BF16
+// type); results differ from kF32 by bf16 rounding of the activations, and a row still
+// depends only on itself. A backend without a bf16 kernel computes in f32.
+enum class Compute : uint8_t { kF32, kBF16 };
+
 enum class PrepareMode : uint8_t {
   kInPlace,  // keep reading the caller's memory (e.g. the safetensors mmap)
   kCopy,     // copy (and repack) into backend memory; the caller may release its source

@@ -20,7 +20,8 @@ struct GenerateFlags {
 };
 
 void run_generate(const GenerateFlags& f) {
-  METRALE_CHECK(f.prompt.empty() != f.ids.empty(), "generate: give exactly one of --prompt and --ids");
+  METRALE_CHECK(!(f.prompt.empty() && f.ids.empty()), "generate: give --prompt TEXT or --ids 1,2,3");
+  METRALE_CHECK(f.prompt.empty() || f.ids.empty(), "generate: give only one of --prompt and --ids");
   std::unique_ptr<Model> model = load_model(f.model);
   std::vector<int32_t> prompt;
   if (!f.ids.empty()) {
@@ -64,7 +65,8 @@ void setup(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_option("--temperature", f->gen.sampling.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("--top-k", f->gen.sampling.top_k, "0 = off")->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
-  cmd->add_option("--top-p", f->gen.sampling.top_p, "1 = off")->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--top-p", f->gen.sampling.top_p, "in (0, 1]; 1 = off")
+      ->check(CLI::Range(1e-6f, 1.0f));
   cmd->add_option("--min-p", f->gen.sampling.min_p, "0 = off")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--repetition-penalty", f->gen.sampling.repetition_penalty, "1 = off")
       ->check(CLI::Range(0.01f, 100.0f));

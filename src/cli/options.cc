@@ -59,6 +59,10 @@ void ModelFlags::add_to(CLI::App& cmd) {
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   cmd.add_option("--weights", placement, "where decode reads weights: copy (anonymous memory) or mmap")
       ->check(CLI::IsMember({"copy", "mmap"}));
+  cmd.add_option("--compute", compute,
+                 "linear-layer arithmetic: f32 (HF numerics) or bf16 (inputs rounded to bf16, "
+                 "as llama.cpp's BF16; needs --weights copy)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
 }
 
 LoadOptions ModelFlags::load_options() const {
@@ -67,6 +71,7 @@ LoadOptions ModelFlags::load_options() const {
   o.kv_tokens = kv_tokens;
   o.max_rows = max_rows;
   o.placement = placement == "mmap" ? WeightPlacement::kInPlace : WeightPlacement::kCopy;
+  o.compute = compute == "bf16" ? Compute::kBF16 : Compute::kF32;
   // Progress only where a person watches and the load takes a moment.
   if (isatty(STDERR_FILENO)) o.progress = draw_progress;
   return o;

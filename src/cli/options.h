@@ -22,6 +22,7 @@ struct ModelFlags {
   int64_t kv_tokens = 0;
   int64_t max_rows = 128;
   std::string placement = "copy";
+  std::string compute = "f32";
 
   void add_to(CLI::App& cmd);
   LoadOptions load_options() const;

@@ -46,7 +46,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
                     m->tokenizer_->id_limit() - 1, " but config.json's vocab_size is ", c.vocab_size);
     }
     m->pool_ = std::make_unique<ThreadPool>(o.n_threads > 0 ? o.n_threads : default_thread_count());
-    m->backend_ = std::make_unique<CpuBackend>(*m->pool_);
+    METRALE_CHECK(o.compute == Compute::kF32 || o.placement == WeightPlacement::kCopy,
+                  "LoadOptions: compute bf16 repacks the weights and needs placement copy, not in-place (mmap)");
+    m->backend_ = std::make_unique<CpuBackend>(*m->pool_, o.compute);
     m->active_ = m->backend_.get();
     m->checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(dir));
     m->weights_ = load_dense_weights(c, *m->checkpoint_, *m->backend_, o.placement, o.progress);

@@ -28,6 +28,9 @@ struct LoadOptions {
   int64_t page_size = 16;     // tokens per KV page
   int64_t max_rows = 128;     // largest prefill chunk / decode batch
   WeightPlacement placement = WeightPlacement::kCopy;
+  // kBF16: linear layers round their input rows to bf16 (llama.cpp's BF16 numerics, faster
+  // prefill on AVX-512 BF16 CPUs); needs placement kCopy. kF32 keeps HF's upcast numerics.
+  Compute compute = Compute::kF32;
   bool load_tokenizer = true;  // read tokenizer.json when the directory has one
   void (*progress)(uint64_t done_bytes, uint64_t total_bytes) = nullptr;
 };

@@ -60,7 +60,6 @@ DenseScratch dense_scratch_at(void* base, const ModelConfig& c, int64_t max_rows
 
 DenseLayer::DenseLayer(const ModelConfig& c, const DenseLayerWeights& weights, int64_t index)
     : w_(&weights),
-      index_(index),
       n_heads_(c.n_heads),
       n_kv_heads_(c.n_kv_heads),
       head_dim_(c.head_dim),

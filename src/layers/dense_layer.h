@@ -47,7 +47,6 @@ class DenseLayer {
 
  private:
   const DenseLayerWeights* w_;
-  int64_t index_;
   int64_t n_heads_, n_kv_heads_, head_dim_;
   float eps_;
   NormStyle norm_style_;

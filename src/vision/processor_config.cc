@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_parse.h"
 
 namespace metrale::vision {
 namespace {
@@ -151,9 +152,7 @@ json read_json_file(const std::filesystem::path& path) {
   METRALE_CHECK(in.good(), path.string(), ": cannot open file");
   std::ostringstream ss;
   ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  METRALE_CHECK(!j.is_discarded(), path.string(), ": not valid JSON");
-  return j;
+  return parse_json(ss.str(), path.string());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // A row's result must not depend on its company: decode alone == decode co-batched, chunked
 // prefill == one-piece prefill, 1 thread == 2 threads — bit for bit (DESIGN.md numerics).
+// A parameter "<fixture>@bf16" runs the same checks under LoadOptions::compute = kBF16.
 #include <gtest/gtest.h>
 
 #include "engine/model.h"
@@ -10,12 +11,15 @@ namespace {
 
 using testing::Reference;
 
-std::unique_ptr<Model> load(const std::string& name, int threads, int64_t max_rows) {
+std::string fixture_of(const std::string& param) { return param.substr(0, param.find('@')); }
+
+std::unique_ptr<Model> load(const std::string& param, int threads, int64_t max_rows) {
   LoadOptions o;
   o.n_threads = threads;
   o.kv_tokens = 512;
   o.max_rows = max_rows;
-  return Model::load(testing::fixture_dir(name), o);
+  o.compute = param.ends_with("@bf16") ? Compute::kBF16 : Compute::kF32;
+  return Model::load(testing::fixture_dir(fixture_of(param)), o);
 }
 
 // Logits of every prompt position, prefilled with chunks of at most max_rows.
@@ -30,7 +34,7 @@ std::vector<float> prefill_logits(Model& m, const std::vector<int32_t>& ids) {
 class BatchInvariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BatchInvariance, ChunkedPrefillEqualsOnePiece) {
-  const std::vector<int32_t> ids = Reference(GetParam()).ids("input_ids");
+  const std::vector<int32_t> ids = Reference(fixture_of(GetParam())).ids("input_ids");
   auto whole = load(GetParam(), 2, 64);
   const std::vector<float> want = prefill_logits(*whole, ids);
   for (int64_t chunk : {1, 3, 7, 16}) {
@@ -40,14 +44,14 @@ TEST_P(BatchInvariance, ChunkedPrefillEqualsOnePiece) {
 }
 
 TEST_P(BatchInvariance, ThreadCountDoesNotChangeResults) {
-  const std::vector<int32_t> ids = Reference(GetParam()).ids("input_ids");
+  const std::vector<int32_t> ids = Reference(fixture_of(GetParam())).ids("input_ids");
   auto one = load(GetParam(), 1, 64);
   auto two = load(GetParam(), 2, 64);
   EXPECT_EQ(prefill_logits(*one, ids), prefill_logits(*two, ids));
 }
 
 TEST_P(BatchInvariance, DecodeAloneEqualsCoBatched) {
-  const Reference ref(GetParam());
+  const Reference ref(fixture_of(GetParam()));
   const std::vector<int32_t> a = ref.ids("input_ids"), b = ref.ids("input_ids_b");
   auto m = load(GetParam(), 2, 64);
   const auto V = static_cast<size_t>(m->vocab_size());
@@ -82,7 +86,13 @@ TEST_P(BatchInvariance, DecodeAloneEqualsCoBatched) {
   for (Sequence* s : {&sa, &sb, &sc}) m->release(*s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance, ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance, ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32", "qwen3_bf16@bf16",
+                                                                  "llama_bf16@bf16"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string name = p.param;
+                           for (char& ch : name) ch = ch == '@' ? '_' : ch;
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace metrale

@@ -2,9 +2,12 @@
 // (Bit-exact parity with transformers is in preprocess_parity_test.cc.)
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "support/test_support.h"
 #include "vision/preprocess.h"
 #include "vision/processor_config.h"
 #include "vision/resize.h"
@@ -117,6 +120,19 @@ TEST(ProcessorConfig, BadFieldsAreNamed) {
   expect_error_mentions(json{{"image_processor_type", t}, {"resample", 2}}, "resample");
   expect_error_mentions(json{{"image_processor_type", t}, {"do_resize", 1}}, "do_resize");
   expect_error_mentions(json::array(), "JSON object");
+}
+
+// A deeply nested field used to overflow the stack when its error message dumped it
+// (fuzz/processor_config_fuzz); the file is now refused while parsing.
+TEST(ProcessorConfig, DeepNestingInAFileIsAnErrorNotACrash) {
+  const test::ScratchDir dir;
+  std::ofstream(dir / "preprocessor_config.json")
+      << "{\"image_processor_type\": " << std::string(100000, '[') << std::string(100000, ']') << "}";
+  const std::string msg = test::error_of([&] { load_image_processor_config(dir.path()); });
+  EXPECT_NE(msg.find("preprocessor_config.json: JSON nesting deeper than"), std::string::npos) << msg;
+  std::ofstream(dir / "preprocessor_config.json") << "{\"image_processor_type\": ";
+  EXPECT_NE(test::error_of([&] { load_image_processor_config(dir.path()); }).find("malformed JSON"),
+            std::string::npos);
 }
 
 TEST(Preprocess, GridAndTokensForAQwenImage) {

@@ -12,6 +12,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/linear_packed.h"
+#include "backend/cpu/linear_pairs.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -40,7 +41,7 @@ void check_rows(std::string_view what, ConstRows r, int64_t n_rows, int64_t n_co
 
 }  // namespace
 
-CpuBackend::CpuBackend(ThreadPool& pool) : pool_(&pool) {}
+CpuBackend::CpuBackend(ThreadPool& pool, Compute compute) : pool_(&pool), compute_(compute) {}
 
 Buffer CpuBackend::allocate(size_t bytes) {
   if (bytes >= kHugePage) {
@@ -89,19 +90,26 @@ WeightTensor CpuBackend::prepare(const WeightTensor& w, PrepareMode mode) {
   const bool convert_bias = w.bias != nullptr && w.bias_dtype != DType::kF32;
   if (mode == PrepareMode::kInPlace && !convert_bias) return out;
 
-  // A copy is the chance to repack bf16 rows for the AVX-512 kernel (in place, the caller's
-  // rows stay as they are and the Highway kernel reads them).
-  const bool pack = mode == PrepareMode::kCopy && w.format == WeightFormat::kBF16 &&
-                    cpu::packable_bf16(w.n_in) && cpu::packed_bf16_enabled();
+  // A copy is the chance to repack bf16 rows for the AVX-512 kernels (in place, the caller's
+  // rows stay as they are and the Highway kernel reads them): the pair layout for bf16
+  // compute, else the 16-row tiles of the f32-activation kernel.
+  const bool copy_bf16 = mode == PrepareMode::kCopy && w.format == WeightFormat::kBF16;
+  const bool pairs = copy_bf16 && compute_ == Compute::kBF16 && cpu::pairs_packable(w.n_in);
+  const bool pack = copy_bf16 && !pairs && cpu::packable_bf16(w.n_in) && cpu::packed_bf16_enabled();
   const size_t data_bytes =
       mode != PrepareMode::kCopy ? 0
+      : pairs                    ? cpu::pairs_bf16_bytes(w.n_out, w.n_in)
       : pack                     ? cpu::packed_bf16_bytes(w.n_out, w.n_in)
                                  : weight_row_bytes(w.format, w.n_in) * static_cast<size_t>(w.n_out);
   const size_t bias_offset = round_up(data_bytes, kSmallAlign);
   const size_t bias_bytes = w.bias != nullptr ? static_cast<size_t>(w.n_out) * sizeof(float) : 0;
   auto buffer = std::make_shared<Buffer>(allocate(bias_offset + bias_bytes));
   auto* base = buffer->as<char>();
-  if (pack) {
+  if (pairs) {
+    cpu::pack_pairs_bf16(static_cast<const uint16_t*>(w.data), w.n_out, w.n_in, reinterpret_cast<uint16_t*>(base));
+    out.data = base;
+    out.packing = cpu::kPackingBf16Pairs;
+  } else if (pack) {
     cpu::pack_bf16(static_cast<const uint16_t*>(w.data), w.n_out, w.n_in, reinterpret_cast<uint16_t*>(base));
     out.data = base;
     out.packing = cpu::kPackingBf16x16;
@@ -125,13 +133,15 @@ WeightTensor CpuBackend::prepare(const WeightTensor& w, PrepareMode mode) {
 
 void CpuBackend::linear(ConstRows x, const WeightTensor& w, Rows y) {
   METRALE_CHECK(w.data != nullptr, "linear '", w.name, "': weight has no data");
-  METRALE_CHECK(w.packing == 0 || (w.packing == cpu::kPackingBf16x16 && w.format == WeightFormat::kBF16),
+  METRALE_CHECK(w.packing == 0 || ((w.packing == cpu::kPackingBf16x16 || w.packing == cpu::kPackingBf16Pairs) &&
+                                    w.format == WeightFormat::kBF16),
                 "linear '", w.name, "': unknown packing ", w.packing);
   METRALE_CHECK(w.bias == nullptr || w.bias_dtype == DType::kF32, "linear '", w.name,
                 "': bias is ", dtype_name(w.bias_dtype), "; pass the weight through prepare() first");
   check_rows("linear '" + w.name + "' input", x, x.n_rows, w.n_in);
   check_rows("linear '" + w.name + "' output", y, x.n_rows, w.n_out);
   if (x.n_rows == 0) return;
+  if (w.packing == cpu::kPackingBf16Pairs) return linear_pairs(x, w, y);
   const cpu::LinearTask task{.x = x, .w = w.data, .n_in = w.n_in, .bias = static_cast<const float*>(w.bias), .y = y};
   void (*kernel)(const cpu::LinearTask&, int64_t, int64_t) = nullptr;
   switch (w.format) {
@@ -146,6 +156,33 @@ void CpuBackend::linear(ConstRows x, const WeightTensor& w, Rows y) {
   pool_->parallel_for(static_cast<size_t>(units), [&](size_t b, size_t e, int) {
     kernel(task, static_cast<int64_t>(b) * kLinearUnit,
            std::min(w.n_out, static_cast<int64_t>(e) * kLinearUnit));
+  });
+}
+
+void CpuBackend::linear_pairs(ConstRows x, const WeightTensor& w, Rows y) {
+  const size_t need = static_cast<size_t>(x.n_rows * x.n_cols);
+  if (x_bf16_.size() < need) x_bf16_.resize(need);
+  // Rounding once per call (not per weight tile) keeps the tiles on bf16 pairs only. Small
+  // batches round on this thread: a parallel pass would cost a barrier more than it saves.
+  constexpr size_t kParallelRound = size_t{1} << 16;
+  if (need < kParallelRound) {
+    cpu::round_rows_bf16(x, 0, x.n_rows, x_bf16_.data());
+  } else {
+    pool_->parallel_for(static_cast<size_t>(x.n_rows), [&](size_t b, size_t e, int) {
+      cpu::round_rows_bf16(x, static_cast<int64_t>(b), static_cast<int64_t>(e), x_bf16_.data());
+    });
+  }
+  const cpu::PairsTask task{.x = x_bf16_.data(),
+                            .n_rows = x.n_rows,
+                            .w = static_cast<const uint16_t*>(w.data),
+                            .n_in = w.n_in,
+                            .n_out = w.n_out,
+                            .bias = static_cast<const float*>(w.bias),
+                            .y = y};
+  const int64_t units = (w.n_out + kLinearUnit - 1) / kLinearUnit;
+  pool_->parallel_for(static_cast<size_t>(units), [&](size_t b, size_t e, int) {
+    cpu::linear_bf16_pairs(task, static_cast<int64_t>(b) * kLinearUnit,
+                           std::min(w.n_out, static_cast<int64_t>(e) * kLinearUnit));
   });
 }
 
@@ -164,7 +201,9 @@ void CpuBackend::embedding(const WeightTensor& table, std::span<const int32_t> i
     for (size_t i = b; i < e; ++i) {
       const char* src = base + static_cast<size_t>(ids[i]) * row_bytes;
       float* dst = out.row(static_cast<int64_t>(i));
-      if (table.packing == cpu::kPackingBf16x16) {
+      if (table.packing == cpu::kPackingBf16Pairs) {
+        cpu::unpack_pairs_row(static_cast<const uint16_t*>(table.data), table.n_in, ids[i], dst);
+      } else if (table.packing == cpu::kPackingBf16x16) {
         cpu::unpack_bf16_row(static_cast<const uint16_t*>(table.data), table.n_in, ids[i], dst);
       } else if (table.format == WeightFormat::kF32) {
         std::memcpy(dst, src, row_bytes);

@@ -15,6 +15,8 @@ namespace metrale::cpu {
 // (GEMV, blocked GEMM, any tiling or thread split) changes that order. Packed bf16 weights
 // (prepare(kCopy) on an AVX-512 CPU) use their own kernel with its own fixed order, stated
 // in cpu/linear_packed.h; a weight is either packed or not, so a row still never sees two.
+// Under Compute::kBF16, prepare(kCopy) packs bf16 weights for the bf16-activation kernel
+// instead (cpu/linear_pairs.h, again one fixed order per output).
 struct LinearTask {
   ConstRows x;                  // [rows, n_in]
   const void* w = nullptr;      // [n_out, n_in] rows in the format of the kernel called

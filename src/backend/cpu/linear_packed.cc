@@ -13,7 +13,9 @@
 #if defined(__x86_64__)
 // g++ 12's AVX-512 headers build some results from _mm512_undefined_*() (`__Y = __Y`), which
 // -Wmaybe-uninitialized reports at every use: a known header false positive.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #define METRALE_AVX512 __attribute__((target("avx512f,avx512bw")))
 // The tile loops must unroll completely so the accumulators stay in registers (-O2 does not

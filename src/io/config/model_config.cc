@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_parse.h"
 #include "io/config/parse_parts.h"
 
 namespace metrale {
@@ -54,12 +55,7 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
 namespace {
 
 json parse_json_object(std::string_view text, std::string_view source) {
-  json doc;
-  try {
-    doc = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    throw make_error(source, ": malformed JSON: ", e.what());
-  }
+  json doc = parse_json(text, source);
   if (!doc.is_object()) {
     throw make_error(source, ": expected a JSON object at the top level, found ",
                      config_detail::describe_json_value(doc));

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/json_parse.h"
 #include "io/tokenizer/added_vocabulary.h"
 #include "io/tokenizer/bpe_model.h"
 #include "io/tokenizer/decoder.h"
@@ -59,12 +60,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 
 Tokenizer Tokenizer::from_json(std::string_view json_text, std::string_view origin) {
   const std::string where(origin);
-  Json j;
-  try {
-    j = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
-    throw make_error(where, ": malformed JSON: ", e.what());
-  }
+  const Json j = parse_json(json_text, where);
   METRALE_CHECK(j.is_object(), where, ": expected a JSON object, found ", describe(j));
   if (auto v = j.find("version"); v != j.end()) {
     METRALE_CHECK(v->is_string() && v->get<std::string>() == "1.0", where, ".version: expected \"1.0\", found ",

@@ -1,5 +1,6 @@
 #include "io/tokenizer/tokenizer_config.h"
 
+#include "core/json_parse.h"
 #include "io/tokenizer/json_util.h"
 
 namespace metrale {
@@ -7,12 +8,7 @@ namespace metrale {
 using tok::Json;
 
 TokenizerConfig parse_tokenizer_config(std::string_view json_text, std::string_view origin) {
-  Json j;
-  try {
-    j = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
-    throw make_error(origin, ": malformed JSON: ", e.what());
-  }
+  const Json j = parse_json(json_text, origin);
   const std::string where(origin);
   METRALE_CHECK(j.is_object(), where, ": expected a JSON object, found ", tok::describe(j));
   TokenizerConfig c;

@@ -52,6 +52,14 @@ TEST(BadConfig, BrokenGenerationConfigNamesThatFile) {
   EXPECT_NE(msg.find("expected an integer, found string \"7\""), std::string::npos) << msg;
 }
 
+// A deeply nested value in a field the error message quotes used to overflow the stack in
+// nlohmann's recursive dump (fuzz/model_config_fuzz); nesting is now refused while parsing.
+TEST(BadConfig, DeepNestingIsAnErrorNotACrash) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string msg = test::error_of([&] { parse_model_config("{\"model_type\": " + deep + "}", "deep.json"); });
+  EXPECT_EQ(0u, msg.find("deep.json: JSON nesting deeper than")) << msg;
+}
+
 // Every prefix of a real config is either valid JSON (the whole file) or a clean Error: the
 // parser never crashes or throws anything else on truncated input.
 TEST(BadConfig, EveryTruncationIsAnErrorNotACrash) {

@@ -139,6 +139,19 @@ TEST(TokenizerBadInput, MalformedJson) {
   expect_error("{\"version\":\"2.0\",\"model\":{}}", {"version"});
 }
 
+// Deep nesting used to overflow the stack when an error message dumped the value
+// (fuzz/tokenizer_json_fuzz); it is refused while parsing, in tokenizer_config.json too.
+TEST(TokenizerBadInput, DeepNestingIsAnErrorNotACrash) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  expect_error("{\"version\": " + deep + "}", {"tiny.json", "nesting deeper than"});
+  try {
+    parse_tokenizer_config("{\"bos_token\": " + deep + "}", "tokenizer_config.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(0u, std::string(e.what()).find("tokenizer_config.json: JSON nesting deeper than")) << e.what();
+  }
+}
+
 TEST(TokenizerBadInput, UnknownKindsAreNamed) {
   expect_error(tiny("model", R"({"type":"WordPiece","vocab":{}})"), {"model", "WordPiece"});
   expect_error(tiny("model", R"({"type":"Unigram","vocab":[]})"), {"Unigram"});

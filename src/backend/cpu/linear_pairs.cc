@@ -1,0 +1,241 @@
+// The bf16-compute linear kernel (layout and summation order in linear_pairs.h), in AVX-512
+// intrinsics chosen at run time, like linear_packed.cc.
+#include "backend/cpu/linear_pairs.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+#if defined(__x86_64__)
+// g++ 12's AVX-512 headers trip -Wmaybe-uninitialized (see linear_packed.cc).
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+// One target for both variants: the emulated instantiation issues no AVX512_BF16 instruction,
+// so it runs on any AVX-512 F+BW+VL CPU even though its function carries the feature.
+#define METRALE_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define METRALE_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+namespace metrale::cpu {
+
+inline constexpr int64_t kGroup = 16;
+
+size_t pairs_bf16_bytes(int64_t n_out, int64_t n_in) {
+  const int64_t groups = (n_out + kGroup - 1) / kGroup;
+  return static_cast<size_t>(groups * kGroup * n_in) * sizeof(uint16_t);
+}
+
+namespace {
+
+// Index of w[row][k] inside the pair-packed array.
+inline size_t pairs_index(int64_t n_in, int64_t row, int64_t k) {
+  const int64_t g = row / kGroup, o = row % kGroup, p = k / 2;
+  return static_cast<size_t>(((g * (n_in / 2) + p) * kGroup + o) * 2 + k % 2);
+}
+
+}  // namespace
+
+void pack_pairs_bf16(const uint16_t* src, int64_t n_out, int64_t n_in, uint16_t* dst) {
+  std::memset(dst, 0, pairs_bf16_bytes(n_out, n_in));
+  for (int64_t o = 0; o < n_out; ++o) {
+    const uint16_t* row = src + o * n_in;
+    for (int64_t k = 0; k < n_in; ++k) dst[pairs_index(n_in, o, k)] = row[k];
+  }
+}
+
+void unpack_pairs_row(const uint16_t* packed, int64_t n_in, int64_t row, float* out) {
+  for (int64_t k = 0; k < n_in; ++k) out[k] = bf16_to_f32(packed[pairs_index(n_in, row, k)]);
+}
+
+#if defined(__x86_64__)
+namespace {
+
+// acc += x[2p+1] * w[2p+1] + x[2p] * w[2p] per lane, in that order (linear_pairs.h).
+template <bool kNative>
+METRALE_BF16_TARGET inline __m512 dot2(__m512 acc, __m512i w, __m512i x) {
+  if constexpr (kNative) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(w), reinterpret_cast<__m512bh>(x));
+  } else {
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high)),
+                          _mm512_castsi512_ps(_mm512_and_si512(w, high)), acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), acc);
+  }
+}
+
+// x rows [r0, r0 + R) against groups [g0, g0 + C): R x C accumulators of 16 outputs each,
+// one weight line per group and one broadcast pair per row for each k pair.
+template <int R, int C, bool kNative>
+METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_t o_end) {
+  const int64_t n_pairs = t.n_in / 2;
+  __m512 acc[R][C];
+  METRALE_UNROLL for (int r = 0; r < R; ++r)
+    METRALE_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const uint16_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = t.x + (r0 + r) * t.n_in;
+  const uint16_t* w[C];
+  for (int c = 0; c < C; ++c) w[c] = t.w + (g0 + c) * n_pairs * kGroup * 2;
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    __m512i wv[C];
+    METRALE_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm512_load_si512(w[c] + p * kGroup * 2);
+    METRALE_UNROLL for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, x[r] + 2 * p, sizeof(pair));
+      const __m512i xb = _mm512_set1_epi32(static_cast<int>(pair));
+      METRALE_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = dot2<kNative>(acc[r][c], wv[c], xb);
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    const int64_t o = (g0 + c) * kGroup;
+    const int64_t valid = std::min(kGroup, o_end - o);
+    const auto mask = static_cast<__mmask16>((1u << valid) - 1u);
+    const __m512 bias = t.bias != nullptr ? _mm512_maskz_loadu_ps(mask, t.bias + o) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = t.bias != nullptr ? _mm512_add_ps(acc[r][c], bias) : acc[r][c];
+      _mm512_mask_storeu_ps(t.y.row(r0 + r) + o, mask, v);
+    }
+  }
+}
+
+// Rows per tile and groups per tile: 8 x 3 keeps 24 accumulators + 3 weight lines + one
+// broadcast in the 32 zmm registers. (Decode calls of <= 4 rows are bound by reading the
+// weights; 6 groups there, i.e. 6 streams, measured no faster than 3.)
+constexpr int kTileRows = 8;
+constexpr int kTileGroups = 3;
+using TileFn = void (*)(const PairsTask&, int64_t, int64_t, int64_t);
+
+template <bool kNative, int R>
+constexpr void fill_row(TileFn (&row)[kTileGroups]) {
+  row[0] = &tile<R, 1, kNative>;
+  row[1] = &tile<R, 2, kNative>;
+  row[2] = &tile<R, 3, kNative>;
+}
+
+template <bool kNative>
+struct Tiles {
+  TileFn fn[kTileRows][kTileGroups]{};
+  constexpr Tiles() {
+    fill_row<kNative, 1>(fn[0]);
+    fill_row<kNative, 2>(fn[1]);
+    fill_row<kNative, 3>(fn[2]);
+    fill_row<kNative, 4>(fn[3]);
+    fill_row<kNative, 5>(fn[4]);
+    fill_row<kNative, 6>(fn[5]);
+    fill_row<kNative, 7>(fn[6]);
+    fill_row<kNative, 8>(fn[7]);
+  }
+};
+
+template <bool kNative>
+void linear_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end) {
+  static constexpr Tiles<kNative> kTiles;
+  const int64_t g_end = (o_end + kGroup - 1) / kGroup;
+  // Group tiles outside, row tiles inside: a tile's weights (3 x 16 x n_in bf16, <= 288 KiB at
+  // n_in 3072) stay in L2 while every row block passes over them.
+  for (int64_t g = o_begin / kGroup; g < g_end; g += kTileGroups) {
+    const int64_t nc = std::min<int64_t>(kTileGroups, g_end - g);
+    for (int64_t r0 = 0; r0 < t.n_rows; r0 += kTileRows) {
+      const int64_t nr = std::min<int64_t>(kTileRows, t.n_rows - r0);
+      kTiles.fn[nr - 1][nc - 1](t, g, r0, o_end);
+    }
+  }
+}
+
+METRALE_BF16_TARGET void round_rows(ConstRows x, int64_t r_begin, int64_t r_end, uint16_t* out) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i inf = _mm512_set1_epi32(0x7F800000);
+  const __m512i half = _mm512_set1_epi32(0x7FFF);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i nan = _mm512_set1_epi32(0x7FC0);
+  const int64_t n = x.n_cols;
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const float* src = x.row(r);
+    uint16_t* dst = out + r * n;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512i b = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+      const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, abs_mask), inf);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), one);
+      __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, half), lsb), 16);
+      h = _mm512_mask_blend_epi32(is_nan, h, nan);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(h));
+    }
+    for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  }
+}
+
+bool cpu_has(bool native) {
+  __builtin_cpu_init();
+  const bool base = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl");
+  return base && (!native || __builtin_cpu_supports("avx512bf16"));
+}
+
+}  // namespace
+
+bool pairs_bf16_simd() {
+  static const bool simd = cpu_has(false);
+  return simd;
+}
+
+bool pairs_bf16_native() {
+  static const bool native = cpu_has(true);
+  return native;
+}
+#else
+bool pairs_bf16_simd() { return false; }
+bool pairs_bf16_native() { return false; }
+#endif
+
+namespace {
+
+void round_rows_scalar(ConstRows x, int64_t r_begin, int64_t r_end, uint16_t* out) {
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    for (int64_t i = 0; i < x.n_cols; ++i) out[r * x.n_cols + i] = f32_to_bf16(x.row(r)[i]);
+  }
+}
+
+// The order of linear_pairs.h as plain code. Each product of two bf16 values is exact in
+// f32, so a compiler contracting `acc + a * b` into an FMA would not change a bit either.
+void linear_pairs_scalar(const PairsTask& t, int64_t o_begin, int64_t o_end) {
+  const int64_t n_pairs = t.n_in / 2;
+  for (int64_t r = 0; r < t.n_rows; ++r) {
+    const uint16_t* x = t.x + r * t.n_in;
+    float* y = t.y.row(r);
+    for (int64_t o = o_begin; o < o_end; ++o) {
+      const uint16_t* w = t.w + ((o / kGroup) * n_pairs * kGroup + o % kGroup) * 2;
+      float acc = 0.0f;
+      for (int64_t p = 0; p < n_pairs; ++p, w += kGroup * 2) {
+        acc += bf16_to_f32(x[2 * p + 1]) * bf16_to_f32(w[1]);
+        acc += bf16_to_f32(x[2 * p]) * bf16_to_f32(w[0]);
+      }
+      y[o] = t.bias != nullptr ? acc + t.bias[o] : acc;
+    }
+  }
+}
+
+}  // namespace
+
+void round_rows_bf16(ConstRows x, int64_t r_begin, int64_t r_end, uint16_t* out) {
+#if defined(__x86_64__)
+  if (pairs_bf16_simd()) return round_rows(x, r_begin, r_end, out);
+#endif
+  round_rows_scalar(x, r_begin, r_end, out);
+}
+
+void linear_bf16_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end, PairsPath path) {
+#if defined(__x86_64__)
+  if (path == PairsPath::kAuto && pairs_bf16_native()) return linear_pairs<true>(t, o_begin, o_end);
+  if (path != PairsPath::kScalar && pairs_bf16_simd()) return linear_pairs<false>(t, o_begin, o_end);
+#endif
+  METRALE_CHECK(path != PairsPath::kAvx512F, "linear_bf16_pairs: this CPU has no AVX-512");
+  linear_pairs_scalar(t, o_begin, o_end);
+}
+
+}  // namespace metrale::cpu
