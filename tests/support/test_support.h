@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 
@@ -27,6 +31,13 @@ std::string error_of(Fn&& fn) {
   }
   ADD_FAILURE() << "expected a metrale::Error, nothing was thrown";
   return {};
+}
+
+// A committed fixture's bytes (path relative to the source root, where ctest runs tests).
+inline std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << "cannot open " << path;
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
 // A fresh directory per test (named after the test and the process), removed afterwards.

@@ -13,15 +13,12 @@
 #include "core/error.h"
 #include "vision/gif_frames.h"
 #include "vision/video.h"
+#include "support/test_support.h"
 
 namespace metrale::vision {
 namespace {
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << "cannot open " << path;
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+using test::read_file;
 
 nlohmann::json manifest() {
   std::ifstream f("tests/data/vision/decoded/manifest.json");
