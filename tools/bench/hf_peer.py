@@ -28,15 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {text!r}")
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, found {text!r}")
-    return values
+from llama_cpp_peer import int_list  # the one --prefill/--batch parser of tools/bench
 
 
 def main() -> None:

@@ -17,12 +17,7 @@
 namespace metrale {
 namespace {
 
-std::vector<uint16_t> bf16_matrix(int64_t n_out, int64_t n_in, uint32_t seed) {
-  const auto v = testing::random_vector(static_cast<size_t>(n_out * n_in), seed);
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
+using testing::random_bf16_matrix;
 
 WeightTensor plain(const std::vector<uint16_t>& w, int64_t n_out, int64_t n_in, const float* bias) {
   return {.name = "w", .format = WeightFormat::kBF16, .n_out = n_out, .n_in = n_in, .data = w.data(), .bias = bias};
@@ -31,7 +26,7 @@ WeightTensor plain(const std::vector<uint16_t>& w, int64_t n_out, int64_t n_in, 
 TEST(LinearPacked, PackUnpackRoundTrip) {
   for (int64_t n_out : {1, 16, 17, 40}) {
     for (int64_t n_in : {32, 96}) {
-      const auto w = bf16_matrix(n_out, n_in, 4);
+      const auto w = random_bf16_matrix(n_out, n_in, 4);
       std::vector<uint16_t> packed(cpu::packed_bf16_bytes(n_out, n_in) / 2, 0xFFFF);
       cpu::pack_bf16(w.data(), n_out, n_in, packed.data());
       std::vector<float> row(static_cast<size_t>(n_in));
@@ -54,11 +49,11 @@ TEST(LinearPacked, PackUnpackRoundTrip) {
 TEST(LinearPacked, PrepareCopyPacksWhenTheCpuCan) {
   ThreadPool pool(1);
   CpuBackend be(pool);
-  const auto w = bf16_matrix(20, 64, 1);
+  const auto w = random_bf16_matrix(20, 64, 1);
   const WeightTensor p = be.prepare(plain(w, 20, 64, nullptr), PrepareMode::kCopy);
   EXPECT_EQ(p.packing, cpu::packed_bf16_enabled() ? cpu::kPackingBf16x16 : 0u);
   // n_in not a multiple of 32 and in-place preparation keep plain rows.
-  const auto odd = bf16_matrix(20, 40, 1);
+  const auto odd = random_bf16_matrix(20, 40, 1);
   EXPECT_EQ(be.prepare(plain(odd, 20, 40, nullptr), PrepareMode::kCopy).packing, 0u);
   EXPECT_EQ(be.prepare(plain(w, 20, 64, nullptr), PrepareMode::kInPlace).packing, 0u);
 }
@@ -72,7 +67,7 @@ TEST(LinearPacked, MatchesReferenceAndPlainKernel) {
         const bool with_bias = (rows + n_out) % 2 == 0;
         SCOPED_TRACE(::testing::Message() << "rows=" << rows << " out=" << n_out << " in=" << n_in
                                           << " bias=" << with_bias);
-        const auto w = bf16_matrix(n_out, n_in, 11);
+        const auto w = random_bf16_matrix(n_out, n_in, 11);
         const auto bias = testing::random_vector(static_cast<size_t>(n_out), 5);
         const WeightTensor raw = plain(w, n_out, n_in, with_bias ? bias.data() : nullptr);
         const WeightTensor packed = be.prepare(raw, PrepareMode::kCopy);
@@ -106,7 +101,7 @@ TEST(LinearPacked, MatchesReferenceAndPlainKernel) {
 // Decode alone == co-batched == any thread count, bit for bit, on the packed path.
 TEST(LinearPacked, RowResultIndependentOfBatchAndThreads) {
   const int64_t rows = 21, n_in = 96, n_out = 70;
-  const auto w = bf16_matrix(n_out, n_in, 3);
+  const auto w = random_bf16_matrix(n_out, n_in, 3);
   const auto bias = testing::random_vector(static_cast<size_t>(n_out), 10);
   const auto x = testing::random_vector(static_cast<size_t>(rows * n_in), 9);
   ThreadPool pool3(3), pool1(1);
@@ -133,7 +128,7 @@ TEST(LinearPacked, EmbeddingReadsPackedTable) {
   ThreadPool pool(2);
   CpuBackend be(pool);
   const int64_t vocab = 37, dim = 64;
-  const auto w = bf16_matrix(vocab, dim, 8);
+  const auto w = random_bf16_matrix(vocab, dim, 8);
   const WeightTensor table = be.prepare(plain(w, vocab, dim, nullptr), PrepareMode::kCopy);
   const std::vector<int32_t> ids = {0, 36, 17, 16, 17};
   std::vector<float> out(ids.size() * static_cast<size_t>(dim));

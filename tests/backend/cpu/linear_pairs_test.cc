@@ -18,12 +18,7 @@
 namespace metrale {
 namespace {
 
-std::vector<uint16_t> bf16_matrix(int64_t n_out, int64_t n_in, uint32_t seed) {
-  const auto v = testing::random_vector(static_cast<size_t>(n_out * n_in), seed);
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
+using testing::random_bf16_matrix;
 
 // The contract of linear_pairs.h written as a loop: x rounded to bf16, per pair the odd
 // product then the even one added in f32 (each product is exact), then + bias.
@@ -65,7 +60,7 @@ TEST(LinearPairs, RoundingMatchesDtype) {
 TEST(LinearPairs, PackUnpackRoundTrip) {
   for (int64_t n_out : {1, 16, 17, 40}) {
     for (int64_t n_in : {2, 6, 64}) {
-      const auto w = bf16_matrix(n_out, n_in, 4);
+      const auto w = random_bf16_matrix(n_out, n_in, 4);
       std::vector<uint16_t> packed(cpu::pairs_bf16_bytes(n_out, n_in) / 2, 0xFFFF);
       cpu::pack_pairs_bf16(w.data(), n_out, n_in, packed.data());
       std::vector<float> row(static_cast<size_t>(n_in));
@@ -90,7 +85,7 @@ TEST(LinearPairs, KernelMatchesReference) {
           for (size_t offset : {size_t{0}, size_t{3}}) {
             SCOPED_TRACE(::testing::Message() << "path " << static_cast<int>(path) << " n_in " << n_in << " n_out " << n_out
                                               << " rows " << rows << " offset " << offset);
-            const auto w = bf16_matrix(n_out, n_in, static_cast<uint32_t>(n_in * 7 + n_out));
+            const auto w = random_bf16_matrix(n_out, n_in, static_cast<uint32_t>(n_in * 7 + n_out));
             std::vector<uint16_t> packed(cpu::pairs_bf16_bytes(n_out, n_in) / 2 + 32);
             // pack into a 64-byte aligned start (the kernel's weight loads are aligned)
             auto* base = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(packed.data()) + 63) / 64 * 64);
@@ -138,8 +133,8 @@ TEST(LinearPairs, KernelMatchesReference) {
 // the f32 path.
 TEST(LinearPairs, BackendBatchAndThreadInvariant) {
   const int64_t n_in = 320, n_out = 200, rows = 21;
-  const auto w = bf16_matrix(n_out, n_in, 12);
-  const auto bias16 = bf16_matrix(1, n_out, 13);
+  const auto w = random_bf16_matrix(n_out, n_in, 12);
+  const auto bias16 = random_bf16_matrix(1, n_out, 13);
   const WeightTensor plain{.name = "w", .format = WeightFormat::kBF16, .n_out = n_out, .n_in = n_in,
                            .data = w.data(), .bias = bias16.data(), .bias_dtype = DType::kBF16};
   const auto x = testing::random_vector(static_cast<size_t>(rows * n_in), 14);
@@ -180,7 +175,7 @@ TEST(LinearPairs, BackendBatchAndThreadInvariant) {
 
 TEST(LinearPairs, EmbeddingReadsPairPackedTable) {
   const int64_t vocab = 40, dim = 64;
-  const auto w = bf16_matrix(vocab, dim, 21);
+  const auto w = random_bf16_matrix(vocab, dim, 21);
   ThreadPool pool(2);
   CpuBackend backend(pool, Compute::kBF16);
   const WeightTensor table = backend.prepare(

@@ -53,6 +53,14 @@ inline std::vector<float> random_vector(size_t n, uint32_t seed, float lo = -1.0
   return v;
 }
 
+// A random [n_out, n_in] matrix rounded to bf16 (round to nearest even).
+inline std::vector<uint16_t> random_bf16_matrix(int64_t n_out, int64_t n_in, uint32_t seed) {
+  const auto v = random_vector(static_cast<size_t>(n_out * n_in), seed);
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
 inline uint32_t as_bits(float f) {
   uint32_t b;
   std::memcpy(&b, &f, sizeof(b));
