@@ -1,8 +1,10 @@
 #pragma once
-// The paged KV cache layout shared by every backend. The cache of one layer is two arrays
-// (K and V), each [n_pages, page_size, n_kv_heads, head_dim] f32; token t of a sequence
-// lives in page block_table[t / page_size] at offset t % page_size. A "slot" is
-// page * page_size + offset: the flat token index that kv_store writes to.
+// The paged KV cache layout shared by every backend. The cache of one layer is two f32
+// arrays: V is [n_pages, page_size, n_kv_heads, head_dim] and K is transposed within each
+// page, [n_pages, n_kv_heads, head_dim, page_size], so that the keys of a page lie
+// contiguous for each (head, dim) and attention scores can put keys on vector lanes.
+// Token t of a sequence lives in page block_table[t / page_size] at offset t % page_size.
+// A "slot" is page * page_size + offset: the flat token index that kv_store writes to.
 #include <cstdint>
 #include <span>
 
@@ -22,11 +24,14 @@ struct KvLayout {
 
 // One layer's K and V pages (memory owned by whoever allocated the cache).
 struct KvLayerView {
-  float* k = nullptr;  // [n_pages, page_size, n_kv_heads, head_dim]
-  float* v = nullptr;  // same
+  float* k = nullptr;  // [n_pages, n_kv_heads, head_dim, page_size]
+  float* v = nullptr;  // [n_pages, page_size, n_kv_heads, head_dim]
   KvLayout layout;
 
-  float* k_row(int64_t slot) const { return k + slot * layout.row_elems(); }
+  // K of kv head `h` in `page`: element (dim d, offset o) at [d * page_size + o].
+  float* k_page(int64_t page, int64_t h) const {
+    return k + page * layout.page_elems() + h * layout.head_dim * layout.page_size;
+  }
   float* v_row(int64_t slot) const { return v + slot * layout.row_elems(); }
 };
 

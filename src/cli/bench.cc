@@ -85,9 +85,28 @@ double bench_decode(Model& m, int64_t batch, int64_t steps, int reps) {
   return median(tps);
 }
 
-// Decode steps at batch 1 through a ProfilingBackend: per op (and weight) time per step,
-// as a table sorted by time, with the share of the step and what falls between the ops.
-void print_profile(Model& m, int64_t steps) {
+// Prints `prof`'s tallies as a table sorted by time: per op (and weight) time per `unit`
+// (`units` of them were timed in `seconds`), its share, and what falls between the ops.
+void print_profile_table(const ProfilingBackend& prof, const char* title, const char* unit, double units,
+                         double seconds) {
+  std::vector<ProfilingBackend::Entry> rows = prof.entries();
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+  const double per = seconds / units;
+  std::printf("\n%s: %.2f ms/%s\n", title, per * 1e3, unit);
+  std::printf("%-62s %8s %9s/%s %6s\n", "op", "calls", "ms", unit, "%");
+  double covered = 0;
+  for (const auto& e : rows) {
+    covered += e.seconds / units;
+    std::printf("%-62s %8.0f %10.3f %6.1f%%\n", e.key.c_str(), static_cast<double>(e.calls) / units,
+                e.seconds / units * 1e3, 100.0 * e.seconds / seconds);
+  }
+  std::printf("%-62s %8s %10.3f %6.1f%%\n", "(between ops: engine, sampling-free loop)", "", (per - covered) * 1e3,
+              100.0 * (per - covered) / per);
+}
+
+// Where the time of a batch-1 decode step and of one prefill of `prompt` tokens goes, per
+// op (and weight), measured through a ProfilingBackend.
+void print_profile(Model& m, int64_t steps, int64_t prompt) {
   ProfilingBackend prof(m.backend());
   const auto V = static_cast<size_t>(m.vocab_size());
   std::vector<float> logits(V);
@@ -98,29 +117,29 @@ void print_profile(Model& m, int64_t steps) {
   m.route_ops_through(&prof);
   m.decode({&one, 1}, {&token, 1}, logits);  // warm-up step, not counted
   prof.reset();
-  const double t0 = now_s();
+  double t0 = now_s();
   for (int64_t s = 0; s < steps; ++s) {
     token = static_cast<int32_t>((token * 31 + 7) % 1000);
     m.decode({&one, 1}, {&token, 1}, logits);
   }
-  const double step = (now_s() - t0) / static_cast<double>(steps);
-  m.route_ops_through(nullptr);
+  double dt = now_s() - t0;
   m.release(seq);
-  std::vector<ProfilingBackend::Entry> rows = prof.entries();
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
-  const auto n = static_cast<double>(steps);
-  std::printf("\ndecode step profile (batch 1, %lld steps): %.2f ms/step, %.1f tokens/s\n",
-              static_cast<long long>(steps), step * 1e3, 1.0 / step);
-  std::printf("%-62s %8s %10s %7s\n", "op", "calls", "ms/step", "%");
-  double covered = 0;
-  for (const auto& e : rows) {
-    const double ms = e.seconds / n * 1e3;
-    covered += e.seconds / n;
-    std::printf("%-62s %8.0f %10.3f %6.1f%%\n", e.key.c_str(), static_cast<double>(e.calls) / n, ms,
-                100.0 * e.seconds / n / step);
-  }
-  std::printf("%-62s %8s %10.3f %6.1f%%\n", "(between ops: engine, sampling-free loop)", "",
-              (step - covered) * 1e3, 100.0 * (step - covered) / step);
+  char title[128];
+  std::snprintf(title, sizeof title, "decode step profile (batch 1, %lld steps, %.1f tokens/s)",
+                static_cast<long long>(steps), static_cast<double>(steps) / dt);
+  print_profile_table(prof, title, "step", static_cast<double>(steps), dt);
+
+  const std::vector<int32_t> ids = random_ids(prompt, m.vocab_size(), 1);
+  prof.reset();
+  Sequence long_seq;
+  t0 = now_s();
+  m.prefill(long_seq, ids, logits);
+  dt = now_s() - t0;
+  m.release(long_seq);
+  m.route_ops_through(nullptr);
+  std::snprintf(title, sizeof title, "prefill profile (%lld tokens, %.1f tokens/s)", static_cast<long long>(prompt),
+                static_cast<double>(prompt) / dt);
+  print_profile_table(prof, title, "prefill", 1.0, dt);
 }
 
 void run_bench(const BenchFlags& f) {
@@ -173,7 +192,7 @@ void run_bench(const BenchFlags& f) {
     std::printf("\n");
   }
   std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);
-  if (f.profile) print_profile(m, f.decode_tokens);
+  if (f.profile) print_profile(m, f.decode_tokens, longest);
 }
 
 void setup(CLI::App& app) {
@@ -187,7 +206,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--reps", f->reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", f->json, "print one JSON object");
   cmd->add_flag("--no-bandwidth", f->skip_bandwidth, "skip the bandwidth probe");
-  cmd->add_flag("--profile", f->profile, "also print where a batch-1 decode step's time goes, per op");
+  cmd->add_flag("--profile", f->profile, "also print where the time of a batch-1 decode step and of the longest prefill goes, per op");
   cmd->callback([f] { run_bench(*f); });
 }
 

@@ -111,6 +111,7 @@ void Model::run(const ForwardContext& ctx, std::span<const int32_t> ids, int64_t
       (*sink)(static_cast<int64_t>(i + 1), r.h);
     }
   }
+  if (logits == nullptr) return;  // a chunk that only fills the cache
   // Only the rows whose logits are wanted go through the final norm and lm_head.
   const int64_t m = n - first_logit_row;
   auto tail = [&](Rows x) { return Rows{x.row(first_logit_row), m, x.n_cols, x.stride}; };
@@ -163,11 +164,8 @@ void Model::prefill(Sequence& seq, std::span<const int32_t> ids, std::span<float
     } else if (last_chunk) {
       run(ctx, ids.subspan(static_cast<size_t>(done), static_cast<size_t>(rows)), rows - 1,
           logits.data(), sink);
-    } else {
-      // Earlier chunks only fill the cache; their last row's logits are computed and dropped
-      // into the caller's buffer, which the last chunk overwrites.
-      run(ctx, ids.subspan(static_cast<size_t>(done), static_cast<size_t>(rows)), rows - 1,
-          logits.data(), nullptr);
+    } else {  // earlier chunks only fill the cache: no final norm, no lm_head
+      run(ctx, ids.subspan(static_cast<size_t>(done), static_cast<size_t>(rows)), rows, nullptr, nullptr);
     }
     seq.tokens.insert(seq.tokens.end(), ids.begin() + done, ids.begin() + done + rows);
   }

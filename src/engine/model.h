@@ -82,6 +82,8 @@ class Model {
  private:
   Model() = default;
   void check_ids(std::span<const int32_t> ids) const;
+  // The layers over one chunk, then logits for rows [first_logit_row, n) into `logits`;
+  // logits == nullptr skips the final norm and lm_head (a chunk that only fills the cache).
   void run(const ForwardContext& ctx, std::span<const int32_t> ids, int64_t first_logit_row,
            float* logits, const HiddenSink* sink);
 

@@ -1,12 +1,24 @@
-// Paged attention (decode and causal prefill) with a blockwise online softmax in f32: the
-// keys of one query are visited in blocks of kBlock from the window start, so a query's
-// result depends only on its position and its sequence's cache — never on the other rows
-// of the call, how prefill was chunked, or the thread split. One work item is a (query
-// row, kv head) pair so each K/V row is read once for all query heads of its GQA group.
+// Paged attention (decode and causal prefill) with a blockwise online softmax in f32.
+//
+// The numerics of one query (a row and a head) are fixed by its position and its
+// sequence's cache alone, never by the other rows of the call, how prefill was chunked,
+// how queries are tiled, or the thread split:
+//  - keys are visited in blocks of kBlock aligned to absolute positions (block b holds
+//    keys [b * kBlock, (b + 1) * kBlock)), clipped to the query's window [lo, hi];
+//  - score(k) = scale * sum_d q[d] * K[k][d], summed in order d = 0, 1, ... with FMAs;
+//  - per block: m' = max(m, block max); if m was finite and moved, l and acc are scaled by
+//    exp(m - m'); p = Exp(score - m') (Highway's vector exp); l (one accumulator per
+//    vector lane, lane = key % lanes) += p; acc[d] += p * V[k][d] in key order;
+//  - out = acc / sum of l's lanes.
+// A work item is a tile: up to kMaxQueries queries (rows x the query heads of one GQA
+// group) that share one sequence and one kv head, so each K/V element read from the cache
+// serves all of them. Scores put keys on vector lanes: the cache stores K transposed
+// within each page (kv_cache.h), so a page's keys are contiguous for each (head, dim).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu/attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,102 +31,264 @@ namespace metrale::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
+using DI = hn::RebindToSigned<DF>;
 
-constexpr int64_t kBlock = 32;         // keys per online-softmax step
-constexpr int64_t kHeadsPerPass = 8;   // query heads sharing one K/V read
+constexpr int64_t kN = static_cast<int64_t>(hn::MaxLanes(DF()));
+constexpr int64_t kVecs = kAttentionBlock / kN;  // vectors per key block
+static_assert(kAttentionBlock % kN == 0, "a key block is whole vectors");
+// Queries whose scores are accumulated at once: their 2 x kVecs accumulators plus the key
+// vectors fit the register file (32 registers with AVX-512, 16 below).
+constexpr int kScoreQueries = kN >= 16 ? 8 : 2;
+constexpr int kPvQueries = 4;  // queries per P.V register tile (x kPvVecs vectors of dims)
+constexpr int64_t kPvVecs = 4;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-HWY_INLINE float Dot(const float* a, const float* b, int64_t n) {
+struct Query {
+  const float* q = nullptr;
+  float* out = nullptr;
+  int64_t lo = 0, hi = 0;  // keys [lo, hi]
+};
+
+// One block's view of the keys for the score kernel: column d of vector v (kN consecutive
+// keys) is at col[v] + d * stride.
+struct KeyColumns {
+  const float* col[kVecs];
+  int64_t stride = 0;
+};
+
+// scores[j][i] = scale * sum_d q_j[d] * key_i[d] for NQ queries and one block of keys.
+template <int NQ>
+HWY_INLINE void BlockScores(const Query* qs, const KeyColumns& kc, int64_t hd, float scale, float* scores) {
   const DF df;
-  const auto nl = static_cast<int64_t>(hn::Lanes(df));
-  VF acc = hn::Zero(df);
-  int64_t i = 0;
-  for (; i + nl <= n; i += nl) acc = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc);
-  float s = hn::GetLane(hn::SumOfLanes(df, acc));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+  VF acc[NQ][kVecs];
+  for (int j = 0; j < NQ; ++j)
+    for (int64_t v = 0; v < kVecs; ++v) acc[j][v] = hn::Zero(df);
+  for (int64_t d = 0; d < hd; ++d) {
+    VF k[kVecs];
+    for (int64_t v = 0; v < kVecs; ++v) k[v] = hn::LoadU(df, kc.col[v] + d * kc.stride);
+    for (int j = 0; j < NQ; ++j) {
+      const VF q = hn::Set(df, qs[j].q[d]);
+      for (int64_t v = 0; v < kVecs; ++v) acc[j][v] = hn::MulAdd(q, k[v], acc[j][v]);
+    }
+  }
+  const VF vs = hn::Set(df, scale);
+  for (int j = 0; j < NQ; ++j)
+    for (int64_t v = 0; v < kVecs; ++v) hn::Store(hn::Mul(acc[j][v], vs), df, scores + j * kAttentionBlock + v * kN);
 }
 
-// y = y * c
-HWY_INLINE void Scale(float* y, float c, int64_t n) {
-  const DF df;
-  const auto nl = static_cast<int64_t>(hn::Lanes(df));
-  const VF vc = hn::Set(df, c);
-  int64_t i = 0;
-  for (; i + nl <= n; i += nl) hn::StoreU(hn::Mul(hn::LoadU(df, y + i), vc), df, y + i);
-  for (; i < n; ++i) y[i] *= c;
+void Scores(const Query* qs, int n, const KeyColumns& kc, int64_t hd, float scale, float* scores) {
+  for (int j0 = 0; j0 < n; j0 += kScoreQueries) {
+    const Query* q = qs + j0;
+    float* s = scores + j0 * kAttentionBlock;
+    switch (std::min(kScoreQueries, n - j0)) {
+      case 1: BlockScores<1>(q, kc, hd, scale, s); break;
+      case 2: BlockScores<2>(q, kc, hd, scale, s); break;
+      case 3: BlockScores<3>(q, kc, hd, scale, s); break;
+      case 4: BlockScores<4>(q, kc, hd, scale, s); break;
+      case 5: BlockScores<5>(q, kc, hd, scale, s); break;
+      case 6: BlockScores<6>(q, kc, hd, scale, s); break;
+      case 7: BlockScores<7>(q, kc, hd, scale, s); break;
+      default: BlockScores<8>(q, kc, hd, scale, s); break;
+    }
+  }
 }
 
-// y += p * v
-HWY_INLINE void Axpy(float p, const float* v, float* y, int64_t n) {
+// acc_j[d] += p_j[k] * V[k][d] for keys k = 0..n_keys-1 in order, NQ queries at once. The
+// arithmetic per (query, d) is the same for every NQ and tiling: one MulAdd per key on the
+// vector part of the dims, one scalar multiply-add on the tail past the last whole vector.
+template <int NQ>
+HWY_INLINE void BlockPv(float* const* acc, const float* const* p, const float* const* v, int64_t n_keys, int64_t hd) {
   const DF df;
-  const auto nl = static_cast<int64_t>(hn::Lanes(df));
-  const VF vp = hn::Set(df, p);
-  int64_t i = 0;
-  for (; i + nl <= n; i += nl) hn::StoreU(hn::MulAdd(vp, hn::LoadU(df, v + i), hn::LoadU(df, y + i)), df, y + i);
-  for (; i < n; ++i) y[i] += p * v[i];
+  int64_t d0 = 0;
+  for (; d0 + kPvVecs * kN <= hd; d0 += kPvVecs * kN) {
+    VF a[NQ][kPvVecs];
+    for (int j = 0; j < NQ; ++j)
+      for (int64_t i = 0; i < kPvVecs; ++i) a[j][i] = hn::Load(df, acc[j] + d0 + i * kN);
+    for (int64_t k = 0; k < n_keys; ++k) {
+      VF x[kPvVecs];
+      for (int64_t i = 0; i < kPvVecs; ++i) x[i] = hn::LoadU(df, v[k] + d0 + i * kN);
+      for (int j = 0; j < NQ; ++j) {
+        const VF pk = hn::Set(df, p[j][k]);
+        for (int64_t i = 0; i < kPvVecs; ++i) a[j][i] = hn::MulAdd(pk, x[i], a[j][i]);
+      }
+    }
+    for (int j = 0; j < NQ; ++j)
+      for (int64_t i = 0; i < kPvVecs; ++i) hn::Store(a[j][i], df, acc[j] + d0 + i * kN);
+  }
+  for (; d0 + kN <= hd; d0 += kN) {
+    VF a[NQ];
+    for (int j = 0; j < NQ; ++j) a[j] = hn::Load(df, acc[j] + d0);
+    for (int64_t k = 0; k < n_keys; ++k) {
+      const VF x = hn::LoadU(df, v[k] + d0);
+      for (int j = 0; j < NQ; ++j) a[j] = hn::MulAdd(hn::Set(df, p[j][k]), x, a[j]);
+    }
+    for (int j = 0; j < NQ; ++j) hn::Store(a[j], df, acc[j] + d0);
+  }
+  for (; d0 < hd; ++d0) {
+    for (int j = 0; j < NQ; ++j) {
+      float a = acc[j][d0];
+      for (int64_t k = 0; k < n_keys; ++k) a += p[j][k] * v[k][d0];
+      acc[j][d0] = a;
+    }
+  }
+}
+
+void Pv(float* const* acc, const float* const* p, int n, const float* const* v, int64_t n_keys, int64_t hd) {
+  for (int j0 = 0; j0 < n; j0 += kPvQueries) {
+    switch (std::min(kPvQueries, n - j0)) {
+      case 1: BlockPv<1>(acc + j0, p + j0, v, n_keys, hd); break;
+      case 2: BlockPv<2>(acc + j0, p + j0, v, n_keys, hd); break;
+      case 3: BlockPv<3>(acc + j0, p + j0, v, n_keys, hd); break;
+      default: BlockPv<4>(acc + j0, p + j0, v, n_keys, hd); break;
+    }
+  }
+}
+
+// The K columns of keys [b0, b0 + kBlock) of kv head `kvh`, of which [first, last] are
+// read (the rest are masked off later). When a page holds whole vectors of keys they are
+// read in place; otherwise the keys are gathered into `scratch` ([hd][kBlock]).
+KeyColumns LocateKeys(const AttentionTask& t, const KvPageTable& table, int64_t kvh, int64_t b0, int64_t first,
+                      int64_t last, float* scratch) {
+  const KvLayout& kv = t.cache.layout;
+  const int64_t hd = kv.head_dim;
+  const int64_t ps = kv.page_size;
+  KeyColumns kc;
+  if (ps % kN == 0) {
+    kc.stride = ps;
+    int64_t live = -1;  // a vector that overlaps [first, last]: stands in for those that do not
+    for (int64_t v = 0; v < kVecs; ++v) {
+      const int64_t k0 = b0 + v * kN;
+      if (k0 + kN - 1 < first || k0 > last) continue;
+      const int64_t page = table.block_table[static_cast<size_t>(k0 / ps)];
+      kc.col[v] = t.cache.k_page(page, kvh) + k0 % ps;
+      live = v;
+    }
+    for (int64_t v = 0; v < kVecs; ++v) {
+      const int64_t k0 = b0 + v * kN;
+      if (k0 + kN - 1 < first || k0 > last) kc.col[v] = kc.col[live];
+    }
+    return kc;
+  }
+  kc.stride = kAttentionBlock;
+  for (int64_t i = 0; i < kAttentionBlock; ++i) {
+    const int64_t key = b0 + i;
+    if (key < first || key > last) {
+      for (int64_t d = 0; d < hd; ++d) scratch[d * kAttentionBlock + i] = 0.0f;
+      continue;
+    }
+    const int64_t page = table.block_table[static_cast<size_t>(key / ps)];
+    const float* col = t.cache.k_page(page, kvh) + key % ps;
+    for (int64_t d = 0; d < hd; ++d) scratch[d * kAttentionBlock + i] = col[d * ps];
+  }
+  for (int64_t v = 0; v < kVecs; ++v) kc.col[v] = scratch + v * kN;
+  return kc;
+}
+
+// Runs the queries of one tile: all of them read `table`'s cache at kv head `kvh`.
+void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Query* qs, int n) {
+  const DF df;
+  const DI di;
+  const int64_t hd = t.shape.head_dim;
+  const int64_t ps = t.cache.layout.page_size;
+  HWY_ALIGN float acc[kMaxQueries][kMaxHeadDim];
+  HWY_ALIGN float scores[kMaxQueries * kAttentionBlock];
+  HWY_ALIGN float key_scratch[kMaxHeadDim * kAttentionBlock];
+  float* acc_of[kMaxQueries];
+  const float* p_of[kMaxQueries];
+  const float* v_rows[kAttentionBlock];
+  float m[kMaxQueries];
+  VF l[kMaxQueries];
+  int64_t lo = qs[0].lo, hi = qs[0].hi;
+  for (int j = 0; j < n; ++j) {
+    m[j] = kNegInf;
+    l[j] = hn::Zero(df);
+    std::fill(acc[j], acc[j] + hd, 0.0f);
+    lo = std::min(lo, qs[j].lo);
+    hi = std::max(hi, qs[j].hi);
+  }
+  for (int64_t b0 = lo / kAttentionBlock * kAttentionBlock; b0 <= hi; b0 += kAttentionBlock) {
+    const int64_t first = std::max(lo, b0);
+    const int64_t last = std::min(hi, b0 + kAttentionBlock - 1);
+    Scores(qs, n, LocateKeys(t, table, kvh, b0, first, last, key_scratch), hd, t.shape.scale, scores);
+    for (int64_t k = first; k <= last; ++k) {
+      v_rows[k - first] = t.cache.v_row(table.slot(k, ps)) + kvh * hd;
+    }
+    // Online-softmax update of each query that has keys in this block.
+    bool uniform = true;  // every active query reads exactly [first, last]
+    int n_active = 0;
+    for (int j = 0; j < n; ++j) {
+      const int64_t a = std::max(qs[j].lo, b0) - b0;
+      const int64_t b = std::min(qs[j].hi, b0 + kAttentionBlock - 1) - b0;
+      if (a > b) continue;
+      uniform = uniform && a == first - b0 && b == last - b0;
+      float* s = scores + j * kAttentionBlock;
+      VF sv[kVecs];
+      VF block_max = hn::Set(df, kNegInf);
+      for (int64_t v = 0; v < kVecs; ++v) {
+        const auto key = hn::Iota(di, static_cast<int32_t>(v * kN));
+        const auto in = hn::And(hn::Gt(key, hn::Set(di, static_cast<int32_t>(a - 1))),
+                                hn::Lt(key, hn::Set(di, static_cast<int32_t>(b + 1))));
+        sv[v] = hn::IfThenElse(hn::RebindMask(df, in), hn::Load(df, s + v * kN), hn::Set(df, kNegInf));
+        block_max = hn::Max(block_max, sv[v]);
+      }
+      const float m_new = std::max(m[j], hn::GetLane(hn::MaxOfLanes(df, block_max)));
+      if (m[j] != kNegInf && m[j] != m_new) {
+        const float c = std::exp(m[j] - m_new);
+        const VF vc = hn::Set(df, c);
+        l[j] = hn::Mul(l[j], vc);
+        int64_t d = 0;
+        for (; d + kN <= hd; d += kN) hn::Store(hn::Mul(hn::Load(df, acc[j] + d), vc), df, acc[j] + d);
+        for (; d < hd; ++d) acc[j][d] *= c;
+      }
+      m[j] = m_new;
+      const VF vm = hn::Set(df, m_new);
+      for (int64_t v = 0; v < kVecs; ++v) {
+        const VF pv = hn::Exp(df, hn::Sub(sv[v], vm));  // masked lanes: Exp(-inf) = 0
+        l[j] = hn::Add(l[j], pv);
+        hn::Store(pv, df, s + v * kN);
+      }
+      acc_of[n_active] = acc[j];
+      p_of[n_active] = s + a;
+      ++n_active;
+    }
+    if (uniform) {
+      Pv(acc_of, p_of, n_active, v_rows, last - first + 1, hd);
+    } else {  // the diagonal block of a prefill tile, or a window edge: each query its own keys
+      int i = 0;
+      for (int j = 0; j < n; ++j) {
+        const int64_t a = std::max(qs[j].lo, b0);
+        const int64_t b = std::min(qs[j].hi, b0 + kAttentionBlock - 1);
+        if (a > b) continue;
+        Pv(&acc_of[i], &p_of[i], 1, v_rows + (a - first), b - a + 1, hd);
+        ++i;
+      }
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    const float inv = 1.0f / hn::GetLane(hn::SumOfLanes(df, l[j]));
+    for (int64_t d = 0; d < hd; ++d) qs[j].out[d] = acc[j][d] * inv;
+  }
 }
 
 void AttentionItems(const AttentionTask& t, int64_t item_begin, int64_t item_end) {
+  const AttentionPlan plan = plan_attention(t);
   const AttentionShape& sh = t.shape;
   const int64_t hd = sh.head_dim;
-  const int64_t n_kv = sh.n_kv_heads;
-  const int64_t group = sh.n_heads / n_kv;
-  const int64_t page_size = t.cache.layout.page_size;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-  HWY_ALIGN float acc[kHeadsPerPass][kMaxHeadDim];
-  float scores[kHeadsPerPass][kBlock];
-  int64_t slots[kBlock];
+  const int64_t group = sh.n_heads / sh.n_kv_heads;
+  Query qs[kMaxQueries];
   for (int64_t item = item_begin; item < item_end; ++item) {
-    const int64_t row = item / n_kv;
-    const int64_t kvh = item % n_kv;
-    const KvPageTable& table = t.table(row);
-    const int64_t pos = t.position(row);
-    const int64_t start = sh.sliding_window > 0 ? std::max<int64_t>(0, pos - sh.sliding_window + 1) : 0;
-    for (int64_t h0 = 0; h0 < group; h0 += kHeadsPerPass) {
-      const int64_t nh = std::min(kHeadsPerPass, group - h0);
-      const float* q[kHeadsPerPass];
-      float m[kHeadsPerPass];
-      float l[kHeadsPerPass];
-      for (int64_t j = 0; j < nh; ++j) {
-        q[j] = t.q.row(row) + (kvh * group + h0 + j) * hd;
-        m[j] = kNegInf;
-        l[j] = 0.0f;
-        std::fill(acc[j], acc[j] + hd, 0.0f);
-      }
-      for (int64_t t0 = start; t0 <= pos; t0 += kBlock) {
-        const int64_t nb = std::min(kBlock, pos + 1 - t0);
-        for (int64_t b = 0; b < nb; ++b) {
-          slots[b] = table.slot(t0 + b, page_size);
-          const float* k = t.cache.k_row(slots[b]) + kvh * hd;
-          for (int64_t j = 0; j < nh; ++j) scores[j][b] = Dot(q[j], k, hd) * sh.scale;
-        }
-        for (int64_t j = 0; j < nh; ++j) {
-          float block_max = scores[j][0];
-          for (int64_t b = 1; b < nb; ++b) block_max = std::max(block_max, scores[j][b]);
-          const float m_new = std::max(m[j], block_max);
-          if (m[j] != kNegInf && m[j] != m_new) {
-            const float c = std::exp(m[j] - m_new);
-            l[j] *= c;
-            Scale(acc[j], c, hd);
-          }
-          m[j] = m_new;
-          for (int64_t b = 0; b < nb; ++b) {
-            scores[j][b] = std::exp(scores[j][b] - m_new);
-            l[j] += scores[j][b];
-          }
-        }
-        for (int64_t b = 0; b < nb; ++b) {
-          const float* v = t.cache.v_row(slots[b]) + kvh * hd;
-          for (int64_t j = 0; j < nh; ++j) Axpy(scores[j][b], v, acc[j], hd);
-        }
-      }
-      for (int64_t j = 0; j < nh; ++j) {
-        float* out = t.out.row(row) + (kvh * group + h0 + j) * hd;
-        const float inv = 1.0f / l[j];
-        for (int64_t i = 0; i < hd; ++i) out[i] = acc[j][i] * inv;
+    const AttentionPlan::Tile tile = plan.tile(item);
+    const KvPageTable& table = t.table(tile.row_begin);
+    int n = 0;
+    for (int64_t row = tile.row_begin; row < tile.row_end; ++row) {
+      const int64_t pos = t.position(row);
+      const int64_t lo = sh.sliding_window > 0 ? std::max<int64_t>(0, pos - sh.sliding_window + 1) : 0;
+      for (int64_t h = tile.head_begin; h < tile.head_end; ++h) {
+        const int64_t col = (tile.kv_head * group + h) * hd;
+        qs[n++] = {.q = t.q.row(row) + col, .out = t.out.row(row) + col, .lo = lo, .hi = pos};
       }
     }
+    AttendTile(t, table, tile.kv_head, qs, n);
   }
 }
 
@@ -123,9 +297,52 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace metrale::cpu {
+
+AttentionPlan plan_attention(const AttentionTask& t) {
+  AttentionPlan p;
+  const int64_t group = t.shape.n_heads / t.shape.n_kv_heads;
+  p.heads_per_pass = std::min<int64_t>(group, kMaxQueries);
+  p.n_passes = (group + p.heads_per_pass - 1) / p.heads_per_pass;
+  p.group = group;
+  p.n_kv_heads = t.shape.n_kv_heads;
+  p.n_rows = t.q.n_rows;
+  p.rows_per_tile = t.one_sequence ? std::max<int64_t>(1, kMaxQueries / p.heads_per_pass) : 1;
+  p.n_tiles = (p.n_rows + p.rows_per_tile - 1) / p.rows_per_tile;
+  p.one_sequence = t.one_sequence;
+  return p;
+}
+
+AttentionPlan::Tile AttentionPlan::tile(int64_t item) const {
+  Tile tl;
+  if (one_sequence) {
+    // kv head outermost, so a contiguous range of items keeps one head's K/V hot; the
+    // tiles of a head alternate from both ends (0, n-1, 1, n-2, ...) so that contiguous
+    // ranges cost about the same under the causal mask.
+    const int64_t per_head = n_passes * n_tiles;
+    tl.kv_head = item / per_head;
+    const int64_t pass = item % per_head / n_tiles;
+    const int64_t z = item % n_tiles;
+    const int64_t ti = z % 2 == 0 ? z / 2 : n_tiles - 1 - z / 2;
+    tl.row_begin = ti * rows_per_tile;
+    tl.row_end = std::min(n_rows, tl.row_begin + rows_per_tile);
+    tl.head_begin = pass * heads_per_pass;
+    tl.head_end = std::min(group, tl.head_begin + heads_per_pass);
+  } else {
+    const int64_t per_row = n_kv_heads * n_passes;
+    tl.row_begin = item / per_row;
+    tl.row_end = tl.row_begin + 1;
+    tl.kv_head = item % per_row / n_passes;
+    const int64_t pass = item % n_passes;
+    tl.head_begin = pass * heads_per_pass;
+    tl.head_end = std::min(group, tl.head_begin + heads_per_pass);
+  }
+  return tl;
+}
+
 HWY_EXPORT(AttentionItems);
 void attention_items(const AttentionTask& t, int64_t item_begin, int64_t item_end) {
   HWY_DYNAMIC_DISPATCH(AttentionItems)(t, item_begin, item_end);
 }
+
 }  // namespace metrale::cpu
 #endif

@@ -84,14 +84,23 @@ void CpuBackend::kv_store(const KvStoreArgs& a) {
   const auto n = static_cast<int64_t>(a.slots.size());
   check_same("kv_store k", a.k, n, kv.row_elems());
   check_same("kv_store v", a.v, n, kv.row_elems());
-  const auto row_bytes = static_cast<size_t>(kv.row_elems()) * sizeof(float);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = a.slots[static_cast<size_t>(i)];
     METRALE_CHECK(slot >= 0 && slot < kv.n_slots(), "kv_store: slot ", slot, " of token ", i,
                   " is outside the cache's [0, ", kv.n_slots(), ")");
-    std::memcpy(a.cache.k_row(slot), a.k.row(i), row_bytes);
-    std::memcpy(a.cache.v_row(slot), a.v.row(i), row_bytes);
   }
+  const auto row_bytes = static_cast<size_t>(kv.row_elems()) * sizeof(float);
+  pool_->parallel_for(static_cast<size_t>(n), [&](size_t b, size_t e, int) {
+    for (auto i = static_cast<int64_t>(b); i < static_cast<int64_t>(e); ++i) {
+      const int64_t slot = a.slots[static_cast<size_t>(i)];
+      const float* k = a.k.row(i);
+      for (int64_t h = 0; h < kv.n_kv_heads; ++h) {  // K is transposed within its page
+        float* col = a.cache.k_page(slot / kv.page_size, h) + slot % kv.page_size;
+        for (int64_t d = 0; d < kv.head_dim; ++d) col[d * kv.page_size] = k[h * kv.head_dim + d];
+      }
+      std::memcpy(a.cache.v_row(slot), a.v.row(i), row_bytes);
+    }
+  });
 }
 
 void CpuBackend::attention_decode(const DecodeAttentionArgs& a) {
@@ -104,7 +113,7 @@ void CpuBackend::attention_decode(const DecodeAttentionArgs& a) {
   cpu::AttentionTask task{.q = a.q, .out = a.out, .cache = a.cache, .tables = a.seqs.data(),
                           .one_sequence = false, .shape = a.shape};
   task.shape.scale = resolve_scale(a.shape);
-  pool_->parallel_for(static_cast<size_t>(n * a.shape.n_kv_heads), [&](size_t b, size_t e, int) {
+  pool_->parallel_for(static_cast<size_t>(cpu::plan_attention(task).n_items()), [&](size_t b, size_t e, int) {
     cpu::attention_items(task, static_cast<int64_t>(b), static_cast<int64_t>(e));
   });
 }
@@ -121,7 +130,7 @@ void CpuBackend::attention_prefill(const PrefillAttentionArgs& a) {
   cpu::AttentionTask task{.q = a.q, .out = a.out, .cache = a.cache, .tables = &a.seq,
                           .one_sequence = true, .shape = a.shape};
   task.shape.scale = resolve_scale(a.shape);
-  pool_->parallel_for(static_cast<size_t>(n * a.shape.n_kv_heads), [&](size_t b, size_t e, int) {
+  pool_->parallel_for(static_cast<size_t>(cpu::plan_attention(task).n_items()), [&](size_t b, size_t e, int) {
     cpu::attention_items(task, static_cast<int64_t>(b), static_cast<int64_t>(e));
   });
 }

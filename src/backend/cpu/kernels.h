@@ -33,10 +33,9 @@ void rope_rows(const RopeArgs& a, int64_t r_begin, int64_t r_end);
 void gated_activation_rows(const GatedActivationArgs& a, int64_t r_begin, int64_t r_end);
 void widen_bf16(const uint16_t* src, int64_t n, float* dst);
 
-// Paged attention over work items (query row, kv head): item i is row i / n_kv_heads,
-// kv head i % n_kv_heads. Decode (one_sequence = false): row r is the last token of
-// tables[r]. Prefill (one_sequence = true): every row belongs to tables[0] and the rows are
-// its last q.n_rows tokens. A query at position p sees keys [max(0, p - window + 1), p].
+// Paged attention. Decode (one_sequence = false): row r is the last token of tables[r].
+// Prefill (one_sequence = true): every row belongs to tables[0] and the rows are its last
+// q.n_rows tokens. A query at position p sees keys [max(0, p - window + 1), p].
 struct AttentionTask {
   ConstRows q;
   Rows out;
@@ -50,6 +49,29 @@ struct AttentionTask {
     return table(row).seq_len - 1 - (one_sequence ? q.n_rows - 1 - row : 0);
   }
 };
+
+inline constexpr int64_t kAttentionBlock = 32;  // keys per online-softmax step
+inline constexpr int64_t kMaxQueries = 8;       // queries of one tile (they share K/V reads)
+
+// How an attention call splits into work items. An item is a tile: rows [row_begin,
+// row_end) x query heads [head_begin, head_end) of one GQA group (kv head), at most
+// kMaxQueries queries. Decode tiles are one row; prefill tiles stack rows of the one
+// sequence. Items are numbered so that a static split over threads balances the causal
+// mask's cost (see attention.cc).
+struct AttentionPlan {
+  struct Tile {
+    int64_t row_begin = 0, row_end = 0;
+    int64_t kv_head = 0;
+    int64_t head_begin = 0, head_end = 0;  // within the group
+  };
+  int64_t group = 1, n_kv_heads = 1, heads_per_pass = 1, n_passes = 1;
+  int64_t n_rows = 0, rows_per_tile = 1, n_tiles = 0;
+  bool one_sequence = false;
+
+  int64_t n_items() const { return n_tiles * n_kv_heads * n_passes; }
+  Tile tile(int64_t item) const;
+};
+AttentionPlan plan_attention(const AttentionTask& t);
 void attention_items(const AttentionTask& t, int64_t item_begin, int64_t item_end);
 
 // Largest head_dim the attention kernel accepts (its accumulators live on the stack).
