@@ -69,6 +69,14 @@ METRALE_BF16_TARGET inline __m512 dot2(__m512 acc, __m512i w, __m512i x) {
   }
 }
 
+// Decode-sized calls (<= kPrefetchRows rows) are bound by reading the weights: one thread
+// alone keeps too few lines in flight on the C streams for the hardware prefetcher to
+// saturate memory, and a software prefetch kPrefetchLines lines (3 KiB) ahead on each stream
+// measured +17% at batch 1 on one thread (Qwen3-0.6B shapes, 5 interleaved A/B rounds), no
+// change on two. Prefetches past a stream's end are harmless hints.
+constexpr int kPrefetchRows = 4;
+constexpr int64_t kPrefetchLines = 48;
+
 // x rows [r0, r0 + R) against groups [g0, g0 + C): R x C accumulators of 16 outputs each,
 // one weight line per group and one broadcast pair per row for each k pair.
 template <int R, int C, bool kNative>
@@ -84,6 +92,11 @@ METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_
   for (int64_t p = 0; p < n_pairs; ++p) {
     __m512i wv[C];
     METRALE_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm512_load_si512(w[c] + p * kGroup * 2);
+    if constexpr (R <= kPrefetchRows) {
+      METRALE_UNROLL for (int c = 0; c < C; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[c] + (p + kPrefetchLines) * kGroup * 2), _MM_HINT_T0);
+      }
+    }
     METRALE_UNROLL for (int r = 0; r < R; ++r) {
       uint32_t pair;
       std::memcpy(&pair, x[r] + 2 * p, sizeof(pair));

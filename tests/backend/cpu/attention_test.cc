@@ -34,7 +34,7 @@ struct Fixture {
     int64_t pages = 0;
     for (int64_t len : lens) pages += (len + c.page_size - 1) / c.page_size;
     layout = {.n_pages = pages + 1, .page_size = c.page_size, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim};
-    k_pages.assign(static_cast<size_t>(layout.layer_elems()), NAN);  // unwritten slots must never be read
+    k_pages.assign(static_cast<size_t>(layout.layer_elems()), NAN);  // unwritten slots must never reach a result
     v_pages.assign(k_pages.size(), NAN);
     std::vector<int32_t> order(static_cast<size_t>(layout.n_pages));
     std::iota(order.begin(), order.end(), 0);
@@ -71,6 +71,8 @@ const Case kCases[] = {
     {.n_heads = 12, .n_kv_heads = 1, .head_dim = 20, .page_size = 3, .window = 0},   // MQA, >8 heads/group
     {.n_heads = 6, .n_kv_heads = 3, .head_dim = 17, .page_size = 5, .window = 7},    // window, odd dim
     {.n_heads = 2, .n_kv_heads = 1, .head_dim = 128, .page_size = 16, .window = 0},
+    {.n_heads = 16, .n_kv_heads = 8, .head_dim = 128, .page_size = 16, .window = 0},  // Qwen3-0.6B
+    {.n_heads = 8, .n_kv_heads = 2, .head_dim = 64, .page_size = 32, .window = 45},   // window over pages
 };
 
 TEST(Attention, DecodeMatchesDenseReferenceOnEveryTarget) {
@@ -133,7 +135,7 @@ TEST(Attention, ChunkedPrefillEqualsOnePieceAndReference) {
     SCOPED_TRACE(::testing::Message() << "heads=" << c.n_heads << "/" << c.n_kv_heads << " hd=" << c.head_dim);
     ThreadPool pool(3);
     CpuBackend be(pool);
-    const int64_t len = 29, width = c.n_heads * c.head_dim;
+    const int64_t len = 77, width = c.n_heads * c.head_dim;
     Fixture f(c, {len}, 300);
     const auto q = testing::random_vector(static_cast<size_t>(len * width), 7, -2.0f, 2.0f);
     std::vector<float> whole(static_cast<size_t>(len * width)), chunked(whole.size());
@@ -142,7 +144,7 @@ TEST(Attention, ChunkedPrefillEqualsOnePieceAndReference) {
       be.attention_prefill({.q = rows_of(q.data(), len, width), .out = rows_of(whole.data(), len, width),
                             .cache = f.view(), .seq = f.table(0, len), .shape = f.shape()});
       int64_t done = 0;
-      for (int64_t chunk : {1, 5, 11, 12}) {
+      for (int64_t chunk : {1, 5, 11, 12, 48}) {
         f.store(be, 0, done, done + chunk);
         be.attention_prefill({.q = rows_of(q.data() + done * width, chunk, width),
                               .out = rows_of(chunked.data() + done * width, chunk, width), .cache = f.view(),
@@ -171,6 +173,29 @@ TEST(Attention, ChunkedPrefillEqualsOnePieceAndReference) {
       }
     });
   }
+}
+
+// Keys read in place from pages that hold whole vectors of them (page_size 16) and keys
+// gathered from pages that do not (page_size 5) give the same bits.
+TEST(Attention, PageSizeDoesNotChangeResults) {
+  const Case in_place{.n_heads = 8, .n_kv_heads = 2, .head_dim = 24, .page_size = 16, .window = 0};
+  Case gathered = in_place;
+  gathered.page_size = 5;
+  ThreadPool pool(2);
+  CpuBackend be(pool);
+  const int64_t len = 70, width = in_place.n_heads * in_place.head_dim;
+  Fixture a(in_place, {len}, 400), b(gathered, {len}, 400);
+  const auto q = testing::random_vector(static_cast<size_t>(len * width), 8, -2.0f, 2.0f);
+  testing::for_each_target([&] {
+    std::vector<float> out_a(static_cast<size_t>(len * width)), out_b(out_a.size());
+    for (Fixture* f : {&a, &b}) {
+      f->store(be, 0, 0, len);
+      be.attention_prefill({.q = rows_of(q.data(), len, width),
+                            .out = rows_of((f == &a ? out_a : out_b).data(), len, width), .cache = f->view(),
+                            .seq = f->table(0, len), .shape = f->shape()});
+    }
+    for (size_t i = 0; i < out_a.size(); ++i) ASSERT_EQ(testing::as_bits(out_a[i]), testing::as_bits(out_b[i])) << i;
+  });
 }
 
 TEST(Attention, RejectsBadBlockTablesAndShapes) {
