@@ -82,14 +82,16 @@ void ThreadPool::chunk_range(size_t n, int n_chunks, int t, size_t* begin, size_
   *end = *begin + base + (i < extra ? 1 : 0);
 }
 
-void ThreadPool::run(size_t n, Thunk thunk, void* fn) {
+void ThreadPool::run(size_t n, Thunk thunk, void* fn, size_t grain) {
   if (n == 0) return;
-  if (n_threads_ == 1 || n == 1 || tl_in_job) return run_inline(n, thunk, fn);
+  if (n_threads_ == 1 || n == 1 || tl_in_job || (grain > 0 && grain >= n)) return run_inline(n, thunk, fn);
 
   std::lock_guard<std::mutex> dispatch(dispatch_mu_);
   thunk_ = thunk;
   fn_ = fn;
   n_ = n;
+  grain_ = grain;
+  next_.store(0, std::memory_order_relaxed);
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   // seq_cst pairs with the workers' sleepers_ increment: either a worker sees the new epoch
   // before sleeping, or we see it asleep and wake it.
@@ -119,12 +121,19 @@ void ThreadPool::run_inline(size_t n, Thunk thunk, void* fn) {
 }
 
 void ThreadPool::run_chunk(int t) {
-  size_t begin, end;
-  chunk_range(n_, n_threads_, t, &begin, &end);
-  if (begin == end) return;
   InJobScope scope;
   try {
-    thunk_(fn_, begin, end, t);
+    if (grain_ > 0) {
+      for (;;) {
+        const size_t begin = next_.fetch_add(grain_, std::memory_order_relaxed);
+        if (begin >= n_) break;
+        thunk_(fn_, begin, std::min(n_, begin + grain_), t);
+      }
+      return;
+    }
+    size_t begin, end;
+    chunk_range(n_, n_threads_, t, &begin, &end);
+    if (begin < end) thunk_(fn_, begin, end, t);
   } catch (...) {
     errors_[static_cast<size_t>(t)] = std::current_exception();
   }

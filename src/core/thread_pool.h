@@ -42,6 +42,20 @@ class ThreadPool {
     run(n, &invoke<Fn>, const_cast<void*>(static_cast<const void*>(std::addressof(fn))));
   }
 
+  // Like parallel_for, but [0, n) is cut into pieces of `grain` items that the threads
+  // claim in turn as they finish the previous one, so a thread slowed by the machine (a
+  // descheduled vCPU, a noisy neighbour) takes fewer pieces. Which thread runs a piece is
+  // timing-dependent: use it only where an item's result does not depend on the thread or
+  // on the other items of its piece (e.g. output rows of a matrix product). fn may also get
+  // larger ranges: a call with n <= grain, or nested in a job, runs inline as parallel_for
+  // does. When fn throws, that thread stops claiming, the others finish, and the exception
+  // of the lowest-numbered throwing thread is rethrown.
+  template <typename F>
+  void parallel_for_dynamic(size_t n, size_t grain, F&& fn) {
+    using Fn = std::remove_reference_t<F>;
+    run(n, &invoke<Fn>, const_cast<void*>(static_cast<const void*>(std::addressof(fn))), grain);
+  }
+
   // Chunk `t` of the static split of [0, n) over `n_chunks` chunks.
   static void chunk_range(size_t n, int n_chunks, int t, size_t* begin, size_t* end);
 
@@ -56,7 +70,8 @@ class ThreadPool {
     (*static_cast<Fn*>(fn))(begin, end, thread_index);
   }
 
-  void run(size_t n, Thunk thunk, void* fn);
+  // grain 0: the static split; otherwise pieces of `grain` claimed from next_.
+  void run(size_t n, Thunk thunk, void* fn, size_t grain = 0);
   void run_inline(size_t n, Thunk thunk, void* fn);
   void run_chunk(int t);
   void worker_loop(int t);
@@ -71,6 +86,8 @@ class ThreadPool {
   Thunk thunk_ = nullptr;
   void* fn_ = nullptr;
   size_t n_ = 0;
+  size_t grain_ = 0;
+  std::atomic<size_t> next_{0};  // first unclaimed item of a dynamic job
 
   std::atomic<uint32_t> epoch_{0};
   std::atomic<int> pending_{0};              // workers still running the current job

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <numeric>
 #include <optional>
@@ -95,6 +96,48 @@ TEST(ThreadPool, ReductionsAreDeterministic) {
   };
   const float first = reduce();
   for (int rep = 0; rep < 200; ++rep) ASSERT_EQ(reduce(), first);
+}
+
+// Dynamic pieces: every index exactly once, in pieces of `grain` (the last one shorter),
+// whatever thread claims them; grains at or above n, nesting and throwing included.
+TEST(ThreadPool, DynamicPiecesCoverEveryIndexOnce) {
+  for (int threads : {1, 2, 3, 7}) {
+    ThreadPool pool(threads);
+    for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{17}, size_t{128}, size_t{1000}, size_t{4097}}) {
+      for (size_t grain : {size_t{1}, size_t{3}, size_t{64}, size_t{5000}}) {
+        std::vector<std::atomic<int>> hits(n);
+        pool.parallel_for_dynamic(n, grain, [&](size_t begin, size_t end, int t) {
+          ASSERT_LT(begin, end);
+          ASSERT_GE(t, 0);
+          ASSERT_LT(t, threads);
+          if (threads > 1 && grain < n) {
+            ASSERT_EQ(begin % grain, 0u);
+            ASSERT_EQ(end, std::min(n, begin + grain));
+          }
+          for (size_t i = begin; i < end; ++i) hits[i].fetch_add(1);
+        });
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " grain=" << grain << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, DynamicPiecesPropagateExceptionsAndNest) {
+  ThreadPool pool(3);
+  EXPECT_THROW(pool.parallel_for_dynamic(100, 7,
+                                         [](size_t b, size_t, int) {
+                                           if (b == 49) throw std::runtime_error("piece failed");
+                                         }),
+               std::runtime_error);
+  std::vector<int> hits(300, 0);
+  pool.parallel_for(3, [&](size_t b, size_t e, int) {
+    for (size_t c = b; c < e; ++c) {
+      pool.parallel_for_dynamic(100, 9, [&](size_t ib, size_t ie, int) {
+        for (size_t i = ib; i < ie; ++i) ++hits[c * 100 + i];
+      });
+    }
+  });
+  EXPECT_EQ(std::accumulate(hits.begin(), hits.end(), 0), 300);
 }
 
 TEST(ThreadPool, PropagatesExceptions) {

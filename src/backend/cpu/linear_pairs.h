@@ -53,6 +53,9 @@ struct PairsTask {
 // Which implementation runs: kAuto picks the best this CPU has; tests force the others
 // (kAvx512F needs pairs_bf16_simd()).
 enum class PairsPath : uint8_t { kAuto, kAvx512F, kScalar };
+// Groups of 16 outputs that one weight tile reads side by side; callers splitting the
+// outputs over threads keep pieces a multiple of this many groups so tiles stay whole.
+inline constexpr int kPairsTileGroups = 3;
 // y rows for outputs [o_begin, o_end); o_begin a multiple of 16.
 void linear_bf16_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end, PairsPath path = PairsPath::kAuto);
 
