@@ -73,7 +73,7 @@ METRALE_BF16_TARGET inline __m512 dot2(__m512 acc, __m512i w, __m512i x) {
 // alone keeps too few lines in flight on the C streams for the hardware prefetcher to
 // saturate memory, so each stream is also prefetched kPrefetchLines lines (3 KiB) ahead,
 // non-temporal (each weight line is read once per step). Measured at batch 1, Qwen3-0.6B
-// shapes, interleaved A/B rounds: one thread +25% over no prefetch (16, 24, 32 lines ahead:
+// shapes, interleaved A/B rounds: one thread +17-23% over no prefetch (16, 24, 32 lines ahead:
 // +0, +8, +15%; 96 lines: slower); two threads +3-5%, where the hint mattered more than the
 // distance. Prefetches past a stream's end are harmless hints.
 constexpr int kPrefetchRows = 4;
