@@ -162,6 +162,58 @@ void linear_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end) {
   }
 }
 
+// AVX2 + FMA (CPUs without AVX-512): the same two FMAs per k pair as the AVX-512F twin, on
+// the two 32-byte halves of each line (outputs 0-7 and 8-15 of the group), so the sums are
+// the same bits. One group at a time, up to 4 rows: 8 accumulators and 2 weight halves fit
+// the 16 ymm registers.
+#define METRALE_AVX2_TARGET __attribute__((target("avx2,fma")))
+template <int R>
+METRALE_AVX2_TARGET void tile_avx2(const PairsTask& t, int64_t g, int64_t r0, int64_t o_end) {
+  const int64_t n_pairs = t.n_in / 2;
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m256 acc[R][2];
+  METRALE_UNROLL for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const uint16_t* w = t.w + g * n_pairs * kGroup * 2;
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    const auto* line = reinterpret_cast<const __m256i*>(w + p * kGroup * 2);
+    const __m256i wv[2] = {_mm256_load_si256(line), _mm256_load_si256(line + 1)};
+    METRALE_UNROLL for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, t.x + (r0 + r) * t.n_in + 2 * p, sizeof(pair));
+      const __m256i xb = _mm256_set1_epi32(static_cast<int>(pair));
+      const __m256 x_hi = _mm256_castsi256_ps(_mm256_and_si256(xb, high));
+      const __m256 x_lo = _mm256_castsi256_ps(_mm256_slli_epi32(xb, 16));
+      METRALE_UNROLL for (int h = 0; h < 2; ++h) {
+        acc[r][h] = _mm256_fmadd_ps(x_hi, _mm256_castsi256_ps(_mm256_and_si256(wv[h], high)), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(x_lo, _mm256_castsi256_ps(_mm256_slli_epi32(wv[h], 16)), acc[r][h]);
+      }
+    }
+  }
+  const int64_t o = g * kGroup;
+  const int64_t valid = std::min(kGroup, o_end - o);
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float out[kGroup];
+    _mm256_store_ps(out, acc[r][0]);
+    _mm256_store_ps(out + 8, acc[r][1]);
+    float* y = t.y.row(r0 + r) + o;
+    for (int64_t i = 0; i < valid; ++i) y[i] = t.bias != nullptr ? out[i] + t.bias[o + i] : out[i];
+  }
+}
+
+void linear_pairs_avx2(const PairsTask& t, int64_t o_begin, int64_t o_end) {
+  const int64_t g_end = (o_end + kGroup - 1) / kGroup;
+  for (int64_t g = o_begin / kGroup; g < g_end; ++g) {
+    int64_t r0 = 0;
+    for (; r0 + 4 <= t.n_rows; r0 += 4) tile_avx2<4>(t, g, r0, o_end);
+    switch (t.n_rows - r0) {
+      case 1: tile_avx2<1>(t, g, r0, o_end); break;
+      case 2: tile_avx2<2>(t, g, r0, o_end); break;
+      case 3: tile_avx2<3>(t, g, r0, o_end); break;
+      default: break;
+    }
+  }
+}
+
 METRALE_BF16_TARGET void round_rows(ConstRows x, int64_t r_begin, int64_t r_end, uint16_t* out) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
   const __m512i inf = _mm512_set1_epi32(0x7F800000);
@@ -194,6 +246,14 @@ bool cpu_has(bool native) {
 
 }  // namespace
 
+bool pairs_bf16_avx2() {
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return avx2;
+}
+
 bool pairs_bf16_simd() {
   static const bool simd = cpu_has(false);
   return simd;
@@ -204,6 +264,7 @@ bool pairs_bf16_native() {
   return native;
 }
 #else
+bool pairs_bf16_avx2() { return false; }
 bool pairs_bf16_simd() { return false; }
 bool pairs_bf16_native() { return false; }
 #endif
@@ -246,10 +307,13 @@ void round_rows_bf16(ConstRows x, int64_t r_begin, int64_t r_end, uint16_t* out)
 
 void linear_bf16_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end, PairsPath path) {
 #if defined(__x86_64__)
-  if (path == PairsPath::kAuto && pairs_bf16_native()) return linear_pairs<true>(t, o_begin, o_end);
-  if (path != PairsPath::kScalar && pairs_bf16_simd()) return linear_pairs<false>(t, o_begin, o_end);
+  const bool any = path == PairsPath::kAuto;
+  if (any && pairs_bf16_native()) return linear_pairs<true>(t, o_begin, o_end);
+  if ((any || path == PairsPath::kAvx512F) && pairs_bf16_simd()) return linear_pairs<false>(t, o_begin, o_end);
+  if ((any || path == PairsPath::kAvx2) && pairs_bf16_avx2()) return linear_pairs_avx2(t, o_begin, o_end);
 #endif
   METRALE_CHECK(path != PairsPath::kAvx512F, "linear_bf16_pairs: this CPU has no AVX-512");
+  METRALE_CHECK(path != PairsPath::kAvx2, "linear_bf16_pairs: this CPU has no AVX2/FMA");
   linear_pairs_scalar(t, o_begin, o_end);
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // bf16-compute linear kernel (Compute::kBF16): activations rounded to bf16, products summed in
 // f32 by vdpbf16ps (AVX-512 BF16), as llama.cpp's BF16 type does. On an AVX-512 CPU without
-// AVX512_BF16 an AVX-512F twin computes the same sums, and elsewhere a scalar loop does (slow,
-// but the mode means the same numbers on every CPU).
+// AVX512_BF16 an AVX-512F twin computes the same sums, on an AVX2 CPU an AVX2/FMA twin does,
+// and elsewhere a scalar loop does (slow, but the mode means the same numbers on every CPU).
 //
 // Layout (packing tag kPackingBf16Pairs): output rows in groups of 16 (the last padded with
 // zero rows); a group is n_in / 2 lines of 64 bytes, one per k pair p, lane o of line p holding
@@ -13,7 +13,7 @@
 // Summation order of one output, identical for every row count, tiling and thread split:
 // acc = 0; for p in order: acc += x[2p+1] * w[2p+1]; acc += x[2p] * w[2p] (each product of
 // two bf16 is exact in f32; each add rounds to nearest even), then + bias. That is vdpbf16ps's
-// documented order; the AVX-512F twin issues the same two FMAs, the scalar loop the same adds. vdpbf16ps also treats
+// documented order; the AVX-512F and AVX2 twins issue the same two FMAs, the scalar loop the same adds. vdpbf16ps also treats
 // subnormal inputs as zero and flushes subnormal results, which the twin does not: the two
 // agree bit for bit unless a subnormal shows up (activations and weights of real checkpoints
 // sit far above 1e-38; the tests check bit equality on normal data).
@@ -28,6 +28,8 @@ inline constexpr uint32_t kPackingBf16Pairs = 2;
 
 // True when this CPU runs the SIMD kernels (AVX-512 F+BW+VL; checked once).
 bool pairs_bf16_simd();
+// True when this CPU has AVX2 and FMA (the AVX2 twin; checked once).
+bool pairs_bf16_avx2();
 // True when it runs on vdpbf16ps (AVX512_BF16) rather than the AVX-512F twin.
 bool pairs_bf16_native();
 inline bool pairs_packable(int64_t n_in) { return n_in > 0 && n_in % 2 == 0; }
@@ -51,8 +53,8 @@ struct PairsTask {
   Rows y;                       // [rows, n_out]
 };
 // Which implementation runs: kAuto picks the best this CPU has; tests force the others
-// (kAvx512F needs pairs_bf16_simd()).
-enum class PairsPath : uint8_t { kAuto, kAvx512F, kScalar };
+// (kAvx512F needs pairs_bf16_simd(), kAvx2 pairs_bf16_avx2()).
+enum class PairsPath : uint8_t { kAuto, kAvx512F, kAvx2, kScalar };
 // Groups of 16 outputs that one weight tile reads side by side; callers splitting the
 // outputs over threads keep pieces a multiple of this many groups so tiles stay whole.
 inline constexpr int kPairsTileGroups = 3;

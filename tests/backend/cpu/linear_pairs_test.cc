@@ -78,6 +78,7 @@ TEST(LinearPairs, KernelMatchesReference) {
   int checked = 0;
   std::vector<cpu::PairsPath> paths = {cpu::PairsPath::kAuto, cpu::PairsPath::kScalar};
   if (cpu::pairs_bf16_simd()) paths.push_back(cpu::PairsPath::kAvx512F);  // the twin, when distinct
+  if (cpu::pairs_bf16_avx2()) paths.push_back(cpu::PairsPath::kAvx2);
   for (cpu::PairsPath path : paths) {
     for (int64_t n_in : {2, 30, 64, 258}) {
       for (int64_t n_out : {1, 15, 16, 33, 50, 100}) {
