@@ -216,6 +216,7 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
     // Online-softmax update of each query that has keys in this block.
     bool uniform = true;  // every active query reads exactly [first, last]
     int n_active = 0;
+    int64_t key_begin[kMaxQueries], n_keys[kMaxQueries];  // per active query, from `first`
     for (int j = 0; j < n; ++j) {
       const int64_t a = std::max(qs[j].lo, b0) - b0;
       const int64_t b = std::min(qs[j].hi, b0 + kAttentionBlock - 1) - b0;
@@ -249,19 +250,14 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
       }
       acc_of[n_active] = acc[j];
       p_of[n_active] = s + a;
+      key_begin[n_active] = b0 + a - first;
+      n_keys[n_active] = b - a + 1;
       ++n_active;
     }
     if (uniform) {
       Pv(acc_of, p_of, n_active, v_rows, last - first + 1, hd);
     } else {  // the diagonal block of a prefill tile, or a window edge: each query its own keys
-      int i = 0;
-      for (int j = 0; j < n; ++j) {
-        const int64_t a = std::max(qs[j].lo, b0);
-        const int64_t b = std::min(qs[j].hi, b0 + kAttentionBlock - 1);
-        if (a > b) continue;
-        Pv(&acc_of[i], &p_of[i], 1, v_rows + (a - first), b - a + 1, hd);
-        ++i;
-      }
+      for (int i = 0; i < n_active; ++i) Pv(&acc_of[i], &p_of[i], 1, v_rows + key_begin[i], n_keys[i], hd);
     }
   }
   for (int j = 0; j < n; ++j) {
