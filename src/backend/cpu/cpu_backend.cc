@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <ostream>
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/linear_packed.h"
@@ -49,7 +50,19 @@ void for_output_pieces(ThreadPool& pool, int64_t n_out, int64_t unit_multiple, K
   });
 }
 
-void check_rows(std::string_view what, ConstRows r, int64_t n_rows, int64_t n_cols) {
+// The operand `role` of `op` (on weight `name`, when not empty) is [n_rows, n_cols]. The
+// message is assembled only on failure: these checks run on every op of a decode step,
+// which must not allocate.
+struct Operand {
+  std::string_view op, name, role;
+};
+std::ostream& operator<<(std::ostream& os, const Operand& o) {
+  os << o.op;
+  if (!o.name.empty()) os << " '" << o.name << "'";
+  return os << " " << o.role;
+}
+
+void check_rows(const Operand& what, ConstRows r, int64_t n_rows, int64_t n_cols) {
   METRALE_CHECK(r.data != nullptr || r.n_rows == 0, what, ": null data");
   METRALE_CHECK(r.n_rows == n_rows && r.n_cols == n_cols, what, ": expected [", n_rows, ", ",
                 n_cols, "], found [", r.n_rows, ", ", r.n_cols, "]");
@@ -156,8 +169,8 @@ void CpuBackend::linear(ConstRows x, const WeightTensor& w, Rows y) {
                 "linear '", w.name, "': unknown packing ", w.packing);
   METRALE_CHECK(w.bias == nullptr || w.bias_dtype == DType::kF32, "linear '", w.name,
                 "': bias is ", dtype_name(w.bias_dtype), "; pass the weight through prepare() first");
-  check_rows("linear '" + w.name + "' input", x, x.n_rows, w.n_in);
-  check_rows("linear '" + w.name + "' output", y, x.n_rows, w.n_out);
+  check_rows({"linear", w.name, "input"}, x, x.n_rows, w.n_in);
+  check_rows({"linear", w.name, "output"}, y, x.n_rows, w.n_out);
   if (x.n_rows == 0) return;
   if (w.packing == cpu::kPackingBf16Pairs) return linear_pairs(x, w, y);
   const cpu::LinearTask task{.x = x, .w = w.data, .n_in = w.n_in, .bias = static_cast<const float*>(w.bias), .y = y};
@@ -201,7 +214,7 @@ void CpuBackend::embedding(const WeightTensor& table, std::span<const int32_t> i
   METRALE_CHECK(table.data != nullptr, "embedding '", table.name, "': table has no data");
   METRALE_CHECK(table.format == WeightFormat::kF32 || table.format == WeightFormat::kBF16, "embedding '",
                 table.name, "': format ", weight_format_name(table.format), " is not supported by the cpu backend");
-  check_rows("embedding '" + table.name + "' output", out, static_cast<int64_t>(ids.size()), table.n_in);
+  check_rows({"embedding", table.name, "output"}, out, static_cast<int64_t>(ids.size()), table.n_in);
   for (size_t i = 0; i < ids.size(); ++i) {
     METRALE_CHECK(ids[i] >= 0 && ids[i] < table.n_out, "embedding '", table.name, "': token id ", ids[i],
                   " at index ", i, " is outside the vocabulary [0, ", table.n_out, ")");
@@ -226,7 +239,7 @@ void CpuBackend::embedding(const WeightTensor& table, std::span<const int32_t> i
 }
 
 void CpuBackend::argmax(ConstRows logits, std::span<int32_t> out) {
-  check_rows("argmax logits", logits, static_cast<int64_t>(out.size()), logits.n_cols);
+  check_rows({"argmax", "", "logits"}, logits, static_cast<int64_t>(out.size()), logits.n_cols);
   METRALE_CHECK(logits.n_cols > 0, "argmax: logits have no columns");
   for (int64_t r = 0; r < logits.n_rows; ++r) {
     const float* x = logits.row(r);

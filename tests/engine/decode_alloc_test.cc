@@ -1,0 +1,110 @@
+// A decode step allocates nothing on the heap once the model is loaded and warmed up: the
+// forward of every layer, attention, the lm_head and the thread pool's dispatch run on
+// memory planned at load time. (A sequence's own token list and block table grow by
+// amortised push_back; the test reserves them, so what it measures is the step itself.)
+// This executable's operator new counts every allocation, on any thread.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "engine/model.h"
+#include "fixture_util.h"
+
+namespace {
+std::atomic<long> g_allocations{0};
+
+void* counted(std::size_t n, std::size_t align) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (n == 0) n = 1;
+  void* p = align > alignof(std::max_align_t) ? std::aligned_alloc(align, (n + align - 1) / align * align)
+                                              : std::malloc(n);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(std::size_t n) { return counted(n, 0); }
+void* operator new[](std::size_t n) { return counted(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted(n, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return counted(n, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted(n, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  try {
+    return counted(n, static_cast<std::size_t>(a));
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept {
+  return operator new(n, a, t);
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+
+namespace metrale {
+namespace {
+
+class DecodeAllocations : public ::testing::TestWithParam<Compute> {};
+
+TEST_P(DecodeAllocations, StepsAllocateNothing) {
+  LoadOptions o;
+  o.n_threads = 2;
+  o.kv_tokens = 256;
+  o.max_rows = 8;
+  o.compute = GetParam();
+  auto m = Model::load(testing::fixture_dir("qwen3_bf16"), o);
+  constexpr size_t kSeqs = 3;
+  constexpr int kSteps = 6;
+  const auto V = static_cast<size_t>(m->vocab_size());
+  std::vector<Sequence> seqs(kSeqs);
+  std::vector<Sequence*> ptrs;
+  std::vector<float> logits(kSeqs * V);
+  for (size_t i = 0; i < kSeqs; ++i) {
+    seqs[i].tokens.reserve(64);
+    seqs[i].block_table.reserve(8);
+    const std::vector<int32_t> prompt = {1, static_cast<int32_t>(2 + i), 3};
+    m->prefill(seqs[i], prompt, std::span(logits).first(V));
+    ptrs.push_back(&seqs[i]);
+  }
+  std::vector<int32_t> tokens(kSeqs, 5);
+  for (size_t width : {kSeqs, size_t{1}}) {  // batched steps, then one sequence alone
+    const auto batch = std::span(ptrs).first(width);
+    m->decode(batch, std::span(tokens).first(width), std::span(logits).first(width * V));  // warm-up
+    const long before = g_allocations.load();
+    for (int s = 0; s < kSteps; ++s) {
+      m->decode(batch, std::span(tokens).first(width), std::span(logits).first(width * V));
+    }
+    EXPECT_EQ(g_allocations.load() - before, 0) << "decode steps at batch " << width << " allocated";
+  }
+  // The counter does see allocations (the test is not vacuous).
+  const long before = g_allocations.load();
+  std::vector<int>* probe = new std::vector<int>(100);
+  delete probe;
+  EXPECT_GE(g_allocations.load() - before, 2);
+  for (Sequence& s : seqs) m->release(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Compute, DecodeAllocations, ::testing::Values(Compute::kF32, Compute::kBF16),
+                         [](const auto& p) { return p.param == Compute::kF32 ? "f32" : "bf16"; });
+
+}  // namespace
+}  // namespace metrale
