@@ -78,10 +78,15 @@ void BM_AttentionDecode(benchmark::State& state) {
   for (int64_t s = 0; s < n_seqs; ++s) tables.push_back({blocks[static_cast<size_t>(s)], ctx});
   const auto q = random_floats(static_cast<size_t>(n_seqs * n_heads * hd), 5);
   std::vector<float> out(q.size());
+  std::vector<int32_t> row_seq, pos;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    row_seq.push_back(static_cast<int32_t>(s));
+    pos.push_back(static_cast<int32_t>(ctx - 1));
+  }
   for (auto _ : state) {
-    be.attention_decode({.q = rows_of(q.data(), n_seqs, n_heads * hd), .out = rows_of(out.data(), n_seqs, n_heads * hd),
-                         .cache = {k.data(), v.data(), layout}, .seqs = tables,
-                         .shape = {.n_heads = n_heads, .n_kv_heads = n_kv, .head_dim = hd}});
+    be.attention({.q = rows_of(q.data(), n_seqs, n_heads * hd), .out = rows_of(out.data(), n_seqs, n_heads * hd),
+                  .cache = {k.data(), v.data(), layout}, .seqs = tables, .row_seq = row_seq, .positions = pos,
+                  .shape = {.n_heads = n_heads, .n_kv_heads = n_kv, .head_dim = hd}});
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(2 * ctx * n_seqs * n_kv * hd * static_cast<int64_t>(sizeof(float)) * state.iterations());

@@ -10,13 +10,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
-#include "core/json_parse.h"
+#include "io/json/json_parse.h"
 #include "io/tokenizer/tokenizer_config.h"
 #include "vision/preprocess.h"
 #include "vision/processor_config.h"
@@ -40,11 +39,13 @@ Image tiny_image(int width, int height) {
 
 void exercise_image(const ImageProcessorConfig& config) {
   static const Image kImage = tiny_image(13, 7);
-  for (const auto& [h, w] : {std::pair{7, 13}, std::pair{1, 1}, std::pair{4000, 3}, std::pair{28, 28}}) {
+  for (const auto& [h, w] :
+       {std::pair{7, 13}, std::pair{1, 1}, std::pair{4000, 3}, std::pair{28, 28}}) {
     try {
       const ResizeTarget t = image_target_size(config, h, w);
       if (t.height <= 0 || t.width <= 0) std::abort();
-      if (h == kImage.height && w == kImage.width && int64_t{t.height} * t.width <= kMaxFuzzPixels) {
+      if (h == kImage.height && w == kImage.width &&
+          int64_t{t.height} * t.width <= kMaxFuzzPixels) {
         (void)preprocess_image(kImage, config);
       }
     } catch (const metrale::Error&) {
@@ -61,7 +62,8 @@ void exercise_video(const VideoProcessorConfig& config) {
           if (idx[i] < 0 || idx[i] >= total) std::abort();
         }
         if (!idx.empty() && config.geometry.temporal_patch_size > 0) {
-          (void)temporal_patch_timestamps(config.family, idx, fps, config.geometry.temporal_patch_size);
+          (void)temporal_patch_timestamps(config.family, idx, fps,
+                                          config.geometry.temporal_patch_size);
         }
       } catch (const metrale::Error&) {
       }

@@ -1,5 +1,5 @@
 #pragma once
-// Backend: the small interface every compute device implements (DESIGN.md "Backend").
+// Backend: the small interface every compute device implements (docs/architecture.md).
 //
 //  - memory: allocate() hands out aligned device buffers;
 //  - supports(op, format, dtype) is asked at load time, so an unsupported combination fails
@@ -13,8 +13,9 @@
 //  - a row's result depends only on that row's inputs: not on the thread count, nor on
 //    which other rows share the call (decode alone == decode co-batched, chunked prefill ==
 //    one-piece prefill), because every reduction runs in a fixed order;
-//  - ops allocate nothing on the heap; shapes are validated with METRALE_CHECK (cheap, per
-//    call, never per element) and a mismatch throws Error naming the tensor.
+//  - ops allocate nothing on the heap (a backend's scratch grows to the largest call, then
+//    stays); shapes are validated once, in the public op (backend.cc), with METRALE_CHECK
+//    (cheap, per call, never per element), and a mismatch throws Error naming the tensor.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -24,7 +25,6 @@
 
 #include "backend/buffer.h"
 #include "backend/kv_cache.h"
-#include "backend/rope_table.h"
 #include "backend/rows.h"
 #include "core/dtype.h"
 #include "quant/weight_format.h"
@@ -35,12 +35,14 @@ enum class Op : uint8_t {
   kLinear,           // y = x W^T (+ b)
   kEmbedding,        // rows of a [vocab, dim] table
   kRmsNorm,          // both conventions, optional fused residual add, per-group (qk-norm)
-  kRope,             // rotate_half RoPE from a RopeTable
+  kRope,             // rotate_half RoPE from cos/sin tables
   kKvStore,          // write K/V rows into pages
-  kAttention,        // paged attention, decode and prefill
+  kAttention,        // paged attention over ragged rows (prefill chunks, decode, verify)
   kGatedActivation,  // silu(g) * u, gelu_tanh(g) * u
-  kArgmax,
+  kRoute,            // MoE router: softmax, top-k, optional renormalisation
+  kMoe,              // MoE experts: grouped by expert, weighted sum per row
 };
+inline constexpr int kOpCount = 9;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -92,12 +94,21 @@ struct RmsNormArgs {
   int64_t group = 0;
 };
 
+// The cos/sin rows of a rope table (layers/rope_table.h builds them the way HF does):
+// rotary_dim / 2 values per position, for positions [0, n_positions).
+struct RopeCache {
+  const float* cos = nullptr;  // [n_positions, rotary_dim / 2]
+  const float* sin = nullptr;
+  int64_t rotary_dim = 0;
+  int64_t n_positions = 0;
+};
+
 struct RopeArgs {
   Rows x;                           // [n_tokens, n_heads * head_dim], rotated in place
   int64_t n_heads = 0;
-  int64_t head_dim = 0;             // the first table.rotary_dim() values of each head rotate
+  int64_t head_dim = 0;             // the first table.rotary_dim values of each head rotate
   std::span<const int32_t> positions;  // [n_tokens]
-  const RopeTable* table = nullptr;
+  RopeCache table;
 };
 
 struct KvStoreArgs {
@@ -115,24 +126,19 @@ struct AttentionShape {
   int64_t sliding_window = 0;  // 0: none; else a query at p sees keys k with p - k < window
 };
 
-// Decode: row i of q is the newest token (position seqs[i].seq_len - 1) of sequence i,
-// whose K/V was already stored. Many sequences per call, each with its own pages.
-struct DecodeAttentionArgs {
-  ConstRows q;  // [n_seqs, n_heads * head_dim]
-  Rows out;     // [n_seqs, n_heads * head_dim]
+// Causal paged attention over the ragged rows of one pass: row r is a query of sequence
+// seqs[row_seq[r]] at position positions[r], and sees that sequence's keys [lo, positions[r]]
+// (lo = 0, or the window's start). Every key a query sees is already stored (kv_store runs
+// first), so prefill chunks (many rows of one sequence), decode (one row per sequence) and
+// verify (k rows per sequence) are the same call. A query's result depends only on its
+// position and its sequence's cache: not on the other rows, their order or the thread split.
+struct AttentionArgs {
+  ConstRows q;  // [n_rows, n_heads * head_dim]
+  Rows out;     // [n_rows, n_heads * head_dim]
   KvLayerView cache;
-  std::span<const KvPageTable> seqs;  // [n_seqs]
-  AttentionShape shape;
-};
-
-// Causal prefill of one sequence: q holds the chunk's n_new tokens at positions
-// [seq.seq_len - n_new, seq.seq_len); their K/V are already stored, so each attends to the
-// cached prefix and to the chunk up to itself.
-struct PrefillAttentionArgs {
-  ConstRows q;  // [n_new, n_heads * head_dim]
-  Rows out;     // [n_new, n_heads * head_dim]
-  KvLayerView cache;
-  KvPageTable seq;
+  std::span<const KvPageTable> seqs;    // the pass's sequences; seq_len covers every row's key
+  std::span<const int32_t> row_seq;     // [n_rows] index into seqs
+  std::span<const int32_t> positions;   // [n_rows] in [0, seqs[row_seq[r]].seq_len)
   AttentionShape shape;
 };
 
@@ -148,6 +154,50 @@ struct GatedActivationArgs {
   Activation act = Activation::kSilu;
 };
 
+// MoE router (Qwen3-MoE / Mixtral style): p = softmax(logits) in f32, the top_k largest
+// (descending; ties to the lower expert), optionally divided by their sum.
+struct RouteArgs {
+  ConstRows logits;            // [n_rows, n_experts]
+  int64_t top_k = 0;
+  bool normalize = false;      // norm_topk_prob
+  std::span<int32_t> experts;  // [n_rows * top_k] out
+  std::span<float> weights;    // [n_rows * top_k] out
+};
+
+// One routed expert: a gated MLP. gate_up is gate_proj and up_proj stacked along the outputs
+// (rows [0, I) gate, [I, 2I) up), down is down_proj.
+struct MoeExpertWeights {
+  WeightTensor gate_up;  // [2 I, H]
+  WeightTensor down;     // [H, I]
+};
+
+// out[r] = sum over j of weights[r, j] * down(act(gate(x[r])) * up(x[r])) with the expert
+// experts[r, j], summed from zero in ascending expert order (HF's index_add_ order). The rows
+// routed to one expert go through its weights together, so each expert's weights are read
+// once per call, and only the experts some row chose.
+struct MoeArgs {
+  ConstRows x;                                // [n_rows, H]
+  std::span<const int32_t> experts;           // [n_rows * top_k]
+  std::span<const float> weights;             // [n_rows * top_k]
+  int64_t top_k = 0;
+  std::span<const MoeExpertWeights> expert_weights;  // [n_experts]
+  Activation act = Activation::kSilu;
+  Rows out;                                   // [n_rows, H]; must not alias x
+};
+
+// Watches the ops a backend runs (Backend::set_observer): begin/end bracket each op call,
+// `weight` is the weight of a linear or embedding (null otherwise). OpProfiler
+// (backend/op_profiler.h) times them for `metrale bench --profile`.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void begin(Op op, const WeightTensor* weight) = 0;
+  virtual void end(Op op, const WeightTensor* weight) = 0;
+};
+
+// The public ops validate their arguments once (shapes, pointers, ranges; a mismatch throws
+// Error naming the tensor) and then call the device's do_* implementation, which may assume
+// valid arguments. A second backend implements the do_* methods only.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -159,7 +209,7 @@ class Backend {
   virtual Buffer allocate(size_t bytes) = 0;
 
   // --- capabilities ---
-  // `format` matters for kLinear and kEmbedding (pass kF32 for others); `dtype` is the
+  // `format` matters for kLinear, kEmbedding and kMoe (pass kF32 for others); `dtype` is the
   // activation / cache element type (kF32 today).
   virtual bool supports(Op op, WeightFormat format, DType dtype) const = 0;
   // Throws Error "backend cpu: op linear does not support weight format X with dtype Y
@@ -167,21 +217,44 @@ class Backend {
   void require(Op op, WeightFormat format, DType dtype, std::string_view needed_by) const;
 
   // Validates w (shape, pointers, format support) and returns the tensor the ops want.
-  virtual WeightTensor prepare(const WeightTensor& w, PrepareMode mode) = 0;
+  WeightTensor prepare(const WeightTensor& w, PrepareMode mode);
 
   // --- ops ---
   // y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]).  x: [rows, n_in], y: [rows, n_out].
-  virtual void linear(ConstRows x, const WeightTensor& w, Rows y) = 0;
+  void linear(ConstRows x, const WeightTensor& w, Rows y);
   // out[r] = table[ids[r]] widened to f32; ids out of range throw.
-  virtual void embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) = 0;
-  virtual void rms_norm(const RmsNormArgs& a) = 0;
-  virtual void rope(const RopeArgs& a) = 0;
-  virtual void kv_store(const KvStoreArgs& a) = 0;
-  virtual void attention_decode(const DecodeAttentionArgs& a) = 0;
-  virtual void attention_prefill(const PrefillAttentionArgs& a) = 0;
-  virtual void gated_activation(const GatedActivationArgs& a) = 0;
-  // out[r] = index of the largest value of row r (the first one on ties, as torch.argmax).
-  virtual void argmax(ConstRows logits, std::span<int32_t> out) = 0;
+  void embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out);
+  void rms_norm(const RmsNormArgs& a);
+  void rope(const RopeArgs& a);
+  void kv_store(const KvStoreArgs& a);
+  void attention(const AttentionArgs& a);
+  void gated_activation(const GatedActivationArgs& a);
+  void route(const RouteArgs& a);
+  void moe(const MoeArgs& a);
+
+  // Every later op call is bracketed by observer->begin/end (nullptr: none). Not owned.
+  void set_observer(OpObserver* observer) { observer_ = observer; }
+
+ protected:
+  // Per device; arguments already validated by the public op of the same name.
+  virtual WeightTensor do_prepare(const WeightTensor& w, PrepareMode mode) = 0;
+  virtual void do_linear(ConstRows x, const WeightTensor& w, Rows y) = 0;
+  virtual void do_embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) = 0;
+  virtual void do_rms_norm(const RmsNormArgs& a) = 0;
+  virtual void do_rope(const RopeArgs& a) = 0;
+  virtual void do_kv_store(const KvStoreArgs& a) = 0;
+  virtual void do_attention(const AttentionArgs& a) = 0;
+  virtual void do_gated_activation(const GatedActivationArgs& a) = 0;
+  virtual void do_route(const RouteArgs& a) = 0;
+  virtual void do_moe(const MoeArgs& a) = 0;
+  // Packing tags (WeightTensor::packing) this backend's prepare() produces; 0 always passes.
+  virtual bool knows_packing(const WeightTensor& w) const = 0;
+  // Largest head_dim the attention implementation accepts.
+  virtual int64_t max_head_dim() const = 0;
+
+ private:
+  OpObserver* observer_ = nullptr;
+  friend class ObservedOp;
 };
 
 }  // namespace metrale

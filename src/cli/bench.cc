@@ -11,7 +11,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/error.h"
-#include "backend/profiling_backend.h"
+#include "backend/op_profiler.h"
 #include "engine/bandwidth.h"
 
 namespace metrale::cli {
@@ -87,9 +87,9 @@ double bench_decode(Model& m, int64_t batch, int64_t steps, int reps) {
 
 // Prints `prof`'s tallies as a table sorted by time: per op (and weight) time per `unit`
 // (`units` of them were timed in `seconds`), its share, and what falls between the ops.
-void print_profile_table(const ProfilingBackend& prof, const char* title, const char* unit, double units,
+void print_profile_table(const OpProfiler& prof, const char* title, const char* unit, double units,
                          double seconds) {
-  std::vector<ProfilingBackend::Entry> rows = prof.entries();
+  std::vector<OpProfiler::Entry> rows = prof.entries();
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
   const double per = seconds / units;
   std::printf("\n%s: %.2f ms/%s\n", title, per * 1e3, unit);
@@ -105,16 +105,16 @@ void print_profile_table(const ProfilingBackend& prof, const char* title, const 
 }
 
 // Where the time of a batch-1 decode step and of one prefill of `prompt` tokens goes, per
-// op (and weight), measured through a ProfilingBackend.
+// op (and weight), measured by an OpProfiler watching the backend.
 void print_profile(Model& m, int64_t steps, int64_t prompt) {
-  ProfilingBackend prof(m.backend());
+  OpProfiler prof;
   const auto V = static_cast<size_t>(m.vocab_size());
   std::vector<float> logits(V);
   Sequence seq;
   m.prefill(seq, random_ids(16, m.vocab_size(), 3), logits);
   Sequence* one = &seq;
   int32_t token = 1;
-  m.route_ops_through(&prof);
+  m.backend().set_observer(&prof);
   m.decode({&one, 1}, {&token, 1}, logits);  // warm-up step, not counted
   prof.reset();
   double t0 = now_s();
@@ -136,7 +136,7 @@ void print_profile(Model& m, int64_t steps, int64_t prompt) {
   m.prefill(long_seq, ids, logits);
   dt = now_s() - t0;
   m.release(long_seq);
-  m.route_ops_through(nullptr);
+  m.backend().set_observer(nullptr);
   std::snprintf(title, sizeof title, "prefill profile (%lld tokens, %.1f tokens/s)", static_cast<long long>(prompt),
                 static_cast<double>(prompt) / dt);
   print_profile_table(prof, title, "prefill", 1.0, dt);
@@ -164,7 +164,9 @@ void run_bench(const BenchFlags& f) {
   const auto rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   double gbs = 0;
   if (!f.skip_bandwidth) gbs = measure_read_bandwidth(m.pool()).gb_per_s;
-  const double bytes = static_cast<double>(m.weight_bytes());
+  // The roofline counts the bytes a decoded token reads: all weights of a dense model but
+  // its embedding table, the router and top-k experts of an MoE layer.
+  const double bytes = static_cast<double>(m.active_weight_bytes());
   auto roofline = [&](double tps) { return gbs > 0 ? tps * bytes / (gbs * 1e9) : 0.0; };
 
   if (f.json) {
@@ -174,14 +176,15 @@ void run_bench(const BenchFlags& f) {
     std::printf("}, \"decode\": {");
     for (size_t i = 0; i < batches.size(); ++i)
       std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(batches[i]), decode_tps[i]);
-    std::printf("}, \"weight_bytes\": %.0f, \"peak_rss_bytes\": %llu, \"bandwidth_gbs\": %.3f, "
+    std::printf("}, \"weight_bytes\": %.0f, \"active_weight_bytes\": %.0f, \"peak_rss_bytes\": %llu, \"bandwidth_gbs\": %.3f, "
                 "\"decode1_roofline_fraction\": %.4f}\n",
-                bytes, static_cast<unsigned long long>(rss), gbs,
+                static_cast<double>(m.weight_bytes()), bytes, static_cast<unsigned long long>(rss), gbs,
                 batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]));
     return;
   }
-  std::printf("model: %s, %d thread(s), weights %.1f MB (%s)\n", m.dir().string().c_str(), m.pool().size(),
-              bytes / 1e6, f.model.placement.c_str());
+  std::printf("model: %s, %d thread(s), weights %.1f MB (%s), %.1f MB read per decoded token\n",
+              m.dir().string().c_str(), m.pool().size(), static_cast<double>(m.weight_bytes()) / 1e6,
+              f.model.placement.c_str(), bytes / 1e6);
   if (gbs > 0) std::printf("read bandwidth (measured now): %.1f GB/s\n", gbs);
   for (size_t i = 0; i < prefills.size(); ++i)
     std::printf("prefill %5lld tokens: %9.1f tokens/s\n", static_cast<long long>(prefills[i]), prefill_tps[i]);

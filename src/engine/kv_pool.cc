@@ -32,6 +32,15 @@ void KvPool::reserve(std::vector<int32_t>& block_table, int64_t n_tokens) {
   }
 }
 
+void KvPool::truncate(std::vector<int32_t>& block_table, int64_t n_tokens) {
+  METRALE_CHECK(n_tokens >= 0, "kv cache: truncate to ", n_tokens, " tokens");
+  const auto keep = static_cast<size_t>((n_tokens + layout_.page_size - 1) / layout_.page_size);
+  while (block_table.size() > keep) {
+    free_.push_back(block_table.back());
+    block_table.pop_back();
+  }
+}
+
 void KvPool::release(std::vector<int32_t>& block_table) {
   for (auto it = block_table.rbegin(); it != block_table.rend(); ++it) free_.push_back(*it);
   block_table.clear();

@@ -20,6 +20,10 @@ class KvPool {
   // Grows `block_table` so it covers `n_tokens` tokens. Throws an Error when the pool is
   // out of pages (naming how many were needed and are free), leaving the table unchanged.
   void reserve(std::vector<int32_t>& block_table, int64_t n_tokens);
+  // Shrinks the table to the pages `n_tokens` tokens need, returning the rest to the pool
+  // (rollback of rejected draft tokens). K/V past n_tokens in the last kept page is simply
+  // overwritten by the next tokens stored there.
+  void truncate(std::vector<int32_t>& block_table, int64_t n_tokens);
   // Returns every page of the table to the pool and clears it.
   void release(std::vector<int32_t>& block_table);
 

@@ -1,9 +1,9 @@
 #pragma once
-// Model: a loaded checkpoint (config, weights on a backend, tokenizer) plus the KV pool and
-// the scratch memory of one pass. The two passes:
-//   prefill(seq, ids)  appends ids to one sequence, in chunks of at most max_rows();
-//   decode(seqs, ids)  appends one token to each of several sequences in one step.
-// Both write logits for the caller. Nothing is allocated per decode step.
+// Model: a loaded checkpoint (config, the family's Architecture on a backend, tokenizer) plus
+// the KV pool and the memory of one pass. Every pass is one ragged step (step()): any mix of
+// sequences, each appending one or more tokens — prefill chunks, decode rows, the k draft
+// tokens of a verify. prefill() and decode() are the two common shapes of it. Nothing is
+// allocated per step.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -17,8 +17,8 @@
 #include "io/config/model_config.h"
 #include "io/safetensors/checkpoint.h"
 #include "io/tokenizer/tokenizer.h"
-#include "layers/dense_layer.h"
-#include "weights/dense_weights.h"
+#include "layers/architecture.h"
+#include "layers/rope_table.h"
 
 namespace metrale {
 
@@ -26,7 +26,8 @@ struct LoadOptions {
   int n_threads = 0;          // 0: default_thread_count() (METRALE_THREADS or the cores)
   int64_t kv_tokens = 0;      // KV capacity over all sequences; 0: min(context, 4096)
   int64_t page_size = 16;     // tokens per KV page
-  int64_t max_rows = 128;     // largest prefill chunk / decode batch
+  int64_t max_rows = 128;     // most rows (tokens) of one step
+  std::string device = "cpu";  // backend_factory.h
   WeightPlacement placement = WeightPlacement::kCopy;
   // kBF16: linear layers round their input rows to bf16 (llama.cpp's BF16 numerics, faster
   // prefill on AVX-512 BF16 CPUs); needs placement kCopy. kF32 keeps HF's upcast numerics.
@@ -35,16 +36,26 @@ struct LoadOptions {
   void (*progress)(uint64_t done_bytes, uint64_t total_bytes) = nullptr;
 };
 
-// One sequence's place in the KV cache. Create with Model::new_sequence-free default
-// construction; hand back with Model::release.
+// One sequence's place in the KV cache. Default-construct; hand back with Model::release.
 struct Sequence {
   std::vector<int32_t> tokens;       // every token whose K/V is cached, in order
   std::vector<int32_t> block_table;  // its KV pages
 };
 
 // Receives the residual stream after the embedding (index 0) and after each layer (1..L;
-// the last one after the final norm, as HF's output_hidden_states). Rows are the pass's.
+// the last one after the final norm, as HF's output_hidden_states). Rows are the step's.
 using HiddenSink = std::function<void(int64_t index, ConstRows h)>;
+
+// Which logits rows a step item wants.
+enum class LogitRows : uint8_t { kNone, kLast, kAll };
+
+// One sequence's share of a step: `ids` are appended to `seq`.
+struct StepItem {
+  Sequence* seq = nullptr;
+  std::span<const int32_t> ids;
+  LogitRows logits = LogitRows::kLast;
+  int32_t lora_slot = -1;  // -1: base weights only (the LoRA pool attaches here)
+};
 
 class Model {
  public:
@@ -56,36 +67,42 @@ class Model {
   // nullptr when the directory has no tokenizer.json (or load_tokenizer was false).
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   Backend& backend() { return *backend_; }
-  // Runs the passes through `b` instead of the model's own backend (e.g. a ProfilingBackend
-  // wrapping it); nullptr restores the own one. `b` must share the own backend's memory.
-  void route_ops_through(Backend* b) { active_ = b != nullptr ? b : backend_.get(); }
+  const Architecture& architecture() const { return *arch_; }
   ThreadPool& pool() { return *pool_; }
   int64_t max_rows() const { return max_rows_; }
   int64_t vocab_size() const { return config_.vocab_size; }
   // The most tokens one sequence can hold: the rope table and KV capacity bound it.
   int64_t context_limit() const { return context_; }
   const KvPool& kv_pool() const { return *kv_; }
-  // Bytes of weights the decode step reads per token (for roofline figures).
+  // Bytes of the checkpoint's weights.
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of weights one decoded token reads (the roofline's numerator): for an MoE model
+  // the router and top-k experts of each sparse layer, not every expert.
+  uint64_t active_weight_bytes() const { return arch_->active_bytes_per_token(); }
 
-  // Appends `ids` to `seq`. logits: [ids.size(), V] when all_logits, else [1, V] for the
-  // last token. Throws (leaving seq unchanged) on ids outside the vocabulary or a sequence
-  // that would outgrow context_limit().
+  // One ragged pass over `items` (distinct sequences, at most max_rows() tokens in all).
+  // logits receives, item by item, the rows each asked for: [n_wanted, V]. Throws (leaving
+  // every sequence unchanged) on ids outside the vocabulary, a sequence that would outgrow
+  // context_limit(), or a full KV pool.
+  void step(std::span<const StepItem> items, std::span<float> logits, const HiddenSink* sink = nullptr);
+  // Appends `ids` to `seq` in chunks of at most max_rows(). logits: [ids.size(), V] when
+  // all_logits, else [1, V] for the last token.
   void prefill(Sequence& seq, std::span<const int32_t> ids, std::span<float> logits,
                bool all_logits = false, const HiddenSink* sink = nullptr);
-  // Appends tokens[i] to *seqs[i] for every i, in one pass; logits: [n, V].
-  void decode(std::span<Sequence* const> seqs, std::span<const int32_t> tokens,
-              std::span<float> logits);
+  // Appends tokens[i] to *seqs[i] for every i, in one step; logits: [n, V].
+  void decode(std::span<Sequence* const> seqs, std::span<const int32_t> tokens, std::span<float> logits);
+  // Keeps the first n tokens of `seq` (rollback of rejected draft tokens); pages no longer
+  // needed go back to the pool. A later step recomputes whatever follows.
+  void truncate(Sequence& seq, int64_t n);
   // Returns the sequence's pages to the pool and empties it.
   void release(Sequence& seq);
 
  private:
   Model() = default;
   void check_ids(std::span<const int32_t> ids) const;
-  // The layers over one chunk, then logits for rows [first_logit_row, n) into `logits`;
-  // logits == nullptr skips the final norm and lm_head (a chunk that only fills the cache).
-  void run(const ForwardContext& ctx, std::span<const int32_t> ids, int64_t first_logit_row,
-           float* logits, const HiddenSink* sink);
+  // The layers over the step's rows (already described in ctx and ids_), then the final norm
+  // and lm_head over the rows listed in want_ (none: a step that only fills the cache).
+  void run(const ForwardContext& ctx, int64_t n_want, float* logits, const HiddenSink* sink);
 
   std::filesystem::path dir_;
   ModelConfig config_;
@@ -93,25 +110,22 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Backend> backend_;
-  Backend* active_ = nullptr;  // what the passes call: backend_ or a decorator of it
-  DenseModelWeights weights_;
-  std::vector<DenseLayer> layers_;
+  std::unique_ptr<Architecture> arch_;
   RopeTable rope_;
   std::unique_ptr<KvPool> kv_;
   int64_t max_rows_ = 0;
   int64_t context_ = 0;
   uint64_t weight_bytes_ = 0;
 
-  // Per-pass memory, sized once for max_rows_.
-  Buffer scratch_buffer_;
-  DenseScratch scratch_;
+  // Per-step memory, sized once for max_rows_.
+  Buffer pass_buffer_;
   Rows h_, delta_;
-  std::vector<int32_t> positions_;
+  float* workspace_ = nullptr;
+  size_t workspace_floats_ = 0;
+  std::vector<int32_t> ids_, positions_, row_seq_, want_;
   std::vector<int64_t> slots_;
   std::vector<KvPageTable> tables_;
+  std::vector<StepItem> items_;  // decode()'s items
 };
-
-// RopeTable inputs from a model's config.
-RopeTableConfig rope_table_config(const ModelConfig& config);
 
 }  // namespace metrale

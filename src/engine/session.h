@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "backend/sampling.h"
 #include "engine/model.h"
+#include "engine/sampling.h"
 
 namespace metrale {
 

@@ -2,9 +2,11 @@
 // What one forward pass hands every layer (ForwardContext), what each layer keeps per
 // sequence (LayerState), and the residual stream the layers pass along.
 //
-// One pass is either a decode step (one row per sequence, any number of sequences) or a
-// prefill chunk (the next n_rows tokens of one sequence). Per-row metadata (positions, KV
-// slots) is filled by the engine; layers never look at sequences or pages themselves.
+// A pass is ragged: n_rows rows, each a token of some sequence. A prefill chunk is many rows
+// of one sequence, a decode step one row of each of many sequences, a verify of k draft
+// tokens k rows of one sequence, and one pass may mix all three. The rows of a sequence are
+// consecutive and are its newest tokens. The engine fills the per-row metadata; layers never
+// look at sequences or pages themselves.
 #include <cstdint>
 #include <span>
 
@@ -16,12 +18,15 @@ struct ForwardContext {
   Backend* backend = nullptr;
   int64_t n_rows = 0;
   std::span<const int32_t> positions;  // [n_rows] position of each row in its sequence
+  std::span<const int32_t> row_seq;    // [n_rows] index of each row's sequence in `seqs`
   std::span<const int64_t> slots;      // [n_rows] KV slot each row's K/V is stored to
-  // Decode: seqs[i] is row i's sequence. Prefill: seqs holds the one sequence, whose last
-  // n_rows tokens are this chunk. seq_len counts the rows of this pass too.
+  // [n_rows] recurrent-state slot of each row's sequence (-1: none; hybrid models) and LoRA
+  // slot of each row (-1: base weights only). Empty spans mean all -1.
+  std::span<const int32_t> state_slots;
+  std::span<const int32_t> lora_slots;
+  // The pass's sequences; seq_len counts every stored token, this pass's rows included.
   std::span<const KvPageTable> seqs;
-  bool prefill = false;
-  const RopeTable* rope = nullptr;
+  RopeCache rope;
 };
 
 // A layer's per-sequence state lives in pools the engine owns; this is the layer's view.
@@ -37,18 +42,5 @@ struct Residual {
   Rows delta;  // [n_rows, hidden]
   bool pending = false;
 };
-
-// Adds a pending delta and normalises: out = norm(h += delta), or out = norm(h).
-inline void add_and_norm(Backend& backend, Residual& r, Rows out, const float* weight, float eps,
-                         NormStyle style) {
-  RmsNormArgs a{.x = r.pending ? ConstRows(r.delta) : ConstRows(r.h),
-                .out = out,
-                .weight = weight,
-                .eps = eps,
-                .style = style};
-  if (r.pending) a.residual = r.h;
-  backend.rms_norm(a);
-  r.pending = false;
-}
 
 }  // namespace metrale

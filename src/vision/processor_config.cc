@@ -1,13 +1,15 @@
 #include "vision/processor_config.h"
 
+#include <array>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
-#include "core/json_parse.h"
+#include "io/json/json_fields.h"
+#include "io/json/json_parse.h"
 
 namespace metrale::vision {
 namespace {
@@ -18,80 +20,39 @@ constexpr std::array<float, 3> kClipMean = {0.48145466f, 0.4578275f, 0.40821073f
 constexpr std::array<float, 3> kClipStd = {0.26862954f, 0.26130258f, 0.27577711f};
 constexpr std::array<float, 3> kHalf = {0.5f, 0.5f, 0.5f};
 
-// Field readers: absent (or JSON null, which HF treats as "use the default") leaves `out`.
-class Fields {
- public:
-  Fields(const json& j, std::string_view source) : j_(j), source_(source) {
-    METRALE_CHECK(j.is_object(), source_, ": expected a JSON object, found ", j.type_name());
-  }
+// Absent (or JSON null, which HF treats as "use the default") leaves `out` as it is.
+template <typename T>
+void read_int(const JsonFields& f, const char* key, T& out, int64_t lo, int64_t hi) {
+  if (std::optional<int64_t> v = f.opt_int_in(key, lo, hi)) out = static_cast<T>(*v);
+}
 
-  const json* find(const char* key) const {
-    auto it = j_.find(key);
-    return it == j_.end() || it->is_null() ? nullptr : &*it;
-  }
+void read_number(const JsonFields& f, const char* key, double& out, double lo, double hi) {
+  out = f.opt_number_in(key, lo, hi).value_or(out);
+}
 
-  void read_bool(const char* key, bool& out) const {
-    if (const json* v = find(key)) {
-      METRALE_CHECK(v->is_boolean(), source_, ": field '", key, "' must be a boolean, found ", v->dump());
-      out = v->get<bool>();
-    }
-  }
-
-  int64_t int_value(const json& v, const std::string& name, int64_t lo, int64_t hi) const {
-    METRALE_CHECK(v.is_number_integer(), source_, ": field '", name, "' must be an integer, found ", v.dump());
-    const int64_t x = v.get<int64_t>();
-    METRALE_CHECK(x >= lo && x <= hi, source_, ": field '", name, "' must be in [", lo, ", ", hi, "], found ", x);
-    return x;
-  }
-
-  template <typename T>
-  void read_int(const char* key, T& out, int64_t lo, int64_t hi) const {
-    if (const json* v = find(key)) out = static_cast<T>(int_value(*v, key, lo, hi));
-  }
-
-  void read_number(const char* key, double& out, double lo, double hi) const {
-    if (const json* v = find(key)) {
-      METRALE_CHECK(v->is_number(), source_, ": field '", key, "' must be a number, found ", v->dump());
-      const double x = v->get<double>();
-      METRALE_CHECK(std::isfinite(x) && x >= lo && x <= hi, source_, ": field '", key, "' must be in [", lo, ", ",
-                    hi, "], found ", x);
-      out = x;
-    }
-  }
-
-  void read_triple(const char* key, std::array<float, 3>& out, bool nonzero) const {
-    const json* v = find(key);
-    if (!v) return;
-    auto one = [&](const json& x, size_t i) {
-      METRALE_CHECK(x.is_number(), source_, ": field '", key, "' must hold numbers, found ", x.dump());
-      // HF builds these as float32 tensors/arrays from the Python floats.
-      const float f = static_cast<float>(x.get<double>());
-      METRALE_CHECK(std::isfinite(f) && (!nonzero || f != 0.0f), source_, ": field '", key, "'[", i,
-                    "] must be finite", nonzero ? " and non-zero" : "", ", found ", x.dump());
-      return f;
-    };
-    if (v->is_number()) {
-      const float f = one(*v, 0);
-      out = {f, f, f};
-      return;
-    }
-    METRALE_CHECK(v->is_array() && v->size() == 3, source_, ": field '", key,
-                  "' must be a number or a list of 3 numbers (one per RGB channel), found ", v->dump());
-    for (size_t i = 0; i < 3; ++i) out[i] = one((*v)[i], i);
-  }
-
-  std::string_view source() const { return source_; }
-
- private:
-  const json& j_;
-  std::string source_;
-};
-
-std::string string_field(const Fields& f, const char* key) {
+// image_mean / image_std: one number for all channels or one per RGB channel.
+void read_triple(const JsonFields& f, const char* key, std::array<float, 3>& out, bool nonzero) {
   const json* v = f.find(key);
-  if (!v) return {};
-  METRALE_CHECK(v->is_string(), f.source(), ": field '", key, "' must be a string, found ", v->dump());
-  return v->get<std::string>();
+  if (v == nullptr) return;
+  // `element` < 0: the single number that stands for all three.
+  auto one = [&](const json& x, int element) {
+    // HF builds these as float32 tensors/arrays from the Python floats.
+    const float value = x.is_number() ? static_cast<float>(x.get<double>()) : 0.0f;
+    if (x.is_number() && std::isfinite(value) && (!nonzero || value != 0.0f)) return value;
+    const char* want =
+        nonzero ? "expected a finite, non-zero number, found " : "expected a finite number, found ";
+    if (element < 0) throw f.error(key, want, describe_json_value(x));
+    throw f.error(key, "element ", element, ": ", want, describe_json_value(x));
+  };
+  if (v->is_number()) {
+    out.fill(one(*v, -1));
+    return;
+  }
+  if (!v->is_array() || v->size() != 3) {
+    throw f.error(key, "expected a number or a list of 3 numbers (one per RGB channel), found ",
+                  describe_json_value(*v));
+  }
+  for (int i = 0; i < 3; ++i) out[static_cast<size_t>(i)] = one((*v)[static_cast<size_t>(i)], i);
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -100,50 +61,53 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 
 // The fields every processor reads. `min_max_override`: the Qwen2-VL classes (image and
 // video) let top-level min_pixels/max_pixels replace size.shortest_edge/longest_edge.
-void read_geometry(const Fields& f, PatchGeometry& g, bool min_max_override) {
+void read_geometry(const JsonFields& f, PatchGeometry& g, bool min_max_override) {
   constexpr int64_t kMaxPixels = int64_t{1} << 40;
-  f.read_int("patch_size", g.patch_size, 1, 1024);
-  f.read_int("temporal_patch_size", g.temporal_patch_size, 1, 64);
-  f.read_int("merge_size", g.merge_size, 1, 64);
-  METRALE_CHECK(g.factor() <= 4096, f.source(), ": patch_size * merge_size = ", g.factor(), " is too large");
-  f.read_bool("do_resize", g.do_resize);
-  f.read_bool("do_rescale", g.do_rescale);
-  f.read_number("rescale_factor", g.rescale_factor, 1e-12, 1e12);
-  f.read_bool("do_normalize", g.do_normalize);
-  f.read_triple("image_mean", g.image_mean, false);
-  f.read_triple("image_std", g.image_std, true);
-  if (const json* r = f.find("resample")) {
-    const int64_t v = f.int_value(*r, "resample", 0, 5);
-    METRALE_CHECK(v == 3, f.source(), ": field 'resample' is ", v, "; only 3 (BICUBIC) is supported");
+  read_int(f, "patch_size", g.patch_size, 1, 1024);
+  read_int(f, "temporal_patch_size", g.temporal_patch_size, 1, 64);
+  read_int(f, "merge_size", g.merge_size, 1, 64);
+  METRALE_CHECK(g.factor() <= 4096, f.source(), ": patch_size * merge_size = ", g.factor(),
+                " is too large");
+  g.do_resize = f.bool_or("do_resize", g.do_resize);
+  g.do_rescale = f.bool_or("do_rescale", g.do_rescale);
+  read_number(f, "rescale_factor", g.rescale_factor, 1e-12, 1e12);
+  g.do_normalize = f.bool_or("do_normalize", g.do_normalize);
+  read_triple(f, "image_mean", g.image_mean, false);
+  read_triple(f, "image_std", g.image_std, true);
+  if (std::optional<int64_t> resample = f.opt_int_in("resample", 0, 5);
+      resample && *resample != 3) {
+    throw f.error("resample", "found ", *resample, "; only 3 (BICUBIC) is supported");
   }
 
   // size: a dict that, when present, replaces the class default as a whole.
   bool have_min = true, have_max = true;
-  if (const json* size = f.find("size")) {
-    METRALE_CHECK(size->is_object(), f.source(), ": field 'size' must be an object, found ", size->dump());
-    have_min = size->contains("shortest_edge") && !(*size)["shortest_edge"].is_null();
-    have_max = size->contains("longest_edge") && !(*size)["longest_edge"].is_null();
-    if (have_min) g.min_pixels = f.int_value((*size)["shortest_edge"], "size.shortest_edge", 0, kMaxPixels);
-    if (have_max) g.max_pixels = f.int_value((*size)["longest_edge"], "size.longest_edge", 0, kMaxPixels);
+  if (std::optional<JsonFields> size = f.opt_object("size")) {
+    have_min = size->has("shortest_edge");
+    have_max = size->has("longest_edge");
+    read_int(*size, "shortest_edge", g.min_pixels, 0, kMaxPixels);
+    read_int(*size, "longest_edge", g.max_pixels, 0, kMaxPixels);
   }
   if (min_max_override) {
-    if (const json* v = f.find("min_pixels")) {
-      g.min_pixels = f.int_value(*v, "min_pixels", 0, kMaxPixels);
+    if (f.has("min_pixels")) {
+      read_int(f, "min_pixels", g.min_pixels, 0, kMaxPixels);
       have_min = true;
     }
-    if (const json* v = f.find("max_pixels")) {
-      g.max_pixels = f.int_value(*v, "max_pixels", 0, kMaxPixels);
+    if (f.has("max_pixels")) {
+      read_int(f, "max_pixels", g.max_pixels, 0, kMaxPixels);
       have_max = true;
     }
   }
   // HF raises at preprocessing time when either key is missing or zero; we refuse at load.
-  METRALE_CHECK(have_min && g.min_pixels > 0, f.source(),
-                ": 'size' must contain a positive 'shortest_edge' (or a top-level 'min_pixels'); found ",
-                have_min ? std::to_string(g.min_pixels) : std::string("none"));
-  METRALE_CHECK(have_max && g.max_pixels > 0, f.source(),
-                ": 'size' must contain a positive 'longest_edge' (or a top-level 'max_pixels'); found ",
-                have_max ? std::to_string(g.max_pixels) : std::string("none"));
-  METRALE_CHECK(g.min_pixels <= g.max_pixels, f.source(), ": min pixels (size.shortest_edge = ", g.min_pixels,
+  METRALE_CHECK(
+      have_min && g.min_pixels > 0, f.source(),
+      ": 'size' must contain a positive 'shortest_edge' (or a top-level 'min_pixels'); found ",
+      have_min ? std::to_string(g.min_pixels) : std::string("none"));
+  METRALE_CHECK(
+      have_max && g.max_pixels > 0, f.source(),
+      ": 'size' must contain a positive 'longest_edge' (or a top-level 'max_pixels'); found ",
+      have_max ? std::to_string(g.max_pixels) : std::string("none"));
+  METRALE_CHECK(g.min_pixels <= g.max_pixels, f.source(),
+                ": min pixels (size.shortest_edge = ", g.min_pixels,
                 ") exceed max pixels (size.longest_edge = ", g.max_pixels, ")");
 }
 
@@ -163,18 +127,21 @@ const char* image_family_name(ImageFamily family) {
 
 const char* video_family_name(VideoFamily family) {
   switch (family) {
-    case VideoFamily::kQwen2Vl: return "qwen2_vl";
-    case VideoFamily::kQwen3Vl: return "qwen3_vl";
-    case VideoFamily::kGlm4v: return "glm4v";
+    case VideoFamily::kQwen2Vl:
+      return "qwen2_vl";
+    case VideoFamily::kQwen3Vl:
+      return "qwen3_vl";
+    case VideoFamily::kGlm4v:
+      return "glm4v";
   }
   return "?";
 }
 
 ImageProcessorConfig parse_image_processor_config(const json& j, std::string_view source) {
-  const Fields f(j, source);
+  const JsonFields f(j, std::string(source));
   ImageProcessorConfig c;
-  c.type_name = string_field(f, "image_processor_type");
-  const std::string processor_class = string_field(f, "processor_class");
+  c.type_name = f.opt_string("image_processor_type").value_or("");
+  const std::string processor_class = f.opt_string("processor_class").value_or("");
   std::string base = c.type_name;
   if (ends_with(base, "Pil")) {
     c.geometry.resize_kernel = ResizeKernel::kPil;
@@ -191,10 +158,11 @@ ImageProcessorConfig parse_image_processor_config(const json& j, std::string_vie
   } else if (base.empty() && processor_class.rfind("Qwen", 0) == 0) {
     c.family = ImageFamily::kQwen2Vl;
   } else {
-    throw make_error(source, ": field 'image_processor_type' is '", c.type_name,
-                     "'; expected Qwen2VLImageProcessor or Glm4vImageProcessor (optionally with Fast/Pil)",
-                     processor_class.empty() ? "" : ", processor_class '", processor_class,
-                     processor_class.empty() ? "" : "' is not known either");
+    throw f.error("image_processor_type",
+                  "expected Qwen2VLImageProcessor or Glm4vImageProcessor (optionally with ",
+                  "Fast/Pil), found '", c.type_name, "'",
+                  processor_class.empty() ? "" : "; processor_class '", processor_class,
+                  processor_class.empty() ? "" : "' is not known either");
   }
   PatchGeometry& g = c.geometry;
   g.image_mean = kClipMean;
@@ -211,11 +179,11 @@ ImageProcessorConfig parse_image_processor_config(const json& j, std::string_vie
 }
 
 VideoProcessorConfig parse_video_processor_config(const json& j, std::string_view source) {
-  const Fields f(j, source);
+  const JsonFields f(j, std::string(source));
   VideoProcessorConfig c;
-  c.type_name = string_field(f, "video_processor_type");
-  const std::string processor_class = string_field(f, "processor_class");
-  const std::string image_type = string_field(f, "image_processor_type");
+  c.type_name = f.opt_string("video_processor_type").value_or("");
+  const std::string processor_class = f.opt_string("processor_class").value_or("");
+  const std::string image_type = f.opt_string("image_processor_type").value_or("");
   if (c.type_name == "Qwen2VLVideoProcessor") {
     c.family = VideoFamily::kQwen2Vl;
   } else if (c.type_name == "Qwen3VLVideoProcessor") {
@@ -233,8 +201,10 @@ VideoProcessorConfig parse_video_processor_config(const json& j, std::string_vie
   } else if (c.type_name.empty() && image_type.rfind("Qwen2VLImageProcessor", 0) == 0) {
     c.family = VideoFamily::kQwen2Vl;
   } else {
-    throw make_error(source, ": field 'video_processor_type' is '", c.type_name,
-                     "'; expected Qwen2VLVideoProcessor, Qwen3VLVideoProcessor or Glm4vVideoProcessor");
+    throw f.error(
+        "video_processor_type",
+        "expected Qwen2VLVideoProcessor, Qwen3VLVideoProcessor or Glm4vVideoProcessor, found '",
+        c.type_name, "'");
   }
   PatchGeometry& g = c.geometry;
   switch (c.family) {
@@ -266,26 +236,16 @@ VideoProcessorConfig parse_video_processor_config(const json& j, std::string_vie
   read_geometry(f, g, /*min_max_override=*/c.family == VideoFamily::kQwen2Vl);
   // Video processors always resize through torchvision in transformers 5.x.
   g.resize_kernel = ResizeKernel::kTorchvision;
-  f.read_bool("do_sample_frames", c.do_sample_frames);
-  f.read_int("min_frames", c.min_frames, 1, 100000);
-  f.read_int("max_frames", c.max_frames, 1, 100000);
-  f.read_number("max_duration", c.max_duration, 1e-3, 1e9);
-  if (f.find("fps") || j.contains("fps")) {
-    c.fps.reset();  // an explicit null removes the class default
-    if (const json* v = f.find("fps")) {
-      double x = 0;
-      f.read_number("fps", x, 1e-6, 1e6);
-      c.fps = x;
-      (void)v;
-    }
-  }
+  c.do_sample_frames = f.bool_or("do_sample_frames", c.do_sample_frames);
+  read_int(f, "min_frames", c.min_frames, 1, 100000);
+  read_int(f, "max_frames", c.max_frames, 1, 100000);
+  read_number(f, "max_duration", c.max_duration, 1e-3, 1e9);
+  // An explicit null removes the class default.
+  if (j.contains("fps")) c.fps = f.opt_number_in("fps", 1e-6, 1e6);
   if (j.contains("num_frames")) {
     c.num_frames.reset();
-    int n = 0;
-    if (f.find("num_frames")) {
-      f.read_int("num_frames", n, 1, 100000);
-      c.num_frames = n;
-    }
+    if (std::optional<int64_t> n = f.opt_int_in("num_frames", 1, 100000))
+      c.num_frames = static_cast<int>(*n);
   }
   return c;
 }

@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "quant/weight_format.h"
-#include "weights/dense_weights.h"
 
 namespace metrale {
 
@@ -80,8 +79,7 @@ WeightTensor TensorLoader::linear_impl(const std::string& name, const std::strin
 
 WeightTensor TensorLoader::fused_linear(const std::vector<std::string>& prefixes,
                                         const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias) {
-  METRALE_CHECK(can_fuse() && !prefixes.empty() && prefixes.size() == n_outs.size(),
-                "fused_linear: needs copied weights and one n_out per prefix");
+  METRALE_CHECK(!prefixes.empty() && prefixes.size() == n_outs.size(), "fused_linear: one n_out per prefix");
   std::vector<std::string> bias_names;
   bias_names.reserve(prefixes.size());
   std::vector<Part> parts;
@@ -141,6 +139,40 @@ WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_
   METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '", name, "'");
   storage_.push_back(prepared.storage);
   return prepared;
+}
+
+std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name, int64_t n_stack, int64_t n_out,
+                                                         int64_t n_in) {
+  const CheckpointTensor& t = claim(name, {n_stack, n_out, n_in});
+  const auto format = weight_format_for_dtype(t.info->dtype);
+  METRALE_CHECK(format.has_value(), checkpoint_.dir().string(), ": tensor '", name, "' has dtype ",
+                dtype_name(t.info->dtype), "; plain weights must be f32 or bf16");
+  backend_.require(Op::kLinear, *format, DType::kF32, name);
+  const size_t slice_bytes = weight_row_bytes(*format, n_in) * static_cast<size_t>(n_out);
+  const bool in_place = placement_ == WeightPlacement::kInPlace && t.file->is_aligned(*t.info);
+  const std::span<const std::byte> all = t.bytes();
+  std::vector<WeightTensor> out;
+  out.reserve(static_cast<size_t>(n_stack));
+  for (int64_t i = 0; i < n_stack; ++i) {
+    const std::span<const std::byte> slice = all.subspan(static_cast<size_t>(i) * slice_bytes, slice_bytes);
+    WeightTensor w{.name = name + "[" + std::to_string(i) + "]", .format = *format, .n_out = n_out, .n_in = n_in};
+    if (in_place) {
+      w.data = slice.data();
+      WeightTensor prepared = backend_.prepare(w, PrepareMode::kInPlace);
+      if (prepared.storage) storage_.push_back(prepared.storage);
+      out.push_back(std::move(prepared));
+    } else {
+      // Through aligned staging (the mapping may not be aligned for the element type).
+      const Buffer staging = backend_.allocate(slice_bytes);
+      std::memcpy(staging.data(), slice.data(), slice_bytes);
+      w.data = staging.data();
+      WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
+      storage_.push_back(prepared.storage);
+      out.push_back(std::move(prepared));
+    }
+    advance(slice_bytes);
+  }
+  return out;
 }
 
 NormWeight TensorLoader::norm(const std::string& name, int64_t n) {

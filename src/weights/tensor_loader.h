@@ -35,12 +35,21 @@ class TensorLoader {
   WeightTensor linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool has_bias);
   // Several linears sharing n_in concatenated along n_out into one matrix (q/k/v, gate/up),
   // so one pass over the weights serves them all; each prefix's .weight (and .bias when
-  // has_bias) is checked as linear() would. Only with WeightPlacement::kCopy (can_fuse()).
+  // has_bias) is checked as linear() would. Always a copy into backend memory; layers ask
+  // can_fuse() first where reading in place is an option.
   WeightTensor fused_linear(const std::vector<std::string>& prefixes, const std::vector<int64_t>& n_outs,
                             int64_t n_in, bool has_bias);
   bool can_fuse() const { return placement_ == WeightPlacement::kCopy; }
+  // A 3-D tensor [n_stack, n_out, n_in] (e.g. transformers 5's fused experts) as n_stack
+  // matrices, slice i named "name[i]"; copied, or read in place when asked and aligned.
+  std::vector<WeightTensor> stacked_matrices(const std::string& name, int64_t n_stack, int64_t n_out, int64_t n_in);
+  // Whether the checkpoint holds `name` (claims nothing).
+  bool has(const std::string& name) const { return checkpoint_.find(name) != nullptr; }
+  const Checkpoint& checkpoint() const { return checkpoint_; }
   // A 1-D [n] vector (norm weight), widened to f32.
   NormWeight norm(const std::string& name, int64_t n);
+  // The raw tensor `name` of exactly `shape`, claimed (for weights read by a layer directly).
+  const CheckpointTensor& claim(const std::string& name, std::initializer_list<int64_t> shape);
   // Marks `name` as understood but unused (absent is fine too).
   void ignore(const std::string& name);
   // Throws an Error listing (up to a few) checkpoint tensors no field claimed.
@@ -48,7 +57,6 @@ class TensorLoader {
   std::vector<std::shared_ptr<const Buffer>> take_storage() { return std::move(storage_); }
 
  private:
-  const CheckpointTensor& claim(const std::string& name, std::initializer_list<int64_t> shape);
   WeightTensor linear_impl(const std::string& name, const std::string* bias_name, int64_t n_out,
                            int64_t n_in);
   struct Part {

@@ -3,54 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <utility>
 
 namespace metrale {
 namespace {
 
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
-
-TEST(AlignedBuffer, SmallIsCacheLineAligned) {
-  AlignedBuffer b(100);
-  ASSERT_NE(b.data(), nullptr);
-  EXPECT_EQ(b.size(), 100u);
-  EXPECT_TRUE(aligned(b.data(), kArenaAlignment));
-  std::memset(b.data(), 0x5A, b.size());  // the whole requested size is writable
-  EXPECT_EQ(b.as<unsigned char>()[99], 0x5A);
-}
-
-TEST(AlignedBuffer, LargeIsHugePageAligned) {
-  AlignedBuffer b(kHugePageBytes + 123);
-  EXPECT_TRUE(aligned(b.data(), kHugePageBytes));
-  std::memset(b.data(), 1, b.size());
-  AlignedBuffer plain(kHugePageBytes, /*huge_pages=*/false);
-  EXPECT_TRUE(aligned(plain.data(), kArenaAlignment));
-}
-
-TEST(AlignedBuffer, EmptyAndMove) {
-  AlignedBuffer empty;
-  EXPECT_TRUE(empty.empty());
-  EXPECT_EQ(empty.data(), nullptr);
-  AlignedBuffer zero(0);
-  EXPECT_EQ(zero.data(), nullptr);
-
-  AlignedBuffer a(256);
-  void* p = a.data();
-  AlignedBuffer b(std::move(a));
-  EXPECT_EQ(b.data(), p);
-  EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from is empty
-  AlignedBuffer c(64);
-  c = std::move(b);
-  EXPECT_EQ(c.data(), p);
-  EXPECT_EQ(c.size(), 256u);
-}
-
-TEST(AlignedBuffer, ImpossibleSizeIsAnError) {
-  EXPECT_THROW(AlignedBuffer(std::numeric_limits<size_t>::max() - 10), Error);
-  EXPECT_THROW(AlignedBuffer(std::numeric_limits<size_t>::max() / 2), Error);
-}
 
 TEST(Arena, BumpsAlignedBlocks) {
   Arena arena(4096);

@@ -266,8 +266,7 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
   }
 }
 
-void AttentionItems(const AttentionTask& t, int64_t item_begin, int64_t item_end) {
-  const AttentionPlan plan = plan_attention(t);
+void AttentionItems(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin, int64_t item_end) {
   const AttentionShape& sh = t.shape;
   const int64_t hd = sh.head_dim;
   const int64_t group = sh.n_heads / sh.n_kv_heads;
@@ -294,50 +293,45 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace metrale::cpu {
 
-AttentionPlan plan_attention(const AttentionTask& t) {
+AttentionPlan plan_attention(const AttentionShape& shape) {
   AttentionPlan p;
-  const int64_t group = t.shape.n_heads / t.shape.n_kv_heads;
+  const int64_t group = shape.n_heads / shape.n_kv_heads;
   p.heads_per_pass = std::min<int64_t>(group, kMaxQueries);
   p.n_passes = (group + p.heads_per_pass - 1) / p.heads_per_pass;
   p.group = group;
-  p.n_kv_heads = t.shape.n_kv_heads;
-  p.n_rows = t.q.n_rows;
-  p.rows_per_tile = t.one_sequence ? std::max<int64_t>(1, kMaxQueries / p.heads_per_pass) : 1;
-  p.n_tiles = (p.n_rows + p.rows_per_tile - 1) / p.rows_per_tile;
-  p.one_sequence = t.one_sequence;
+  p.n_kv_heads = shape.n_kv_heads;
+  p.rows_per_tile = std::max<int64_t>(1, kMaxQueries / p.heads_per_pass);
   return p;
+}
+
+int64_t attention_row_spans(const AttentionTask& t, int64_t rows_per_tile, AttentionRowSpan* out) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < t.q.n_rows;) {
+    int64_t e = r + 1;
+    while (e < t.q.n_rows && e - r < rows_per_tile && t.row_seq[e] == t.row_seq[r]) ++e;
+    out[n++] = {r, e};
+    r = e;
+  }
+  return n;
 }
 
 AttentionPlan::Tile AttentionPlan::tile(int64_t item) const {
   Tile tl;
-  if (one_sequence) {
-    // kv head outermost, so a contiguous range of items keeps one head's K/V hot; the
-    // tiles of a head alternate from both ends (0, n-1, 1, n-2, ...) so that contiguous
-    // ranges cost about the same under the causal mask.
-    const int64_t per_head = n_passes * n_tiles;
-    tl.kv_head = item / per_head;
-    const int64_t pass = item % per_head / n_tiles;
-    const int64_t z = item % n_tiles;
-    const int64_t ti = z % 2 == 0 ? z / 2 : n_tiles - 1 - z / 2;
-    tl.row_begin = ti * rows_per_tile;
-    tl.row_end = std::min(n_rows, tl.row_begin + rows_per_tile);
-    tl.head_begin = pass * heads_per_pass;
-    tl.head_end = std::min(group, tl.head_begin + heads_per_pass);
-  } else {
-    const int64_t per_row = n_kv_heads * n_passes;
-    tl.row_begin = item / per_row;
-    tl.row_end = tl.row_begin + 1;
-    tl.kv_head = item % per_row / n_passes;
-    const int64_t pass = item % n_passes;
-    tl.head_begin = pass * heads_per_pass;
-    tl.head_end = std::min(group, tl.head_begin + heads_per_pass);
-  }
+  const int64_t per_head = n_passes * n_spans;
+  tl.kv_head = item / per_head;
+  const int64_t pass = item % per_head / n_spans;
+  const int64_t z = item % n_spans;
+  const AttentionRowSpan& s = spans[z % 2 == 0 ? z / 2 : n_spans - 1 - z / 2];
+  tl.row_begin = s.row_begin;
+  tl.row_end = s.row_end;
+  tl.head_begin = pass * heads_per_pass;
+  tl.head_end = std::min(group, tl.head_begin + heads_per_pass);
   return tl;
 }
 
 HWY_EXPORT(AttentionItems);
-void attention_items(const AttentionTask& t, int64_t item_begin, int64_t item_end) {
-  HWY_DYNAMIC_DISPATCH(AttentionItems)(t, item_begin, item_end);
+void attention_items(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin, int64_t item_end) {
+  HWY_DYNAMIC_DISPATCH(AttentionItems)(t, plan, item_begin, item_end);
 }
 
 }  // namespace metrale::cpu

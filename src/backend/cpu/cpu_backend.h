@@ -1,10 +1,13 @@
 #pragma once
 // The CPU backend: Highway SIMD kernels with runtime dispatch (each kernel has a scalar
-// twin in cpu/reference.h), work split over a ThreadPool with a static, deterministic split.
+// twin in cpu/reference.h), work split over a ThreadPool; every output's arithmetic is fixed
+// by the kernel, never by the split, so results do not depend on the thread count.
 #include <cstdint>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/linear_job.h"
 
 namespace metrale {
 
@@ -13,35 +16,52 @@ class ThreadPool;
 class CpuBackend final : public Backend {
  public:
   // `pool` must outlive the backend; every op runs its work on it. Compute::kBF16 applies to
-  // bf16 weights prepared with kCopy (fast with AVX-512 BF16, a scalar loop without AVX-512).
+  // bf16 weights prepared with kCopy (AVX-512 BF16, with twins computing the same bits on
+  // AVX-512F, AVX2 and scalar CPUs).
   explicit CpuBackend(ThreadPool& pool, Compute compute = Compute::kF32);
 
   std::string_view name() const override { return "cpu"; }
   // 64-byte aligned; >= 2 MiB requests are 2 MiB aligned and advised MADV_HUGEPAGE.
   Buffer allocate(size_t bytes) override;
   bool supports(Op op, WeightFormat format, DType dtype) const override;
-  WeightTensor prepare(const WeightTensor& w, PrepareMode mode) override;
-
-  void linear(ConstRows x, const WeightTensor& w, Rows y) override;
-  void embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) override;
-  void rms_norm(const RmsNormArgs& a) override;
-  void rope(const RopeArgs& a) override;
-  void kv_store(const KvStoreArgs& a) override;
-  void attention_decode(const DecodeAttentionArgs& a) override;
-  void attention_prefill(const PrefillAttentionArgs& a) override;
-  void gated_activation(const GatedActivationArgs& a) override;
-  void argmax(ConstRows logits, std::span<int32_t> out) override;
 
   ThreadPool& pool() const { return *pool_; }
   Compute compute() const { return compute_; }
 
- private:
-  void linear_pairs(ConstRows x, const WeightTensor& w, Rows y);
+ protected:
+  WeightTensor do_prepare(const WeightTensor& w, PrepareMode mode) override;
+  void do_linear(ConstRows x, const WeightTensor& w, Rows y) override;
+  void do_embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) override;
+  void do_rms_norm(const RmsNormArgs& a) override;
+  void do_rope(const RopeArgs& a) override;
+  void do_kv_store(const KvStoreArgs& a) override;
+  void do_attention(const AttentionArgs& a) override;
+  void do_gated_activation(const GatedActivationArgs& a) override;
+  void do_route(const RouteArgs& a) override;
+  void do_moe(const MoeArgs& a) override;
+  bool knows_packing(const WeightTensor& w) const override;
+  int64_t max_head_dim() const override { return cpu::kMaxHeadDim; }
 
+ private:
   ThreadPool* pool_;
   Compute compute_;
-  // Input rows rounded to bf16 for Compute::kBF16; grows to the largest call, then stays.
-  std::vector<uint16_t> x_bf16_;
+  // Scratch that grows to the largest call, then stays (no allocation in a warm step).
+  std::vector<uint16_t> x_bf16_;  // input rows rounded to bf16 (Compute::kBF16)
+  std::vector<cpu::AttentionRowSpan> attention_spans_;
+  struct MoeScratch {  // cpu_moe.cc: the rows of one call grouped by expert
+    std::vector<int32_t> count, start, fill;  // [n_experts]
+    std::vector<int32_t> slot;                // [n * k] grouped row of each (row, choice)
+    std::vector<int32_t> order;               // [n * k] choices of a row by ascending expert
+    std::vector<float> x, h, y;               // grouped input, gate|up, output rows
+    std::vector<uint16_t> x_bf16, h_bf16;     // bf16-rounded inputs of the pairs kernel
+    struct Item {
+      int32_t job;
+      int64_t o_begin, o_end;
+    };
+    std::vector<Item> items;
+    std::vector<cpu::LinearJob> jobs;
+  };
+  MoeScratch moe_;
 };
 
 }  // namespace metrale

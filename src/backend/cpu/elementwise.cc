@@ -76,11 +76,11 @@ void RmsNormRows(const RmsNormArgs& a, int64_t r_begin, int64_t r_end) {
 void RopeRows(const RopeArgs& a, int64_t r_begin, int64_t r_end) {
   const DF df;
   const auto nl = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t half = a.table->rotary_dim() / 2;
+  const int64_t half = a.table.rotary_dim / 2;
   for (int64_t r = r_begin; r < r_end; ++r) {
     const int64_t pos = a.positions[static_cast<size_t>(r)];
-    const float* c = a.table->cos(pos);
-    const float* s = a.table->sin(pos);
+    const float* c = a.table.cos + pos * half;
+    const float* s = a.table.sin + pos * half;
     for (int64_t h = 0; h < a.n_heads; ++h) {
       float* x1 = a.x.row(r) + h * a.head_dim;
       float* x2 = x1 + half;

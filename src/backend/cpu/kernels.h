@@ -33,31 +33,34 @@ void rope_rows(const RopeArgs& a, int64_t r_begin, int64_t r_end);
 void gated_activation_rows(const GatedActivationArgs& a, int64_t r_begin, int64_t r_end);
 void widen_bf16(const uint16_t* src, int64_t n, float* dst);
 
-// Paged attention. Decode (one_sequence = false): row r is the last token of tables[r].
-// Prefill (one_sequence = true): every row belongs to tables[0] and the rows are its last
-// q.n_rows tokens. A query at position p sees keys [max(0, p - window + 1), p].
+// Paged attention over ragged rows (backend.h AttentionArgs): row r is a query of
+// tables[row_seq[r]] at positions[r]; it sees keys [max(0, p - window + 1), p].
 struct AttentionTask {
   ConstRows q;
   Rows out;
   KvLayerView cache;
   const KvPageTable* tables = nullptr;
-  bool one_sequence = false;
+  const int32_t* row_seq = nullptr;
+  const int32_t* positions = nullptr;
   AttentionShape shape;  // scale already resolved (non-zero)
 
-  const KvPageTable& table(int64_t row) const { return tables[one_sequence ? 0 : row]; }
-  int64_t position(int64_t row) const {
-    return table(row).seq_len - 1 - (one_sequence ? q.n_rows - 1 - row : 0);
-  }
+  const KvPageTable& table(int64_t row) const { return tables[row_seq[row]]; }
+  int64_t position(int64_t row) const { return positions[row]; }
 };
 
 inline constexpr int64_t kAttentionBlock = 32;  // keys per online-softmax step
 inline constexpr int64_t kMaxQueries = 8;       // queries of one tile (they share K/V reads)
 
-// How an attention call splits into work items. An item is a tile: rows [row_begin,
-// row_end) x query heads [head_begin, head_end) of one GQA group (kv head), at most
-// kMaxQueries queries. Decode tiles are one row; prefill tiles stack rows of the one
-// sequence. Items are numbered so that a static split over threads balances the causal
-// mask's cost (see attention.cc).
+// Rows [row_begin, row_end) of one sequence, run as one tile (they share K/V reads).
+struct AttentionRowSpan {
+  int64_t row_begin = 0, row_end = 0;
+};
+
+// How an attention call splits into work items. An item is a tile: a row span x query heads
+// [head_begin, head_end) of one GQA group (kv head), at most kMaxQueries queries. Spans are
+// runs of consecutive rows of one sequence, cut to rows_per_tile. Items run kv head
+// outermost, and the spans of a head alternate from both ends (0, n-1, 1, n-2, ...), so a
+// static split over threads keeps one head's K/V hot and balances the causal mask's cost.
 struct AttentionPlan {
   struct Tile {
     int64_t row_begin = 0, row_end = 0;
@@ -65,14 +68,19 @@ struct AttentionPlan {
     int64_t head_begin = 0, head_end = 0;  // within the group
   };
   int64_t group = 1, n_kv_heads = 1, heads_per_pass = 1, n_passes = 1;
-  int64_t n_rows = 0, rows_per_tile = 1, n_tiles = 0;
-  bool one_sequence = false;
+  int64_t rows_per_tile = 1;
+  const AttentionRowSpan* spans = nullptr;
+  int64_t n_spans = 0;
 
-  int64_t n_items() const { return n_tiles * n_kv_heads * n_passes; }
+  int64_t n_items() const { return n_spans * n_kv_heads * n_passes; }
   Tile tile(int64_t item) const;
 };
-AttentionPlan plan_attention(const AttentionTask& t);
-void attention_items(const AttentionTask& t, int64_t item_begin, int64_t item_end);
+// The plan's head split and rows_per_tile (spans left empty).
+AttentionPlan plan_attention(const AttentionShape& shape);
+// Cuts the rows of `t` into spans of at most rows_per_tile rows of one sequence; `out` must
+// hold t.q.n_rows spans. Returns how many it wrote.
+int64_t attention_row_spans(const AttentionTask& t, int64_t rows_per_tile, AttentionRowSpan* out);
+void attention_items(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin, int64_t item_end);
 
 // Largest head_dim the attention kernel accepts (its accumulators live on the stack).
 inline constexpr int64_t kMaxHeadDim = 512;

@@ -44,13 +44,13 @@ void rms_norm(const RmsNormArgs& a) {
 }
 
 void rope(const RopeArgs& a) {
-  const int64_t half = a.table->rotary_dim() / 2;
+  const int64_t half = a.table.rotary_dim / 2;
   for (int64_t r = 0; r < a.x.n_rows; ++r) {
     const int64_t pos = a.positions[static_cast<size_t>(r)];
     for (int64_t h = 0; h < a.n_heads; ++h) {
       float* x = a.x.row(r) + h * a.head_dim;
       for (int64_t i = 0; i < half; ++i) {
-        const float c = a.table->cos(pos)[i], s = a.table->sin(pos)[i];
+        const float c = a.table.cos[pos * half + i], s = a.table.sin[pos * half + i];
         const float x1 = x[i], x2 = x[i + half];
         x[i] = x1 * c + (-x2) * s;  // rotate_half: first half takes -x2
         x[i + half] = x2 * c + x1 * s;

@@ -1,9 +1,8 @@
 // Layer kinds and the family-specific blocks (MoE routing, MLA, gated delta net), each read as
 // the HF configuration class defaults it and the modeling class uses it.
 #include <algorithm>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "io/config/parse_parts.h"
 
@@ -15,7 +14,8 @@ namespace {
 std::optional<int64_t> window_field(const JsonFields& text, int64_t absent_default) {
   if (!text.object().contains("sliding_window")) return absent_default;
   std::optional<int64_t> w = text.opt_int("sliding_window");
-  if (w && *w <= 0) throw text.error("sliding_window", "expected a positive integer or null, found ", *w);
+  if (w && *w <= 0)
+    throw text.error("sliding_window", "expected a positive integer or null, found ", *w);
   return w;
 }
 
@@ -23,20 +23,24 @@ std::vector<LayerKind> kinds_from_layer_types(const JsonFields& text, int64_t n_
                                               std::initializer_list<LayerKind> allowed) {
   const nlohmann::json& list = text.object().at("layer_types");
   if (!list.is_array()) {
-    throw text.error("layer_types", "expected a list of strings, found ", describe_json_value(list));
+    throw text.error("layer_types", "expected a list of strings, found ",
+                     describe_json_value(list));
   }
   if (static_cast<int64_t>(list.size()) != n_layers) {
-    throw text.error("layer_types", "expected ", n_layers, " entries (num_hidden_layers), found ", list.size());
+    throw text.error("layer_types", "expected ", n_layers, " entries (num_hidden_layers), found ",
+                     list.size());
   }
   std::vector<LayerKind> kinds;
   for (size_t i = 0; i < list.size(); ++i) {
     const nlohmann::json& e = list[i];
     std::string name = e.is_string() ? e.get<std::string>() : std::string();
-    auto match = std::find_if(allowed.begin(), allowed.end(),
-                              [&](LayerKind k) { return e.is_string() && layer_kind_name(k) == name; });
+    auto match = std::find_if(allowed.begin(), allowed.end(), [&](LayerKind k) {
+      return e.is_string() && layer_kind_name(k) == name;
+    });
     if (match == allowed.end()) {
       std::string expected;
-      for (LayerKind k : allowed) expected += (expected.empty() ? "\"" : ", \"") + std::string(layer_kind_name(k)) + "\"";
+      for (LayerKind k : allowed)
+        expected += (expected.empty() ? "\"" : ", \"") + std::string(layer_kind_name(k)) + "\"";
       throw text.error("layer_types", "entry ", i, ": unknown layer type ", describe_json_value(e),
                        " (expected one of ", expected, ")");
     }
@@ -55,13 +59,14 @@ void parse_layer_kinds(const JsonFields& text, const ModelTypeTraits& traits, Mo
     case SlidingRule::kNone:
       if (traits.family == Family::kQwenHybrid) {
         if (text.has("layer_types")) {
-          kinds = kinds_from_layer_types(text, n, {LayerKind::kFullAttention, LayerKind::kLinearAttention});
+          kinds = kinds_from_layer_types(text, n,
+                                         {LayerKind::kFullAttention, LayerKind::kLinearAttention});
         } else {
           // Qwen3NextConfig / Qwen3_5TextConfig.__post_init__: every interval-th layer is full.
           int64_t interval = text.int_at_least("full_attention_interval", 4, 1);
           for (int64_t i = 0; i < n; ++i) {
-            kinds[static_cast<size_t>(i)] = (i + 1) % interval != 0 ? LayerKind::kLinearAttention
-                                                                    : LayerKind::kFullAttention;
+            kinds[static_cast<size_t>(i)] =
+                (i + 1) % interval != 0 ? LayerKind::kLinearAttention : LayerKind::kFullAttention;
           }
         }
       }
@@ -70,18 +75,23 @@ void parse_layer_kinds(const JsonFields& text, const ModelTypeTraits& traits, Mo
       config.sliding_window = window_field(text, 4096);
       break;
     case SlidingRule::kAllIfUse:  // Qwen3MoeConfig: sliding_window kept only if use_sliding_window
-      config.sliding_window = text.bool_or("use_sliding_window", false) ? window_field(text, 4096) : std::nullopt;
+      config.sliding_window =
+          text.bool_or("use_sliding_window", false) ? window_field(text, 4096) : std::nullopt;
       break;
     case SlidingRule::kQwenMaxWindow: {
-      config.sliding_window = text.bool_or("use_sliding_window", false) ? window_field(text, 4096) : std::nullopt;
+      config.sliding_window =
+          text.bool_or("use_sliding_window", false) ? window_field(text, 4096) : std::nullopt;
       if (text.has("layer_types")) {
-        kinds = kinds_from_layer_types(text, n, {LayerKind::kFullAttention, LayerKind::kSlidingAttention});
+        kinds = kinds_from_layer_types(text, n,
+                                       {LayerKind::kFullAttention, LayerKind::kSlidingAttention});
         // Qwen2Attention: sliding_window = config.sliding_window if sliding layer else None, so a
         // "sliding" layer without a window attends fully.
-        if (!config.sliding_window) std::fill(kinds.begin(), kinds.end(), LayerKind::kFullAttention);
+        if (!config.sliding_window)
+          std::fill(kinds.begin(), kinds.end(), LayerKind::kFullAttention);
       } else if (config.sliding_window) {
         int64_t max_window_layers = text.int_at_least("max_window_layers", 28, 0);
-        for (int64_t i = max_window_layers; i < n; ++i) kinds[static_cast<size_t>(i)] = LayerKind::kSlidingAttention;
+        for (int64_t i = max_window_layers; i < n; ++i)
+          kinds[static_cast<size_t>(i)] = LayerKind::kSlidingAttention;
       }
       return;
     }
@@ -98,8 +108,8 @@ void parse_moe(const JsonFields& text, const ModelTypeTraits& traits, ModelConfi
   moe.n_experts_per_tok = text.req_size("num_experts_per_tok");
   moe.moe_intermediate_size = text.req_size("moe_intermediate_size");
   if (moe.n_experts_per_tok > moe.n_experts) {
-    throw text.error("num_experts_per_tok", "expected at most the number of experts ", moe.n_experts, ", found ",
-                     moe.n_experts_per_tok);
+    throw text.error("num_experts_per_tok", "expected at most the number of experts ",
+                     moe.n_experts, ", found ", moe.n_experts_per_tok);
   }
   if (deepseek) {
     // DeepseekV3TopkRouter / Glm4MoeTopkRouter: sigmoid scores, e_score_correction_bias added for
@@ -108,30 +118,37 @@ void parse_moe(const JsonFields& text, const ModelTypeTraits& traits, ModelConfi
     moe.scoring = MoeScoring::kSigmoid;
     moe.has_e_score_correction_bias = true;
     if (std::optional<std::string> s = text.opt_string("scoring_func"); s && *s != "sigmoid") {
-      throw text.error("scoring_func", "expected \"sigmoid\" (", traits.modeling_class, "'s router), found \"", *s, "\"");
+      throw text.error("scoring_func", "expected \"sigmoid\" (", traits.modeling_class,
+                       "'s router), found \"", *s, "\"");
     }
     if (std::optional<std::string> s = text.opt_string("topk_method"); s && *s != "noaux_tc") {
-      throw text.error("topk_method", "expected \"noaux_tc\" (", traits.modeling_class, "'s router), found \"", *s, "\"");
+      throw text.error("topk_method", "expected \"noaux_tc\" (", traits.modeling_class,
+                       "'s router), found \"", *s, "\"");
     }
     moe.n_shared_experts = text.int_at_least("n_shared_experts", 1, 0);
-    moe.routed_scaling_factor = text.positive_number_or("routed_scaling_factor", is_deepseek_v3 ? 2.5 : 1.0);
+    moe.routed_scaling_factor =
+        text.positive_number_or("routed_scaling_factor", is_deepseek_v3 ? 2.5 : 1.0);
     moe.n_group = text.int_at_least("n_group", is_deepseek_v3 ? 8 : 1, 1);
     moe.topk_group = text.int_at_least("topk_group", is_deepseek_v3 ? 4 : 1, 1);
-    moe.first_k_dense_replace = text.int_at_least("first_k_dense_replace", is_deepseek_v3 ? 3 : 1, 0);
+    moe.first_k_dense_replace =
+        text.int_at_least("first_k_dense_replace", is_deepseek_v3 ? 3 : 1, 0);
     moe.norm_topk_prob = text.bool_or("norm_topk_prob", true);
     if (moe.n_experts % moe.n_group != 0) {
-      throw text.error("n_group", "expected a divisor of the expert count ", moe.n_experts, ", found ", moe.n_group);
+      throw text.error("n_group", "expected a divisor of the expert count ", moe.n_experts,
+                       ", found ", moe.n_group);
     }
     if (moe.n_experts / moe.n_group < 2) {
-      throw text.error("n_group", "each group needs >= 2 experts (groups are scored by their top-2), found ",
+      throw text.error("n_group",
+                       "each group needs >= 2 experts (groups are scored by their top-2), found ",
                        moe.n_experts / moe.n_group, " per group");
     }
     if (moe.topk_group > moe.n_group) {
-      throw text.error("topk_group", "expected at most n_group ", moe.n_group, ", found ", moe.topk_group);
+      throw text.error("topk_group", "expected at most n_group ", moe.n_group, ", found ",
+                       moe.topk_group);
     }
     if (moe.first_k_dense_replace > config.n_layers) {
-      throw text.error("first_k_dense_replace", "expected at most num_hidden_layers ", config.n_layers, ", found ",
-                       moe.first_k_dense_replace);
+      throw text.error("first_k_dense_replace", "expected at most num_hidden_layers ",
+                       config.n_layers, ", found ", moe.first_k_dense_replace);
     }
     return;
   }
@@ -146,7 +163,8 @@ void parse_moe(const JsonFields& text, const ModelTypeTraits& traits, ModelConfi
     moe.mlp_only_layers = text.opt_int_list("mlp_only_layers", 0).value_or(std::vector<int64_t>{});
     for (int64_t layer : moe.mlp_only_layers) {
       if (layer >= config.n_layers) {
-        throw text.error("mlp_only_layers", "layer ", layer, " is out of range [0, ", config.n_layers, ")");
+        throw text.error("mlp_only_layers", "layer ", layer, " is out of range [0, ",
+                         config.n_layers, ")");
       }
     }
   }
@@ -161,12 +179,12 @@ void parse_moe(const JsonFields& text, const ModelTypeTraits& traits, ModelConfi
 void parse_mla(const JsonFields& text, ModelConfig& config) {
   MlaConfig& mla = config.mla;
   if (!text.object().contains("q_lora_rank")) {
-    throw make_error(text.source(), ": missing required field '", text.path("q_lora_rank"),
-                     "' (a positive integer, or null for a full-rank q_proj)");
+    throw text.missing("q_lora_rank", "a positive integer, or null for a full-rank q_proj");
   }
   mla.q_lora_rank = text.opt_int("q_lora_rank");
   if (mla.q_lora_rank && *mla.q_lora_rank <= 0) {
-    throw text.error("q_lora_rank", "expected a positive integer or null, found ", *mla.q_lora_rank);
+    throw text.error("q_lora_rank", "expected a positive integer or null, found ",
+                     *mla.q_lora_rank);
   }
   mla.kv_lora_rank = text.req_size("kv_lora_rank");
   mla.qk_nope_head_dim = text.req_size("qk_nope_head_dim");
@@ -182,8 +200,8 @@ void parse_linear_attention(const JsonFields& text, ModelConfig& config) {
   lin.value_head_dim = text.req_size("linear_value_head_dim");
   lin.conv_kernel_dim = text.req_size("linear_conv_kernel_dim");
   if (lin.n_value_heads % lin.n_key_heads != 0) {
-    throw text.error("linear_num_value_heads", "expected a multiple of linear_num_key_heads ", lin.n_key_heads,
-                     ", found ", lin.n_value_heads);
+    throw text.error("linear_num_value_heads", "expected a multiple of linear_num_key_heads ",
+                     lin.n_key_heads, ", found ", lin.n_value_heads);
   }
 }
 

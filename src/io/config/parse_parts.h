@@ -2,9 +2,9 @@
 // The pieces parse_model_config() is assembled from; internal to io/config.
 #include <cstdint>
 
-#include "io/config/json_fields.h"
 #include "io/config/model_config.h"
 #include "io/config/model_types.h"
+#include "io/json/json_fields.h"
 
 namespace metrale::config_detail {
 

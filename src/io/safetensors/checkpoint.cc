@@ -8,13 +8,13 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "io/json/json_fields.h"
 #include "io/safetensors/strict_json.h"
 
 namespace metrale {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using safetensors_detail::json_type_name;
 
 namespace {
 
@@ -75,29 +75,33 @@ void Checkpoint::open_index(const fs::path& index_path) {
   const std::string where = index_path.string();
   // Depth 8 leaves room for whatever tools put under "metadata"; the weight_map needs 2.
   const json root = safetensors_detail::parse_strict_json(read_small_file(index_path), where, 8);
-  METRALE_CHECK(root.is_object(), where, ": expected a JSON object, found ", json_type_name(root));
-  METRALE_CHECK(root.contains("weight_map"), where, ": missing key 'weight_map'");
-  const json& weight_map = root["weight_map"];
-  METRALE_CHECK(weight_map.is_object(), where,
-                ": weight_map must be an object of tensor name -> file name, found ",
-                json_type_name(weight_map));
-  METRALE_CHECK(!weight_map.empty(), where, ": weight_map is empty; expected at least one tensor");
+  const JsonFields index(root, where);
+  if (!index.has("weight_map"))
+    throw index.missing("weight_map", "an object of tensor name -> file name");
+  const JsonFields weight_map = index.req_object("weight_map");
+  METRALE_CHECK(!weight_map.object().empty(), where,
+                ": weight_map is empty; expected at least one tensor");
 
   std::map<std::string, std::vector<std::string>> names_by_file;  // sorted: stable file order
-  for (const auto& [name, file] : weight_map.items()) {
-    METRALE_CHECK(file.is_string(), where, ": weight_map['", name, "'] must be a file name string, found ",
-                  json_type_name(file));
+  for (const auto& [name, file] : weight_map.object().items()) {
+    if (!file.is_string()) {
+      throw weight_map.error(name, "expected a file name string, found ",
+                             describe_json_value(file));
+    }
     const auto& file_name = file.get_ref<const std::string&>();
-    METRALE_CHECK(is_plain_file_name(file_name), where, ": weight_map['", name, "'] = '", file_name,
-                  "'; expected a plain file name inside ", dir_.string());
+    if (!is_plain_file_name(file_name)) {
+      throw weight_map.error(name, "expected a plain file name inside ", dir_.string(), ", found '",
+                             file_name, "'");
+    }
     names_by_file[file_name].push_back(name);
   }
 
   files_.reserve(names_by_file.size());
   for (const auto& [file_name, names] : names_by_file) {
     const fs::path shard = dir_ / file_name;
-    METRALE_CHECK(is_file(shard), where, ": maps ", names.size(), " tensor(s) (e.g. '", names.front(),
-                  "') to '", file_name, "', which does not exist in ", dir_.string());
+    METRALE_CHECK(is_file(shard), where, ": maps ", names.size(), " tensor(s) (e.g. '",
+                  names.front(), "') to '", file_name, "', which does not exist in ",
+                  dir_.string());
     files_.push_back(SafetensorsFile::open(shard));
   }
 
@@ -124,7 +128,8 @@ void Checkpoint::open_all_files() {
   std::vector<fs::path> paths;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-    if (entry.path().extension() == ".safetensors" && is_file(entry.path())) paths.push_back(entry.path());
+    if (entry.path().extension() == ".safetensors" && is_file(entry.path()))
+      paths.push_back(entry.path());
   }
   METRALE_CHECK(!ec, dir_.string(), ": cannot list directory: ", ec.message());
   METRALE_CHECK(!paths.empty(), dir_.string(), ": no ", kSingleName, ", ", kIndexName,
@@ -146,15 +151,17 @@ void Checkpoint::open_all_files() {
 }
 
 void Checkpoint::finish() {
-  std::sort(tensors_.begin(), tensors_.end(),
-            [](const CheckpointTensor& a, const CheckpointTensor& b) { return a.name() < b.name(); });
+  std::sort(
+      tensors_.begin(), tensors_.end(),
+      [](const CheckpointTensor& a, const CheckpointTensor& b) { return a.name() < b.name(); });
   total_bytes_ = 0;
   for (const auto& t : tensors_) total_bytes_ += t.info->nbytes();
 }
 
 const CheckpointTensor* Checkpoint::find(std::string_view name) const {
-  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
-                             [](const CheckpointTensor& t, std::string_view n) { return t.name() < n; });
+  auto it =
+      std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                       [](const CheckpointTensor& t, std::string_view n) { return t.name() < n; });
   return it != tensors_.end() && it->name() == name ? &*it : nullptr;
 }
 

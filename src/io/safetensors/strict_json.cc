@@ -45,7 +45,8 @@ class Validator : public nlohmann::json_sax<json> {
  private:
   bool open(bool) {
     if (static_cast<int>(open_.size()) + 1 > max_depth_) {
-      if (open_.empty()) throw make_error(source_, ": JSON nesting deeper than ", max_depth_, " levels");
+      if (open_.empty())
+        throw make_error(source_, ": JSON nesting deeper than ", max_depth_, " levels");
       throw make_error(source_, ": JSON nesting deeper than ", max_depth_, " levels under key '",
                        top_key_, "'");
     }
@@ -75,22 +76,6 @@ nlohmann::json parse_strict_json(std::string_view text, std::string_view source,
   } catch (const json::exception& e) {
     throw make_error(source, ": not valid JSON (", e.what(), ")");
   }
-}
-
-const char* json_type_name(const nlohmann::json& j) {
-  switch (j.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "object";
-    case json::value_t::array: return "array";
-    case json::value_t::string: return "string";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::number_integer: return j.get<int64_t>() < 0 ? "negative integer" : "integer";
-    case json::value_t::number_unsigned: return "integer";
-    case json::value_t::number_float: return "non-integer number";
-    case json::value_t::binary: return "binary";
-    case json::value_t::discarded: return "discarded value";
-  }
-  return "unknown";
 }
 
 }  // namespace metrale::safetensors_detail

@@ -13,7 +13,4 @@ namespace metrale::safetensors_detail {
 // duplicate key, or deeper nesting.
 nlohmann::json parse_strict_json(std::string_view text, std::string_view source, int max_depth);
 
-// A JSON value's type for messages: "string", "array", "negative integer", ...
-const char* json_type_name(const nlohmann::json& j);
-
 }  // namespace metrale::safetensors_detail

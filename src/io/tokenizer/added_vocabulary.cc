@@ -48,35 +48,35 @@ void AddedVocabulary::Matcher::build(const std::string& where) {
   for (auto& b : by_first_byte) b.clear();
   std::sort(patterns.begin(), patterns.end());
   for (size_t i = 1; i < patterns.size(); ++i) {
-    METRALE_CHECK(patterns[i].first != patterns[i - 1].first, where, ": added tokens ", patterns[i - 1].second,
-                  " and ", patterns[i].second, " both match the text '", patterns[i].first, "'");
+    METRALE_CHECK(patterns[i].first != patterns[i - 1].first, where, ": added tokens ",
+                  patterns[i - 1].second, " and ", patterns[i].second, " both match the text '",
+                  patterns[i].first, "'");
   }
   for (uint32_t i = 0; i < patterns.size(); ++i) {
     by_first_byte[static_cast<unsigned char>(patterns[i].first[0])].push_back(i);
   }
   for (auto& b : by_first_byte) {
-    std::stable_sort(b.begin(), b.end(),
-                     [&](uint32_t x, uint32_t y) { return patterns[x].first.size() > patterns[y].first.size(); });
+    std::stable_sort(b.begin(), b.end(), [&](uint32_t x, uint32_t y) {
+      return patterns[x].first.size() > patterns[y].first.size();
+    });
   }
   any = !patterns.empty();
 }
 
-void AddedVocabulary::load(const Json& list, const std::string& where, const BpeModel& model,
+void AddedVocabulary::load(const JsonList& list, const BpeModel& model,
                            const Normalizer* normalizer) {
-  if (list.is_null()) return;
-  METRALE_CHECK(list.is_array(), where, ": expected an array, found ", describe(list));
   int64_t next_id = static_cast<int64_t>(model.vocab_size());
   for (size_t i = 0; i < list.size(); ++i) {
-    const std::string at = where + "[" + std::to_string(i) + "]";
-    const Json& j = list[i];
+    const JsonFields j = list.object(i);
     AddedToken t;
-    t.content = get_string(j, "content", at);
-    METRALE_CHECK(utf8_valid_prefix(t.content) == t.content.size(), at, ".content: not valid UTF-8");
-    t.single_word = get_bool(j, "single_word", false, at);
-    t.lstrip = get_bool(j, "lstrip", false, at);
-    t.rstrip = get_bool(j, "rstrip", false, at);
-    t.normalized = get_bool(j, "normalized", true, at);
-    t.special = get_bool(j, "special", false, at);
+    t.content = j.req_string("content");
+    if (utf8_valid_prefix(t.content) != t.content.size())
+      throw j.error("content", "not valid UTF-8");
+    t.single_word = j.bool_or("single_word", false);
+    t.lstrip = j.bool_or("lstrip", false);
+    t.rstrip = j.bool_or("rstrip", false);
+    t.normalized = j.bool_or("normalized", true);
+    t.special = j.bool_or("special", false);
     if (t.content.empty()) continue;
     if (auto it = by_content_.find(t.content); it != by_content_.end()) {
       const AddedToken& old = tokens_[by_id_.at(it->second)];
@@ -92,7 +92,9 @@ void AddedVocabulary::load(const Json& list, const std::string& where, const Bpe
       t.id = static_cast<int32_t>(next_id++);
     }
     Arena arena;
-    t.normalized_content = t.normalized && normalizer ? std::string(normalizer->normalize(t.content, arena)) : t.content;
+    t.normalized_content = t.normalized && normalizer
+                               ? std::string(normalizer->normalize(t.content, arena))
+                               : t.content;
     by_content_[t.content] = t.id;
     if (t.special) special_.insert(t.content);
     if (auto it = by_id_.find(t.id); it != by_id_.end()) {
@@ -103,7 +105,7 @@ void AddedVocabulary::load(const Json& list, const std::string& where, const Bpe
     }
     // HF recomputes its next id from the largest added id after each call; one call here.
   }
-  rebuild_matchers(where);
+  rebuild_matchers(list.where());
 }
 
 void AddedVocabulary::rebuild_matchers(const std::string& where) {
@@ -111,7 +113,8 @@ void AddedVocabulary::rebuild_matchers(const std::string& where) {
   normalized_.patterns.clear();
   for (const AddedToken& t : tokens_) {
     if (t.normalized) {
-      if (!t.normalized_content.empty()) normalized_.patterns.emplace_back(t.normalized_content, t.id);
+      if (!t.normalized_content.empty())
+        normalized_.patterns.emplace_back(t.normalized_content, t.id);
     } else {
       plain_.patterns.emplace_back(t.content, t.id);
     }

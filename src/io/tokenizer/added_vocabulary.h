@@ -11,6 +11,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "io/json/json_fields.h"
 #include "io/tokenizer/bpe_model.h"
 #include "io/tokenizer/normalizer.h"
 #include "io/tokenizer/pipeline.h"
@@ -34,7 +35,7 @@ class AddedVocabulary {
   // Parses "added_tokens" and assigns ids like HF: an existing id (added or model vocabulary)
   // when the content is known, else the next free id after the model's vocabulary. The ids
   // written in the JSON are not trusted, exactly as HF ignores them.
-  void load(const Json& list, const std::string& where, const BpeModel& model, const Normalizer* normalizer);
+  void load(const JsonList& list, const BpeModel& model, const Normalizer* normalizer);
 
   // Cuts the tokens of one set (normalized or not) out of `s`, appending pieces to `out`.
   void split(const Split& s, bool normalized_set, std::vector<Split>& out) const;
@@ -43,7 +44,9 @@ class AddedVocabulary {
   // The token HF's decode sees for `id` (normalized content for normalized tokens), or null.
   const std::string* id_to_token(int32_t id) const;
   const AddedToken* by_id(int32_t id) const;
-  bool is_special_content(std::string_view token) const { return special_.count(std::string(token)) != 0; }
+  bool is_special_content(std::string_view token) const {
+    return special_.count(std::string(token)) != 0;
+  }
   const std::vector<AddedToken>& tokens() const { return tokens_; }
 
  private:

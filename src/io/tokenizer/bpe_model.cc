@@ -1,6 +1,7 @@
 #include "io/tokenizer/bpe_model.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "io/tokenizer/utf8.h"
 
@@ -50,33 +51,28 @@ void PairMap::insert_or_assign(int32_t a, int32_t b, Value v) {
   }
 }
 
-std::unique_ptr<BpeModel> BpeModel::from_json(const Json& j, const std::string& where) {
+std::unique_ptr<BpeModel> BpeModel::from_json(const JsonFields& j) {
   auto m = std::unique_ptr<BpeModel>(new BpeModel());
-  if (auto it = j.find("dropout"); it != j.end() && !it->is_null()) {
-    METRALE_CHECK(it->is_number() && it->get<double>() == 0.0, where,
-                  ".dropout: BPE dropout is not supported (expected null), found ", it->dump());
+  if (std::optional<double> dropout = j.opt_number("dropout"); dropout && *dropout != 0.0) {
+    throw j.error("dropout", "BPE dropout is not supported (expected null), found ", *dropout);
   }
-  auto optional_string = [&](const char* key) -> std::optional<std::string> {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return std::nullopt;
-    METRALE_CHECK(it->is_string(), where, ".", key, ": expected a string or null, found ", describe(*it));
-    return it->get<std::string>();
-  };
-  m->unk_token_ = optional_string("unk_token");
-  m->prefix_ = optional_string("continuing_subword_prefix");
-  m->suffix_ = optional_string("end_of_word_suffix");
-  m->fuse_unk_ = get_bool(j, "fuse_unk", false, where);
-  m->byte_fallback_ = get_bool(j, "byte_fallback", false, where);
-  m->ignore_merges_ = get_bool(j, "ignore_merges", false, where);
+  m->unk_token_ = j.opt_string("unk_token");
+  m->prefix_ = j.opt_string("continuing_subword_prefix");
+  m->suffix_ = j.opt_string("end_of_word_suffix");
+  m->fuse_unk_ = j.bool_or("fuse_unk", false);
+  m->byte_fallback_ = j.bool_or("byte_fallback", false);
+  m->ignore_merges_ = j.bool_or("ignore_merges", false);
 
-  const Json& vocab = field(j, "vocab", where);
-  METRALE_CHECK(vocab.is_object(), where, ".vocab: expected an object of token -> id, found ", describe(vocab));
-  m->vocab_.reserve(vocab.size());
+  const JsonFields vocab = j.req_object("vocab");
+  m->vocab_.reserve(vocab.object().size());
   int64_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    METRALE_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() < kMaxId, where,
-                  ".vocab['", it.key(), "']: expected an id in [0, ", kMaxId, "), found ", it->dump());
-    const auto id = it->get<int64_t>();
+  for (auto it = vocab.object().begin(); it != vocab.object().end(); ++it) {
+    const nlohmann::json& v = it.value();  // read in place: a real vocabulary has 150k entries
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= kMaxId) {
+      throw vocab.error(it.key(), "expected an id in [0, ", kMaxId, "), found ",
+                        describe_json_value(v));
+    }
+    const auto id = v.get<int64_t>();
     m->vocab_[it.key()] = static_cast<int32_t>(id);
     max_id = std::max(max_id, id);
   }
@@ -88,13 +84,13 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const Json& j, const std::string& 
   }
   if (m->unk_token_) m->unk_id_ = m->token_to_id(*m->unk_token_);
 
-  const Json& merges = get_array(j, "merges", where);
+  const JsonList merges = j.req_list("merges");
   m->merges_.reserve(merges.size());
   const size_t prefix_len = m->prefix_ ? m->prefix_->size() : 0;
   uint32_t rank = 0;
   for (size_t i = 0; i < merges.size(); ++i) {
-    const Json& e = merges[i];
-    const std::string at = where + ".merges[" + std::to_string(i) + "]";
+    const nlohmann::json& e = merges[i];
+    const std::string at = merges.where(i);
     std::string a, b;
     if (e.is_string()) {
       const std::string line = e.get<std::string>();
@@ -106,7 +102,8 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const Json& j, const std::string& 
       b = line.substr(sp + 1);
     } else {
       METRALE_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), at,
-                    ": expected a \"left right\" string or a [left, right] pair, found ", e.dump());
+                    ": expected a \"left right\" string or a [left, right] pair, found ",
+                    describe_json_value(e));
       a = e[0].get<std::string>();
       b = e[1].get<std::string>();
     }
@@ -115,7 +112,8 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const Json& j, const std::string& 
       METRALE_CHECK(id.has_value(), at, ": token '", t, "' is not in the vocabulary");
       return *id;
     };
-    METRALE_CHECK(b.size() >= prefix_len, at, ": right token '", b, "' is shorter than continuing_subword_prefix");
+    METRALE_CHECK(b.size() >= prefix_len, at, ": right token '", b,
+                  "' is shorter than continuing_subword_prefix");
     const int32_t left = id_of(a), right = id_of(b);
     const int32_t merged = id_of(a + b.substr(prefix_len));
     m->merges_.insert_or_assign(left, right, {rank++, merged});
@@ -127,7 +125,8 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const Json& j, const std::string& 
     m->byte_fallback_ids_[b] = m->token_to_id(code).value_or(-1);
     for (size_t kind = 0; kind < 4; ++kind) {
       const bool first = (kind & 1) == 0, last = (kind & 2) != 0;
-      std::string s = (!first && m->prefix_ ? *m->prefix_ : "") + byte_to_utf8()[b] + (last && m->suffix_ ? *m->suffix_ : "");
+      std::string s = (!first && m->prefix_ ? *m->prefix_ : "") + byte_to_utf8()[b] +
+                      (last && m->suffix_ ? *m->suffix_ : "");
       m->byte_ids_[kind][b] = m->token_to_id(s).value_or(-1);
     }
   }
@@ -141,7 +140,8 @@ std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
 }
 
 const std::string* BpeModel::id_to_token(int32_t id) const {
-  if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size() || !has_id_[static_cast<size_t>(id)]) return nullptr;
+  if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size() || !has_id_[static_cast<size_t>(id)])
+    return nullptr;
   return &id_to_token_[static_cast<size_t>(id)];
 }
 
@@ -176,7 +176,8 @@ void BpeModel::add_char_slow(std::string_view s, uint32_t byte_len, std::vector<
     }
   }
   if (!unk_token_) return;  // no unk token: HF silently drops the character
-  METRALE_CHECK(unk_id_.has_value(), "BPE model: unk_token '", *unk_token_, "' is not in the vocabulary");
+  METRALE_CHECK(unk_id_.has_value(), "BPE model: unk_token '", *unk_token_,
+                "' is not in the vocabulary");
   if (unk && fuse_unk_) {
     unk->second += byte_len;
     return;
@@ -190,7 +191,8 @@ void BpeModel::merge_all(std::vector<Symbol>& syms) const {
   heap.clear();
   const auto n = static_cast<int32_t>(syms.size());
   for (int32_t i = 0; i + 1 < n; ++i) {
-    if (const PairMap::Value* m = merges_.find(syms[i].id, syms[i + 1].id)) heap.push_back({m->rank, i, m->id});
+    if (const PairMap::Value* m = merges_.find(syms[i].id, syms[i + 1].id))
+      heap.push_back({m->rank, i, m->id});
   }
   std::make_heap(heap.begin(), heap.end(), heap_less);
   while (!heap.empty()) {
@@ -256,7 +258,8 @@ void BpeModel::merge_word(std::string_view word, bool byte_level, std::vector<in
   } else {
     for (size_t i = 0; i < word.size();) {
       const size_t n = utf8_len(static_cast<unsigned char>(word[i]));
-      add_char_slow(affixed(word.substr(i, n), i == 0, i + n == word.size()), static_cast<uint32_t>(n), syms, unk);
+      add_char_slow(affixed(word.substr(i, n), i == 0, i + n == word.size()),
+                    static_cast<uint32_t>(n), syms, unk);
       i += n;
     }
   }
@@ -295,7 +298,9 @@ void BpeModel::tokenize(std::string_view word, bool byte_level, std::vector<int3
     if (lock.owns_lock()) {
       // Full: start over rather than stop caching, so a long-running process keeps adapting.
       if (cache_.size() >= kCacheCapacity) cache_.clear();
-      cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(begin), out.end()));
+      cache_.emplace(
+          std::string(word),
+          std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(begin), out.end()));
     }
   }
 }

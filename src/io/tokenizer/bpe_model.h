@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "io/tokenizer/json_util.h"
+#include "io/json/json_fields.h"
 
 namespace metrale::tok {
 
@@ -46,7 +46,9 @@ class PairMap {
   static uint64_t pack(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
-  size_t slot(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+  size_t slot(uint64_t key) const {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
   std::vector<uint64_t> keys_;
   std::vector<Value> values_;
   size_t mask_ = 0, size_ = 0;
@@ -55,8 +57,8 @@ class PairMap {
 
 class BpeModel {
  public:
-  // Parses the "model" object; `where` names it in errors.
-  static std::unique_ptr<BpeModel> from_json(const Json& j, const std::string& where);
+  // Parses the "model" object.
+  static std::unique_ptr<BpeModel> from_json(const JsonFields& j);
 
   // Appends the ids of one pre-tokenized word. With `byte_level`, `word` is raw bytes and each
   // byte stands for its GPT-2 character.

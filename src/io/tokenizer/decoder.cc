@@ -1,5 +1,7 @@
 #include "io/tokenizer/decoder.h"
 
+#include <optional>
+
 #include "io/tokenizer/regex.h"
 #include "io/tokenizer/utf8.h"
 
@@ -65,7 +67,8 @@ class MetaspaceDecoder final : public Decoder {
 
 class ReplaceDecoder final : public Decoder {
  public:
-  ReplaceDecoder(Regex re, std::string content) : re_(std::move(re)), content_(std::move(content)) {}
+  ReplaceDecoder(Regex re, std::string content)
+      : re_(std::move(re)), content_(std::move(content)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::vector<Match> matches;
     for (std::string& t : tokens) {
@@ -113,7 +116,8 @@ class ByteFallbackDecoder final : public Decoder {
       if (utf8_valid_prefix(pending) == pending.size()) {
         out.push_back(pending);
       } else {
-        for (size_t k = 0; k < pending.size(); ++k) out.emplace_back("\xEF\xBF\xBD");  // one U+FFFD per byte
+        for (size_t k = 0; k < pending.size(); ++k)
+          out.emplace_back("\xEF\xBF\xBD");  // one U+FFFD per byte
       }
       pending.clear();
     };
@@ -142,7 +146,8 @@ class FuseDecoder final : public Decoder {
 
 class StripDecoder final : public Decoder {
  public:
-  StripDecoder(char32_t content, size_t start, size_t stop) : content_(content), start_(start), stop_(stop) {}
+  StripDecoder(char32_t content, size_t start, size_t stop)
+      : content_(content), start_(start), stop_(stop) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) {
       std::vector<std::pair<size_t, char32_t>> chars;  // (byte offset, code point)
@@ -153,7 +158,8 @@ class StripDecoder final : public Decoder {
         i += n;
       }
       size_t cut_start = 0, cut_stop = chars.size();
-      for (size_t i = 0; i < start_ && i < chars.size() && chars[i].second == content_; ++i) cut_start = i + 1;
+      for (size_t i = 0; i < start_ && i < chars.size() && chars[i].second == content_; ++i)
+        cut_start = i + 1;
       for (size_t i = 0; i < stop_ && i < chars.size(); ++i) {
         const size_t idx = chars.size() - i - 1;
         if (chars[idx].second != content_) break;
@@ -200,7 +206,8 @@ class BpeSuffixDecoder final : public Decoder {
 
 class SequenceDecoder final : public Decoder {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts)
+      : parts_(std::move(parts)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
   }
@@ -211,57 +218,45 @@ class SequenceDecoder final : public Decoder {
 
 }  // namespace
 
-std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where) {
-  if (j.is_null()) return nullptr;
-  const std::string type = type_of(j, where);
+std::unique_ptr<Decoder> make_decoder(const JsonFields& j) {
+  const std::string type = j.req_string("type");
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "Metaspace") {
     bool strip_first = true;
-    if (j.contains("prepend_scheme")) strip_first = get_string(j, "prepend_scheme", where) != "never";
-    if (!get_bool(j, "add_prefix_space", true, where)) strip_first = false;
-    return std::make_unique<MetaspaceDecoder>(get_string(j, "replacement", where), strip_first);
+    if (std::optional<std::string> scheme = j.opt_string("prepend_scheme"))
+      strip_first = *scheme != "never";
+    if (!j.bool_or("add_prefix_space", true)) strip_first = false;
+    return std::make_unique<MetaspaceDecoder>(j.req_string("replacement"), strip_first);
   }
   if (type == "Replace") {
-    const Json& pattern = field(j, "pattern", where);
-    std::string content = get_string(j, "content", where);
-    if (pattern.contains("String")) {
-      return std::make_unique<ReplaceDecoder>(Regex::literal(get_string(pattern, "String", where + ".pattern"), where),
-                                              std::move(content));
-    }
-    return std::make_unique<ReplaceDecoder>(
-        Regex::compile(get_string(pattern, "Regex", where + ".pattern"), where + ".pattern"), std::move(content));
+    return std::make_unique<ReplaceDecoder>(pattern_field(j), j.req_string("content"));
   }
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip") {
-    const std::string content = get_string(j, "content", where);
+    const std::string content = j.req_string("content");
     char32_t c = 0;
     METRALE_CHECK(!content.empty() && utf8_valid_prefix(content) == content.size() &&
                       utf8_decode(content, 0, &c) == content.size(),
-                  where, ".content: expected one character, found '", content, "'");
-    auto count = [&](const char* key) {
-      const Json& v = field(j, key, where);
-      METRALE_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), where, ".", key,
-                    ": expected a non-negative integer, found ", v.dump());
-      return v.get<size_t>();
-    };
-    return std::make_unique<StripDecoder>(c, count("start"), count("stop"));
+                  j.where("content"), ": expected one character, found '", content, "'");
+    const auto start = static_cast<size_t>(j.req_int("start", 0));
+    const auto stop = static_cast<size_t>(j.req_int("stop", 0));
+    return std::make_unique<StripDecoder>(c, start, stop);
   }
   if (type == "BPEDecoder") {
-    auto it = j.find("suffix");
-    return std::make_unique<BpeSuffixDecoder>(it != j.end() && it->is_string() ? it->get<std::string>() : "</w>");
+    return std::make_unique<BpeSuffixDecoder>(j.opt_string("suffix").value_or("</w>"));
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> parts;
-    const Json& list = get_array(j, "decoders", where);
+    const JsonList list = j.req_list("decoders");
     for (size_t i = 0; i < list.size(); ++i) {
-      auto p = make_decoder(list[i], where + ".decoders[" + std::to_string(i) + "]");
-      if (p) parts.push_back(std::move(p));
+      if (std::optional<JsonFields> part = list.opt_object(i)) parts.push_back(make_decoder(*part));
     }
     return std::make_unique<SequenceDecoder>(std::move(parts));
   }
-  throw make_error(where, ": unsupported decoder type '", type,
-                   "' (supported: ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, BPEDecoder, Sequence)");
+  throw j.error("type", "unsupported decoder type '", type,
+                "' (supported: ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, "
+                "BPEDecoder, Sequence)");
 }
 
 }  // namespace metrale::tok

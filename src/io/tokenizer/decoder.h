@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "io/tokenizer/json_util.h"
+#include "io/json/json_fields.h"
 
 namespace metrale::tok {
 
@@ -15,6 +15,6 @@ class Decoder {
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
 };
 
-std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where);
+std::unique_ptr<Decoder> make_decoder(const JsonFields& j);
 
 }  // namespace metrale::tok

@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "io/tokenizer/regex.h"
@@ -17,8 +18,9 @@ namespace {
 // exhaustively against utf8proc in normalizer_test.cc.
 bool inert_code_point(char32_t c) {
   return c < 0x300 || (c >= 0x3000 && c <= 0x3029) || (c >= 0x3030 && c <= 0x303F) ||
-         (c >= 0x3041 && c <= 0x3096) || (c >= 0x30A1 && c <= 0x30FA) || (c >= 0x4E00 && c <= 0x9FFF) ||
-         (c >= 0xAC00 && c <= 0xD7A3) || (c >= 0xFF01 && c <= 0xFF60) || (c >= 0x1F300 && c <= 0x1FAFF);
+         (c >= 0x3041 && c <= 0x3096) || (c >= 0x30A1 && c <= 0x30FA) ||
+         (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0xAC00 && c <= 0xD7A3) ||
+         (c >= 0xFF01 && c <= 0xFF60) || (c >= 0x1F300 && c <= 0x1FAFF);
 }
 
 bool is_ascii(std::string_view s) {
@@ -41,7 +43,8 @@ class UnicodeNormalizer final : public Normalizer {
 
 class ReplaceNormalizer final : public Normalizer {
  public:
-  ReplaceNormalizer(Regex re, std::string content) : re_(std::move(re)), content_(std::move(content)) {}
+  ReplaceNormalizer(Regex re, std::string content)
+      : re_(std::move(re)), content_(std::move(content)) {}
   std::string_view normalize(std::string_view in, Arena& arena) const override {
     thread_local std::vector<Match> matches;
     matches.clear();
@@ -136,7 +139,8 @@ class ByteLevelNormalizer final : public Normalizer {
 
 class SequenceNormalizer final : public Normalizer {
  public:
-  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts)
+      : parts_(std::move(parts)) {}
   std::string_view normalize(std::string_view in, Arena& arena) const override {
     for (const auto& p : parts_) in = p->normalize(in, arena);
     return in;
@@ -164,11 +168,16 @@ bool nfc_inert(std::string_view text) {
 
 std::string unicode_normalize(std::string_view text, std::string_view form) {
   int options = UTF8PROC_STABLE;
-  if (form == "NFC") options |= UTF8PROC_COMPOSE;
-  else if (form == "NFD") options |= UTF8PROC_DECOMPOSE;
-  else if (form == "NFKC") options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
-  else if (form == "NFKD") options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-  else throw make_error("unknown Unicode normalization form '", form, "'");
+  if (form == "NFC")
+    options |= UTF8PROC_COMPOSE;
+  else if (form == "NFD")
+    options |= UTF8PROC_DECOMPOSE;
+  else if (form == "NFKC")
+    options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+  else if (form == "NFKD")
+    options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+  else
+    throw make_error("unknown Unicode normalization form '", form, "'");
   utf8proc_uint8_t* out = nullptr;
   const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
                                           static_cast<utf8proc_ssize_t>(text.size()), &out,
@@ -179,40 +188,33 @@ std::string unicode_normalize(std::string_view text, std::string_view form) {
   return result;
 }
 
-std::unique_ptr<Normalizer> make_normalizer(const Json& j, const std::string& where) {
-  if (j.is_null()) return nullptr;
-  const std::string type = type_of(j, where);
+std::unique_ptr<Normalizer> make_normalizer(const JsonFields& j) {
+  const std::string type = j.req_string("type");
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     return std::make_unique<UnicodeNormalizer>(type);
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Normalizer>> parts;
-    const Json& list = get_array(j, "normalizers", where);
+    const JsonList list = j.req_list("normalizers");
     for (size_t i = 0; i < list.size(); ++i) {
-      auto p = make_normalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]");
-      if (p) parts.push_back(std::move(p));
+      if (std::optional<JsonFields> part = list.opt_object(i))
+        parts.push_back(make_normalizer(*part));
     }
     return std::make_unique<SequenceNormalizer>(std::move(parts));
   }
   if (type == "Replace") {
-    const Json& pattern = field(j, "pattern", where);
-    std::string content = get_string(j, "content", where);
-    if (pattern.contains("String")) {
-      return std::make_unique<ReplaceNormalizer>(
-          Regex::literal(get_string(pattern, "String", where + ".pattern"), where), std::move(content));
-    }
-    return std::make_unique<ReplaceNormalizer>(
-        Regex::compile(get_string(pattern, "Regex", where + ".pattern"), where + ".pattern"), std::move(content));
+    return std::make_unique<ReplaceNormalizer>(pattern_field(j), j.req_string("content"));
   }
-  if (type == "Prepend") return std::make_unique<PrependNormalizer>(get_string(j, "prepend", where));
+  if (type == "Prepend") return std::make_unique<PrependNormalizer>(j.req_string("prepend"));
   if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
   if (type == "Strip") {
-    return std::make_unique<StripNormalizer>(get_bool(j, "strip_left", true, where),
-                                             get_bool(j, "strip_right", true, where));
+    return std::make_unique<StripNormalizer>(j.bool_or("strip_left", true),
+                                             j.bool_or("strip_right", true));
   }
   if (type == "ByteLevel") return std::make_unique<ByteLevelNormalizer>();
-  throw make_error(where, ": unsupported normalizer type '", type,
-                   "' (supported: NFC, NFD, NFKC, NFKD, Sequence, Replace, Prepend, Lowercase, Strip, ByteLevel)");
+  throw j.error("type", "unsupported normalizer type '", type,
+                "' (supported: NFC, NFD, NFKC, NFKD, Sequence, Replace, Prepend, Lowercase, Strip, "
+                "ByteLevel)");
 }
 
 }  // namespace metrale::tok

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "io/tokenizer/json_util.h"
+#include "io/json/json_fields.h"
 #include "io/tokenizer/pipeline.h"
 
 namespace metrale::tok {
@@ -17,9 +17,9 @@ class Normalizer {
   virtual std::string_view normalize(std::string_view in, Arena& arena) const = 0;
 };
 
-// Builds the normalizer described by `j`; null JSON gives nullptr. `where` names the field
-// for errors (an unknown "type" is reported with its name).
-std::unique_ptr<Normalizer> make_normalizer(const Json& j, const std::string& where);
+// Builds the normalizer the object `j` describes; errors name its path (an unknown "type" is
+// reported with its name).
+std::unique_ptr<Normalizer> make_normalizer(const JsonFields& j);
 
 // Unicode normalization of valid UTF-8 (exposed for tests). `form` is "NFC", "NFD", "NFKC"
 // or "NFKD".

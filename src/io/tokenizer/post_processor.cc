@@ -1,6 +1,9 @@
 #include "io/tokenizer/post_processor.h"
 
+#include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 namespace metrale::tok {
 
@@ -23,7 +26,8 @@ class WrapProcessor final : public PostProcessor {
 
 class SequenceProcessor final : public PostProcessor {
  public:
-  explicit SequenceProcessor(std::vector<std::unique_ptr<PostProcessor>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceProcessor(std::vector<std::unique_ptr<PostProcessor>> parts)
+      : parts_(std::move(parts)) {}
   void process(std::vector<int32_t>& ids) const override {
     for (const auto& p : parts_) p->process(ids);
   }
@@ -49,45 +53,48 @@ class SequenceProcessor final : public PostProcessor {
 };
 
 // Reads a ["token", id] pair (Bert/Roberta "cls" and "sep").
-int32_t pair_id(const Json& j, const char* key, const std::string& where) {
-  const Json& v = field(j, key, where);
-  METRALE_CHECK(v.is_array() && v.size() == 2 && v[1].is_number_integer(), where, ".", key,
-                ": expected [token, id], found ", v.dump());
-  return v[1].get<int32_t>();
+int32_t pair_id(const JsonFields& j, const char* key) {
+  const JsonList pair = j.req_list(key);
+  if (pair.size() != 2 || !pair[1].is_number_integer() || pair[1].get<int64_t>() < 0 ||
+      pair[1].get<int64_t>() > INT32_MAX) {
+    throw j.error(key, "expected [token, id] with an id in [0, 2^31), found ",
+                  describe_json_value(j.object().at(key)));
+  }
+  return pair[1].get<int32_t>();
 }
 
-std::unique_ptr<PostProcessor> make_template(const Json& j, const std::string& where) {
+std::unique_ptr<PostProcessor> make_template(const JsonFields& j) {
   std::map<std::string, std::vector<int32_t>> specials;
-  if (auto it = j.find("special_tokens"); it != j.end() && !it->is_null()) {
-    METRALE_CHECK(it->is_object(), where, ".special_tokens: expected an object, found ", describe(*it));
-    for (auto s = it->begin(); s != it->end(); ++s) {
-      const std::string at = where + ".special_tokens['" + s.key() + "']";
-      const Json& ids = get_array(*s, "ids", at);
-      std::vector<int32_t> v;
-      for (const Json& id : ids) {
-        METRALE_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, at, ".ids: expected non-negative ids, found ",
-                      id.dump());
-        v.push_back(id.get<int32_t>());
+  if (std::optional<JsonFields> tokens = j.opt_object("special_tokens")) {
+    for (auto it = tokens->object().begin(); it != tokens->object().end(); ++it) {
+      const JsonFields special = tokens->req_object(it.key());
+      const std::optional<std::vector<int64_t>> ids = special.opt_int_list("ids", 0);
+      if (!ids) throw special.missing("ids", "a list of token ids");
+      std::vector<int32_t>& v = specials[it.key()];
+      for (int64_t id : *ids) {
+        if (id > INT32_MAX) throw special.error("ids", "expected token ids below 2^31, found ", id);
+        v.push_back(static_cast<int32_t>(id));
       }
-      specials[s.key()] = std::move(v);
     }
   }
-  const Json& single = get_array(j, "single", where);
+  const JsonList single = j.req_list("single");
   std::vector<int32_t> prefix, suffix;
   bool seen_sequence = false;
   for (size_t i = 0; i < single.size(); ++i) {
-    const std::string at = where + ".single[" + std::to_string(i) + "]";
-    const Json& piece = single[i];
-    if (piece.contains("Sequence")) {
-      METRALE_CHECK(!seen_sequence, at, ": the single template holds more than one sequence");
+    const JsonFields piece = single.object(i);
+    if (piece.has("Sequence")) {
+      if (seen_sequence) throw single.error(i, "the single template holds more than one sequence");
       seen_sequence = true;
       continue;
     }
-    METRALE_CHECK(piece.contains("SpecialToken"), at, ": expected a Sequence or SpecialToken piece, found ",
-                  piece.dump());
-    const std::string name = get_string(piece["SpecialToken"], "id", at + ".SpecialToken");
+    if (!piece.has("SpecialToken")) {
+      throw single.error(i, "expected a Sequence or SpecialToken piece, found ",
+                         describe_json_value(single[i]));
+    }
+    const std::string name = piece.req_object("SpecialToken").req_string("id");
     auto it = specials.find(name);
-    METRALE_CHECK(it != specials.end(), at, ": special token '", name, "' is missing from special_tokens");
+    if (it == specials.end())
+      throw single.error(i, "special token '", name, "' is missing from special_tokens");
     auto& dst = seen_sequence ? suffix : prefix;
     dst.insert(dst.end(), it->second.begin(), it->second.end());
   }
@@ -96,26 +103,27 @@ std::unique_ptr<PostProcessor> make_template(const Json& j, const std::string& w
 
 }  // namespace
 
-std::unique_ptr<PostProcessor> make_post_processor(const Json& j, const std::string& where) {
-  if (j.is_null()) return nullptr;
-  const std::string type = type_of(j, where);
-  if (type == "ByteLevel") return std::make_unique<WrapProcessor>(std::vector<int32_t>{}, std::vector<int32_t>{});
-  if (type == "TemplateProcessing") return make_template(j, where);
+std::unique_ptr<PostProcessor> make_post_processor(const JsonFields& j) {
+  const std::string type = j.req_string("type");
+  if (type == "ByteLevel")
+    return std::make_unique<WrapProcessor>(std::vector<int32_t>{}, std::vector<int32_t>{});
+  if (type == "TemplateProcessing") return make_template(j);
   if (type == "BertProcessing" || type == "RobertaProcessing") {
-    return std::make_unique<WrapProcessor>(std::vector<int32_t>{pair_id(j, "cls", where)},
-                                           std::vector<int32_t>{pair_id(j, "sep", where)});
+    return std::make_unique<WrapProcessor>(std::vector<int32_t>{pair_id(j, "cls")},
+                                           std::vector<int32_t>{pair_id(j, "sep")});
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<PostProcessor>> parts;
-    const Json& list = get_array(j, "processors", where);
+    const JsonList list = j.req_list("processors");
     for (size_t i = 0; i < list.size(); ++i) {
-      auto p = make_post_processor(list[i], where + ".processors[" + std::to_string(i) + "]");
-      if (p) parts.push_back(std::move(p));
+      if (std::optional<JsonFields> part = list.opt_object(i))
+        parts.push_back(make_post_processor(*part));
     }
     return std::make_unique<SequenceProcessor>(std::move(parts));
   }
-  throw make_error(where, ": unsupported post-processor type '", type,
-                   "' (supported: ByteLevel, TemplateProcessing, BertProcessing, RobertaProcessing, Sequence)");
+  throw j.error(
+      "type", "unsupported post-processor type '", type,
+      "' (supported: ByteLevel, TemplateProcessing, BertProcessing, RobertaProcessing, Sequence)");
 }
 
 }  // namespace metrale::tok

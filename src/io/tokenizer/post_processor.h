@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "io/tokenizer/json_util.h"
+#include "io/json/json_fields.h"
 
 namespace metrale::tok {
 
@@ -20,6 +20,6 @@ class PostProcessor {
   virtual std::vector<int32_t> suffix_ids() const { return {}; }
 };
 
-std::unique_ptr<PostProcessor> make_post_processor(const Json& j, const std::string& where);
+std::unique_ptr<PostProcessor> make_post_processor(const JsonFields& j);
 
 }  // namespace metrale::tok

@@ -1,5 +1,7 @@
 #include "io/tokenizer/pre_tokenizer.h"
 
+#include <optional>
+
 #include "io/tokenizer/utf8.h"
 
 namespace metrale::tok {
@@ -27,7 +29,8 @@ void rebuild(std::vector<Split>& splits, Fn&& fn) {
   splits.swap(next);
 }
 
-void segments_from_matches(const std::vector<Match>& matches, size_t len, bool invert, std::vector<Segment>& out) {
+void segments_from_matches(const std::vector<Match>& matches, size_t len, bool invert,
+                           std::vector<Segment>& out) {
   out.clear();
   uint32_t prev = 0;
   for (const Match& m : matches) {
@@ -39,7 +42,8 @@ void segments_from_matches(const std::vector<Match>& matches, size_t len, bool i
 }
 
 // Splits around `re` matches.
-void split_by_regex(const Regex& re, const Split& s, SplitBehavior behavior, bool invert, std::vector<Split>& out) {
+void split_by_regex(const Regex& re, const Split& s, SplitBehavior behavior, bool invert,
+                    std::vector<Split>& out) {
   thread_local std::vector<Match> matches;
   thread_local std::vector<Segment> segments;
   matches.clear();
@@ -48,14 +52,15 @@ void split_by_regex(const Regex& re, const Split& s, SplitBehavior behavior, boo
   split_segments(s, segments, behavior, out);
 }
 
-SplitBehavior parse_behavior(const std::string& name, const std::string& where) {
+SplitBehavior parse_behavior(const JsonFields& j) {
+  const std::string name = j.req_string("behavior");
   if (name == "Removed") return SplitBehavior::kRemoved;
   if (name == "Isolated") return SplitBehavior::kIsolated;
   if (name == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
   if (name == "MergedWithNext") return SplitBehavior::kMergedWithNext;
   if (name == "Contiguous") return SplitBehavior::kContiguous;
-  throw make_error(where, ".behavior: unknown split behavior '", name,
-                   "' (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous)");
+  throw j.error("behavior", "unknown split behavior '", name,
+                "' (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous)");
 }
 
 class SplitPreTokenizer final : public PreTokenizer {
@@ -63,7 +68,9 @@ class SplitPreTokenizer final : public PreTokenizer {
   SplitPreTokenizer(Regex re, SplitBehavior behavior, bool invert)
       : re_(std::move(re)), behavior_(behavior), invert_(invert) {}
   void pre_tokenize(std::vector<Split>& splits, Arena&) const override {
-    rebuild(splits, [&](const Split& s, std::vector<Split>& out) { split_by_regex(re_, s, behavior_, invert_, out); });
+    rebuild(splits, [&](const Split& s, std::vector<Split>& out) {
+      split_by_regex(re_, s, behavior_, invert_, out);
+    });
   }
 
  private:
@@ -79,7 +86,8 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
   void pre_tokenize(std::vector<Split>& splits, Arena& arena) const override {
     static const Regex gpt2 = Regex::compile(kGpt2Pattern, "ByteLevel pre-tokenizer");
     rebuild(splits, [&](Split s, std::vector<Split>& out) {
-      if (add_prefix_space_ && s.text.front() != ' ') s.text = arena.keep(" " + std::string(s.text));
+      if (add_prefix_space_ && s.text.front() != ' ')
+        s.text = arena.keep(" " + std::string(s.text));
       if (use_regex_) {
         split_by_regex(gpt2, s, SplitBehavior::kIsolated, false, out);
       } else {
@@ -123,8 +131,10 @@ class DigitsPreTokenizer final : public PreTokenizer {
         }
         i += n;
       }
-      if (last < s.text.size()) segments.push_back({last, static_cast<uint32_t>(s.text.size()), false});
-      split_segments(s, segments, individual_ ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, out);
+      if (last < s.text.size())
+        segments.push_back({last, static_cast<uint32_t>(s.text.size()), false});
+      split_segments(s, segments,
+                     individual_ ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, out);
     });
   }
 
@@ -153,7 +163,8 @@ class MetaspacePreTokenizer final : public PreTokenizer {
         s.text = arena.keep(std::move(replaced));
       }
       const bool starts = s.text.substr(0, replacement_.size()) == replacement_;
-      if (!starts && (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && s.at_start))) {
+      if (!starts &&
+          (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && s.at_start))) {
         s.text = arena.keep(replacement_ + std::string(s.text));
       }
       if (!split_) {
@@ -165,10 +176,12 @@ class MetaspacePreTokenizer final : public PreTokenizer {
       for (size_t pos = s.text.find(replacement_); pos != std::string_view::npos;
            pos = s.text.find(replacement_, pos + replacement_.size())) {
         if (last < pos) segments.push_back({last, static_cast<uint32_t>(pos), false});
-        segments.push_back({static_cast<uint32_t>(pos), static_cast<uint32_t>(pos + replacement_.size()), true});
+        segments.push_back(
+            {static_cast<uint32_t>(pos), static_cast<uint32_t>(pos + replacement_.size()), true});
         last = static_cast<uint32_t>(pos + replacement_.size());
       }
-      if (last < s.text.size()) segments.push_back({last, static_cast<uint32_t>(s.text.size()), false});
+      if (last < s.text.size())
+        segments.push_back({last, static_cast<uint32_t>(s.text.size()), false});
       split_segments(s, segments, SplitBehavior::kMergedWithNext, out);
     });
   }
@@ -195,11 +208,14 @@ class RegexKeepPreTokenizer final : public PreTokenizer {
 
 class SequencePreTokenizer final : public PreTokenizer {
  public:
-  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts) : parts_(std::move(parts)) {}
+  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts)
+      : parts_(std::move(parts)) {}
   void pre_tokenize(std::vector<Split>& splits, Arena& arena) const override {
     for (const auto& p : parts_) p->pre_tokenize(splits, arena);
   }
-  bool defer_byte_mapping() override { return !parts_.empty() && parts_.back()->defer_byte_mapping(); }
+  bool defer_byte_mapping() override {
+    return !parts_.empty() && parts_.back()->defer_byte_mapping();
+  }
 
  private:
   std::vector<std::unique_ptr<PreTokenizer>> parts_;
@@ -243,7 +259,7 @@ void split_segments(const Split& s, const std::vector<Segment>& segments, SplitB
   }
   for (const Segment& g : segments) {
     const bool merge = behavior == SplitBehavior::kContiguous ? g.is_match == previous_match
-                                                               : g.is_match && !previous_match;
+                                                              : g.is_match && !previous_match;
     if (merge && !ranges.empty()) {
       ranges.back().second = g.end;
     } else {
@@ -254,64 +270,62 @@ void split_segments(const Split& s, const std::vector<Segment>& segments, SplitB
   for (const auto& r : ranges) emit(r.first, r.second);
 }
 
-std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::string& where) {
-  if (j.is_null()) return nullptr;
-  const std::string type = type_of(j, where);
+std::unique_ptr<PreTokenizer> make_pre_tokenizer(const JsonFields& j) {
+  const std::string type = j.req_string("type");
   if (type == "Sequence") {
     std::vector<std::unique_ptr<PreTokenizer>> parts;
-    const Json& list = get_array(j, "pretokenizers", where);
+    const JsonList list = j.req_list("pretokenizers");
     for (size_t i = 0; i < list.size(); ++i) {
-      auto p = make_pre_tokenizer(list[i], where + ".pretokenizers[" + std::to_string(i) + "]");
-      if (p) parts.push_back(std::move(p));
+      if (std::optional<JsonFields> part = list.opt_object(i))
+        parts.push_back(make_pre_tokenizer(*part));
     }
     return std::make_unique<SequencePreTokenizer>(std::move(parts));
   }
   if (type == "Split") {
-    const Json& pattern = field(j, "pattern", where);
-    const SplitBehavior behavior = parse_behavior(get_string(j, "behavior", where), where);
-    const bool invert = get_bool(j, "invert", false, where);
-    if (pattern.contains("String")) {
-      return std::make_unique<SplitPreTokenizer>(
-          Regex::literal(get_string(pattern, "String", where + ".pattern"), where), behavior, invert);
-    }
-    return std::make_unique<SplitPreTokenizer>(
-        Regex::compile(get_string(pattern, "Regex", where + ".pattern"), where + ".pattern"), behavior, invert);
+    const SplitBehavior behavior = parse_behavior(j);
+    const bool invert = j.bool_or("invert", false);
+    return std::make_unique<SplitPreTokenizer>(pattern_field(j), behavior, invert);
   }
   if (type == "ByteLevel") {
-    return std::make_unique<ByteLevelPreTokenizer>(get_bool(j, "add_prefix_space", true, where),
-                                                   get_bool(j, "use_regex", true, where));
+    return std::make_unique<ByteLevelPreTokenizer>(j.bool_or("add_prefix_space", true),
+                                                   j.bool_or("use_regex", true));
   }
-  if (type == "Digits") return std::make_unique<DigitsPreTokenizer>(get_bool(j, "individual_digits", false, where));
+  if (type == "Digits")
+    return std::make_unique<DigitsPreTokenizer>(j.bool_or("individual_digits", false));
   if (type == "Metaspace") {
-    const std::string replacement = get_string(j, "replacement", where);
+    const std::string replacement = j.req_string("replacement");
     char32_t c;
     METRALE_CHECK(!replacement.empty() && utf8_valid_prefix(replacement) == replacement.size() &&
                       utf8_decode(replacement, 0, &c) == replacement.size(),
-                  where, ".replacement: expected one character, found '", replacement, "'");
+                  j.where("replacement"), ": expected one character, found '", replacement, "'");
     PrependScheme scheme = PrependScheme::kAlways;
-    if (j.contains("prepend_scheme")) {
-      const std::string s = get_string(j, "prepend_scheme", where);
-      if (s == "first") scheme = PrependScheme::kFirst;
-      else if (s == "never") scheme = PrependScheme::kNever;
+    if (std::optional<std::string> prepend = j.opt_string("prepend_scheme")) {
+      const std::string& s = *prepend;
+      if (s == "first")
+        scheme = PrependScheme::kFirst;
+      else if (s == "never")
+        scheme = PrependScheme::kNever;
       else if (s != "always")
-        throw make_error(where, ".prepend_scheme: expected always, first or never, found '", s, "'");
+        throw j.error("prepend_scheme", "expected always, first or never, found '", s, "'");
     }
-    if (!get_bool(j, "add_prefix_space", true, where)) {
+    if (!j.bool_or("add_prefix_space", true)) {
       // As in HF, prepend_scheme defaults to "always", so it must say "never" explicitly.
-      METRALE_CHECK(scheme == PrependScheme::kNever, where,
-                    ": add_prefix_space is false but prepend_scheme is not \"never\"");
+      METRALE_CHECK(scheme == PrependScheme::kNever, j.where("add_prefix_space"),
+                    ": false but prepend_scheme is not \"never\"");
       scheme = PrependScheme::kNever;
     }
-    return std::make_unique<MetaspacePreTokenizer>(replacement, scheme, get_bool(j, "split", true, where));
+    return std::make_unique<MetaspacePreTokenizer>(replacement, scheme, j.bool_or("split", true));
   }
   if (type == "Whitespace") {
-    return std::make_unique<RegexKeepPreTokenizer>(Regex::compile(R"(\w+|[^\w\s]+)", where));
+    return std::make_unique<RegexKeepPreTokenizer>(
+        Regex::compile(R"(\w+|[^\w\s]+)", j.where("type")));
   }
   if (type == "WhitespaceSplit") {
-    return std::make_unique<RegexKeepPreTokenizer>(Regex::compile(R"(\S+)", where));
+    return std::make_unique<RegexKeepPreTokenizer>(Regex::compile(R"(\S+)", j.where("type")));
   }
-  throw make_error(where, ": unsupported pre-tokenizer type '", type,
-                   "' (supported: Sequence, Split, ByteLevel, Digits, Metaspace, Whitespace, WhitespaceSplit)");
+  throw j.error(
+      "type", "unsupported pre-tokenizer type '", type,
+      "' (supported: Sequence, Split, ByteLevel, Digits, Metaspace, Whitespace, WhitespaceSplit)");
 }
 
 }  // namespace metrale::tok

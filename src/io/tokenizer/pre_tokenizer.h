@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "io/tokenizer/json_util.h"
+#include "io/json/json_fields.h"
 #include "io/tokenizer/pipeline.h"
 #include "io/tokenizer/regex.h"
 
@@ -23,9 +23,9 @@ class PreTokenizer {
   virtual bool defer_byte_mapping() { return false; }
 };
 
-// Builds the pre-tokenizer of `j`; null JSON gives nullptr. A Sequence is flattened so that
-// a trailing ByteLevel can hand its byte mapping to the model (see Tokenizer).
-std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::string& where);
+// Builds the pre-tokenizer the object `j` describes. A Sequence is flattened so that a
+// trailing ByteLevel can hand its byte mapping to the model (see Tokenizer).
+std::unique_ptr<PreTokenizer> make_pre_tokenizer(const JsonFields& j);
 
 // Splits `s` at `matches` (as produced by Regex::find_all, or flags on single characters)
 // following HF's SplitDelimiterBehavior; appends the non-empty pieces to `out`.

@@ -69,12 +69,24 @@ std::string onig_to_pcre2(std::string_view p) {
         }
       };
       switch (e) {
-        case 's': set(kSpaceSet, false); break;
-        case 'S': set(kSpaceSet, true); break;
-        case 'w': set(kWordSet, false); break;
-        case 'W': set(kWordSet, true); break;
-        case 'h': set(kHexSet, false); break;
-        case 'H': set(kHexSet, true); break;
+        case 's':
+          set(kSpaceSet, false);
+          break;
+        case 'S':
+          set(kSpaceSet, true);
+          break;
+        case 'w':
+          set(kWordSet, false);
+          break;
+        case 'W':
+          set(kWordSet, true);
+          break;
+        case 'h':
+          set(kHexSet, false);
+          break;
+        case 'H':
+          set(kHexSet, true);
+          break;
         default:
           out.push_back('\\');
           out.push_back(e);
@@ -145,10 +157,10 @@ bool Regex::find(std::string_view text, size_t start, Match* m) const {
   ThreadMatchState& st = thread_state();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   // Callers only hand over text that passed UTF-8 validation, so PCRE2 need not re-check it.
-  const int rc = code_->jit ? pcre2_jit_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK,
-                                              st.data, st.context)
-                            : pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK,
-                                          st.data, st.context);
+  const int rc = code_->jit ? pcre2_jit_match(code_->code, subject, text.size(), start,
+                                              PCRE2_NO_UTF_CHECK, st.data, st.context)
+                            : pcre2_match(code_->code, subject, text.size(), start,
+                                          PCRE2_NO_UTF_CHECK, st.data, st.context);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) {
     PCRE2_UCHAR msg[256];
@@ -180,6 +192,13 @@ void Regex::find_all(std::string_view text, std::vector<Match>& out) const {
     have_last = true;
     out.push_back(m);
   }
+}
+
+Regex pattern_field(const JsonFields& owner) {
+  const JsonFields pattern = owner.req_object("pattern");
+  if (pattern.has("String"))
+    return Regex::literal(pattern.req_string("String"), pattern.where("String"));
+  return Regex::compile(pattern.req_string("Regex"), pattern.where("Regex"));
 }
 
 }  // namespace metrale::tok

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "io/json/json_fields.h"
+
 namespace metrale::tok {
 
 struct Match {
@@ -44,6 +46,10 @@ class Regex {
   std::unique_ptr<Code> code_;
   std::string pattern_;
 };
+
+// The "pattern" field of a Split pre-tokenizer, Replace normalizer or Replace decoder:
+// {"String": literal} or {"Regex": oniguruma pattern}.
+Regex pattern_field(const JsonFields& owner);
 
 // Rewrites Oniguruma-only syntax into PCRE2 syntax (exposed for tests).
 std::string onig_to_pcre2(std::string_view pattern);

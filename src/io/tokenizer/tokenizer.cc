@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/json_parse.h"
+#include "io/json/json_parse.h"
 #include "io/tokenizer/added_vocabulary.h"
 #include "io/tokenizer/bpe_model.h"
 #include "io/tokenizer/decoder.h"
@@ -59,34 +59,33 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 }
 
 Tokenizer Tokenizer::from_json(std::string_view json_text, std::string_view origin) {
-  const std::string where(origin);
-  const Json j = parse_json(json_text, where);
-  METRALE_CHECK(j.is_object(), where, ": expected a JSON object, found ", describe(j));
-  if (auto v = j.find("version"); v != j.end()) {
-    METRALE_CHECK(v->is_string() && v->get<std::string>() == "1.0", where, ".version: expected \"1.0\", found ",
-                  v->dump());
+  const nlohmann::json doc = parse_json(json_text, origin);
+  const JsonFields j(doc, std::string(origin));
+  if (std::optional<std::string> version = j.opt_string("version"); version && *version != "1.0") {
+    throw j.error("version", "expected \"1.0\", found \"", *version, "\"");
   }
   auto impl = std::make_unique<Impl>();
-  auto part = [&](const char* key) -> const Json& {
-    static const Json null_json;
-    auto it = j.find(key);
-    return it == j.end() ? null_json : *it;
-  };
-  impl->normalizer = make_normalizer(part("normalizer"), where + ": normalizer");
-  impl->pre_tokenizer = make_pre_tokenizer(part("pre_tokenizer"), where + ": pre_tokenizer");
-  const Json& model = field(j, "model", where);
-  const std::string model_where = where + ": model";
-  const std::string model_type = model.is_object() && model.contains("type") ? get_string(model, "type", model_where) : "BPE";
-  METRALE_CHECK(model_type == "BPE", model_where, ": unsupported model type '", model_type, "' (supported: BPE)");
-  impl->model = BpeModel::from_json(model, model_where);
-  impl->post_processor = make_post_processor(part("post_processor"), where + ": post_processor");
-  impl->decoder = make_decoder(part("decoder"), where + ": decoder");
-  impl->added.load(part("added_tokens"), where + ": added_tokens", *impl->model, impl->normalizer.get());
+  if (std::optional<JsonFields> n = j.opt_object("normalizer"))
+    impl->normalizer = make_normalizer(*n);
+  if (std::optional<JsonFields> p = j.opt_object("pre_tokenizer"))
+    impl->pre_tokenizer = make_pre_tokenizer(*p);
+  const JsonFields model = j.req_object("model");
+  const std::string model_type = model.opt_string("type").value_or("BPE");
+  if (model_type != "BPE")
+    throw model.error("type", "unsupported model type '", model_type, "' (supported: BPE)");
+  impl->model = BpeModel::from_json(model);
+  if (std::optional<JsonFields> p = j.opt_object("post_processor"))
+    impl->post_processor = make_post_processor(*p);
+  if (std::optional<JsonFields> d = j.opt_object("decoder")) impl->decoder = make_decoder(*d);
+  if (std::optional<JsonList> added = j.opt_list("added_tokens")) {
+    impl->added.load(*added, *impl->model, impl->normalizer.get());
+  }
   impl->byte_level_input = impl->pre_tokenizer && impl->pre_tokenizer->defer_byte_mapping();
 
   size_t extra = 0;
   for (const AddedToken& t : impl->added.tokens()) {
-    impl->added_info.push_back({t.content, t.id, t.special, t.single_word, t.lstrip, t.rstrip, t.normalized});
+    impl->added_info.push_back(
+        {t.content, t.id, t.special, t.single_word, t.lstrip, t.rstrip, t.normalized});
     if (!impl->model->token_to_id(t.content)) ++extra;
   }
   impl->vocab_size = impl->model->vocab_size() + extra;
@@ -142,8 +141,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::string* t = m.added.id_to_token(ids[i]);
     if (t == nullptr) t = m.model->id_to_token(ids[i]);
-    METRALE_CHECK(t != nullptr, "decode: ids[", i, "] = ", ids[i], " is not in the vocabulary (ids span [0, ",
-                  id_limit(), "))");
+    METRALE_CHECK(t != nullptr, "decode: ids[", i, "] = ", ids[i],
+                  " is not in the vocabulary (ids span [0, ", id_limit(), "))");
     // HF tests the token's text, so a special token with a different normalized form is kept.
     if (skip_special_tokens && m.added.is_special_content(*t)) continue;
     tokens.push_back(*t);
@@ -177,7 +176,8 @@ size_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
 
 size_t Tokenizer::id_limit() const {
   size_t limit = impl_->model->id_limit();
-  for (const AddedToken& t : impl_->added.tokens()) limit = std::max(limit, static_cast<size_t>(t.id) + 1);
+  for (const AddedToken& t : impl_->added.tokens())
+    limit = std::max(limit, static_cast<size_t>(t.id) + 1);
   return limit;
 }
 

@@ -65,6 +65,25 @@ struct Fixture {
   }
 };
 
+// Decode: row i is the newest token of tables[i].
+void attend_decode(Backend& be, ConstRows q, Rows out, KvLayerView cache, std::span<const KvPageTable> tables,
+                   AttentionShape shape) {
+  std::vector<int32_t> row_seq, pos;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    row_seq.push_back(static_cast<int32_t>(i));
+    pos.push_back(static_cast<int32_t>(tables[i].seq_len - 1));
+  }
+  be.attention({.q = q, .out = out, .cache = cache, .seqs = tables, .row_seq = row_seq, .positions = pos, .shape = shape});
+}
+
+// Prefill: the rows are the newest q.n_rows tokens of `seq`.
+void attend_prefill(Backend& be, ConstRows q, Rows out, KvLayerView cache, KvPageTable seq, AttentionShape shape) {
+  std::vector<int32_t> row_seq(static_cast<size_t>(q.n_rows), 0), pos;
+  for (int64_t r = 0; r < q.n_rows; ++r) pos.push_back(static_cast<int32_t>(seq.seq_len - q.n_rows + r));
+  be.attention({.q = q, .out = out, .cache = cache, .seqs = std::span(&seq, 1), .row_seq = row_seq, .positions = pos,
+                .shape = shape});
+}
+
 const Case kCases[] = {
     {.n_heads = 4, .n_kv_heads = 4, .head_dim = 16, .page_size = 4, .window = 0},
     {.n_heads = 8, .n_kv_heads = 2, .head_dim = 32, .page_size = 16, .window = 0},   // GQA
@@ -96,8 +115,7 @@ TEST(Attention, DecodeMatchesDenseReferenceOnEveryTarget) {
     }
     testing::for_each_target([&] {
       testing::Floats out(ref.size(), 1);
-      be.attention_decode({.q = rows_of(q.data(), 3, width), .out = rows_of(out.data(), 3, width), .cache = f.view(),
-                           .seqs = tables, .shape = f.shape()});
+      attend_decode(be, rows_of(q.data(), 3, width), rows_of(out.data(), 3, width), f.view(), tables, f.shape());
       for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-6f + 2e-5f * std::abs(ref[i])) << i;
     });
   }
@@ -114,12 +132,10 @@ TEST(Attention, CoBatchedDecodeEqualsAlone) {
     std::vector<KvPageTable> tables;
     for (size_t s = 0; s < 4; ++s) tables.push_back(f.table(s, f.lens[s]));
     std::vector<float> batch(static_cast<size_t>(n * width));
-    many.attention_decode({.q = rows_of(q.data(), n, width), .out = rows_of(batch.data(), n, width),
-                           .cache = f.view(), .seqs = tables, .shape = f.shape()});
+    attend_decode(many, rows_of(q.data(), n, width), rows_of(batch.data(), n, width), f.view(), tables, f.shape());
     for (size_t s = 0; s < 4; ++s) {
       std::vector<float> alone(static_cast<size_t>(width));
-      one.attention_decode({.q = rows_of(q.data() + s * width, 1, width), .out = rows_of(alone.data(), 1, width),
-                            .cache = f.view(), .seqs = std::span(tables).subspan(s, 1), .shape = f.shape()});
+      attend_decode(one, rows_of(q.data() + s * width, 1, width), rows_of(alone.data(), 1, width), f.view(), std::span(tables).subspan(s, 1), f.shape());
       for (int64_t i = 0; i < width; ++i) {
         ASSERT_EQ(testing::as_bits(alone[static_cast<size_t>(i)]), testing::as_bits(batch[s * width + static_cast<size_t>(i)]))
             << "seq " << s << " i " << i;
@@ -141,14 +157,14 @@ TEST(Attention, ChunkedPrefillEqualsOnePieceAndReference) {
     std::vector<float> whole(static_cast<size_t>(len * width)), chunked(whole.size());
     testing::for_each_target([&] {
       f.store(be, 0, 0, len);
-      be.attention_prefill({.q = rows_of(q.data(), len, width), .out = rows_of(whole.data(), len, width),
-                            .cache = f.view(), .seq = f.table(0, len), .shape = f.shape()});
+      attend_prefill(be, rows_of(q.data(), len, width), rows_of(whole.data(), len, width), f.view(), f.table(0, len),
+                     f.shape());
       int64_t done = 0;
       for (int64_t chunk : {1, 5, 11, 12, 48}) {
         f.store(be, 0, done, done + chunk);
-        be.attention_prefill({.q = rows_of(q.data() + done * width, chunk, width),
-                              .out = rows_of(chunked.data() + done * width, chunk, width), .cache = f.view(),
-                              .seq = f.table(0, done + chunk), .shape = f.shape()});
+        attend_prefill(be, rows_of(q.data() + done * width, chunk, width),
+                       rows_of(chunked.data() + done * width, chunk, width), f.view(), f.table(0, done + chunk),
+                       f.shape());
         done += chunk;
       }
       ASSERT_EQ(done, len);
@@ -166,8 +182,7 @@ TEST(Attention, ChunkedPrefillEqualsOnePieceAndReference) {
       }
       const KvPageTable last = f.table(0, len);
       std::vector<float> dec(static_cast<size_t>(width));
-      be.attention_decode({.q = rows_of(q.data() + (len - 1) * width, 1, width), .out = rows_of(dec.data(), 1, width),
-                           .cache = f.view(), .seqs = std::span(&last, 1), .shape = f.shape()});
+      attend_decode(be, rows_of(q.data() + (len - 1) * width, 1, width), rows_of(dec.data(), 1, width), f.view(), std::span(&last, 1), f.shape());
       for (int64_t i = 0; i < width; ++i) {
         ASSERT_EQ(testing::as_bits(dec[static_cast<size_t>(i)]), testing::as_bits(whole[static_cast<size_t>((len - 1) * width + i)]));
       }
@@ -190,12 +205,69 @@ TEST(Attention, PageSizeDoesNotChangeResults) {
     std::vector<float> out_a(static_cast<size_t>(len * width)), out_b(out_a.size());
     for (Fixture* f : {&a, &b}) {
       f->store(be, 0, 0, len);
-      be.attention_prefill({.q = rows_of(q.data(), len, width),
-                            .out = rows_of((f == &a ? out_a : out_b).data(), len, width), .cache = f->view(),
-                            .seq = f->table(0, len), .shape = f->shape()});
+      attend_prefill(be, rows_of(q.data(), len, width), rows_of((f == &a ? out_a : out_b).data(), len, width), f->view(), f->table(0, len), f->shape());
     }
     for (size_t i = 0; i < out_a.size(); ++i) ASSERT_EQ(testing::as_bits(out_a[i]), testing::as_bits(out_b[i])) << i;
   });
+}
+
+// One ragged call mixing a prefill chunk (sequence 0), decode rows (1, 2) and a 4-row
+// verify (3) equals each part run alone, bit for bit; and the k verify rows equal k
+// successive decode steps.
+TEST(Attention, RaggedCallEqualsItsPartsAlone) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(::testing::Message() << "heads=" << c.n_heads << "/" << c.n_kv_heads << " hd=" << c.head_dim);
+    ThreadPool pool(3);
+    CpuBackend be(pool);
+    Fixture f(c, {40, 13, 1, 29}, 500);
+    for (size_t s = 0; s < f.lens.size(); ++s) f.store(be, s, 0, f.lens[s]);
+    const int64_t width = c.n_heads * c.head_dim;
+    // Rows: 9 of seq 0 (its last 9), 1 of seq 1, 1 of seq 2, 4 of seq 3 (its last 4).
+    const std::vector<int32_t> row_seq = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 3, 3, 3};
+    std::vector<int32_t> pos;
+    for (int32_t p = 31; p < 40; ++p) pos.push_back(p);
+    pos.push_back(12);
+    pos.push_back(0);
+    for (int32_t p = 25; p < 29; ++p) pos.push_back(p);
+    const auto n = static_cast<int64_t>(row_seq.size());
+    std::vector<KvPageTable> tables;
+    for (size_t s = 0; s < 4; ++s) tables.push_back(f.table(s, f.lens[s]));
+    const auto q = testing::random_vector(static_cast<size_t>(n * width), 9, -2.0f, 2.0f);
+    testing::for_each_target([&] {
+      std::vector<float> mixed(static_cast<size_t>(n * width));
+      be.attention({.q = rows_of(q.data(), n, width), .out = rows_of(mixed.data(), n, width), .cache = f.view(),
+                    .seqs = tables, .row_seq = row_seq, .positions = pos, .shape = f.shape()});
+      for (int64_t r = 0; r < n; ++r) {
+        // Row r alone, as a decode step of its sequence cut to its position.
+        const size_t s = static_cast<size_t>(row_seq[static_cast<size_t>(r)]);
+        const KvPageTable t = f.table(s, pos[static_cast<size_t>(r)] + 1);
+        std::vector<float> alone(static_cast<size_t>(width));
+        attend_decode(be, rows_of(q.data() + r * width, 1, width), rows_of(alone.data(), 1, width), f.view(),
+                      std::span(&t, 1), f.shape());
+        for (int64_t i = 0; i < width; ++i) {
+          ASSERT_EQ(testing::as_bits(alone[static_cast<size_t>(i)]),
+                    testing::as_bits(mixed[static_cast<size_t>(r * width + i)]))
+              << "row " << r << " i " << i;
+        }
+      }
+    });
+  }
+}
+
+TEST(Attention, RejectsRowsOutsideTheirSequence) {
+  ThreadPool pool(1);
+  CpuBackend be(pool);
+  Fixture f({.n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .page_size = 4, .window = 0}, {6}, 1);
+  std::vector<float> q(16), out(16);
+  const KvPageTable t = f.table(0, 6);
+  const std::vector<int32_t> seq0 = {0}, seq1 = {1}, pos5 = {5}, pos6 = {6};
+  auto call = [&](const std::vector<int32_t>& rs, const std::vector<int32_t>& ps) {
+    be.attention({.q = rows_of(q.data(), 1, 16), .out = rows_of(out.data(), 1, 16), .cache = f.view(),
+                  .seqs = std::span(&t, 1), .row_seq = rs, .positions = ps, .shape = f.shape()});
+  };
+  EXPECT_NO_THROW(call(seq0, pos5));
+  EXPECT_THROW(call(seq0, pos6), Error);  // key 6 is not stored
+  EXPECT_THROW(call(seq1, pos5), Error);  // no sequence 1
 }
 
 TEST(Attention, RejectsBadBlockTablesAndShapes) {
@@ -205,19 +277,16 @@ TEST(Attention, RejectsBadBlockTablesAndShapes) {
   std::vector<float> q(16), out(16);
   const std::vector<int32_t> short_table = {0};
   const KvPageTable too_short{short_table, 6};
-  EXPECT_THROW(be.attention_decode({.q = rows_of(q.data(), 1, 16), .out = rows_of(out.data(), 1, 16), .cache = f.view(),
-                                    .seqs = std::span(&too_short, 1), .shape = f.shape()}),
+  EXPECT_THROW(attend_decode(be, rows_of(q.data(), 1, 16), rows_of(out.data(), 1, 16), f.view(), std::span(&too_short, 1), f.shape()),
                Error);
   const std::vector<int32_t> bad_page = {0, 99};
   const KvPageTable out_of_range{bad_page, 6};
-  EXPECT_THROW(be.attention_decode({.q = rows_of(q.data(), 1, 16), .out = rows_of(out.data(), 1, 16), .cache = f.view(),
-                                    .seqs = std::span(&out_of_range, 1), .shape = f.shape()}),
+  EXPECT_THROW(attend_decode(be, rows_of(q.data(), 1, 16), rows_of(out.data(), 1, 16), f.view(), std::span(&out_of_range, 1), f.shape()),
                Error);
   AttentionShape wrong = f.shape();
   wrong.n_kv_heads = 2;
   const KvPageTable ok = f.table(0, 6);
-  EXPECT_THROW(be.attention_decode({.q = rows_of(q.data(), 1, 16), .out = rows_of(out.data(), 1, 16), .cache = f.view(),
-                                    .seqs = std::span(&ok, 1), .shape = wrong}),
+  EXPECT_THROW(attend_decode(be, rows_of(q.data(), 1, 16), rows_of(out.data(), 1, 16), f.view(), std::span(&ok, 1), wrong),
                Error);
   const std::vector<int64_t> slots = {f.layout.n_slots()};
   EXPECT_THROW(be.kv_store({.k = rows_of(q.data(), 1, 8), .v = rows_of(q.data(), 1, 8), .slots = slots, .cache = f.view()}),

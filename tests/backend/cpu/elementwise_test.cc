@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "layers/rope_table.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/reference.h"
 #include "core/error.h"
@@ -88,12 +89,12 @@ TEST(Rope, BitExactWithReferenceOnEveryTarget) {
       const std::vector<int32_t> pos = {0, 5, 63, 17};
       std::vector<float> ref = x;
       cpu::reference::rope({.x = rows_of(ref.data(), rows, n), .n_heads = heads, .head_dim = head_dim,
-                            .positions = pos, .table = &table});
+                            .positions = pos, .table = table.cache()});
       testing::for_each_target([&] {
         Floats xm(x.size(), 3);
         std::copy(x.begin(), x.end(), xm.data());
         cpu::rope_rows({.x = rows_of(xm.data(), rows, n), .n_heads = heads, .head_dim = head_dim,
-                        .positions = pos, .table = &table},
+                        .positions = pos, .table = table.cache()},
                        0, rows);
         for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(xm[i], ref[i]) << i;
       });
@@ -107,7 +108,7 @@ TEST(Rope, RejectsPositionsOutsideTheTable) {
   const RopeTable table = RopeTable::build({.head_dim = 4}, 8);
   std::vector<float> x(8);
   const std::vector<int32_t> pos = {3, 8};
-  EXPECT_THROW(be.rope({.x = rows_of(x.data(), 2, 4), .n_heads = 1, .head_dim = 4, .positions = pos, .table = &table}),
+  EXPECT_THROW(be.rope({.x = rows_of(x.data(), 2, 4), .n_heads = 1, .head_dim = 4, .positions = pos, .table = table.cache()}),
                Error);
 }
 
@@ -163,16 +164,6 @@ TEST(Embedding, GathersF32AndBf16RowsAndRejectsBadIds) {
       EXPECT_NE(e.message().find("embed_tokens"), std::string::npos) << e.message();
     }
   }
-}
-
-TEST(Argmax, FirstMaximumWins) {
-  ThreadPool pool(1);
-  CpuBackend be(pool);
-  const std::vector<float> logits = {1, 5, 5, 2, -1, -3, -3, -7};
-  std::vector<int32_t> out(2);
-  be.argmax(rows_of(logits.data(), 2, 4), out);
-  EXPECT_EQ(out[0], 1);
-  EXPECT_EQ(out[1], 0);
 }
 
 }  // namespace

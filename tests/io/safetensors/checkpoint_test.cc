@@ -14,7 +14,8 @@ using test::ScratchDir;
 
 std::vector<std::byte> bytes_of(size_t n, int seed) {
   std::vector<std::byte> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 17 + static_cast<size_t>(seed)) & 0xff);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = static_cast<std::byte>((i * 17 + static_cast<size_t>(seed)) & 0xff);
   return v;
 }
 
@@ -30,10 +31,12 @@ void write_shard(const std::filesystem::path& path, std::initializer_list<const 
 }
 
 void expect_has(const std::string& msg, std::initializer_list<const char*> words) {
-  for (const char* w : words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
+  for (const char* w : words)
+    EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
 }
 void expect_has(const std::string& msg, const std::vector<const char*>& words) {
-  for (const char* w : words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
+  for (const char* w : words)
+    EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
 }
 
 constexpr const char* kIndex = "model.safetensors.index.json";
@@ -89,7 +92,8 @@ TEST(Checkpoint, IndexedShards) {
 TEST(Checkpoint, IndexMissingShard) {
   ScratchDir dir;
   write_shard(dir / "a.safetensors", {"x"});
-  test::write_text(dir / kIndex, R"({"weight_map": {"x": "a.safetensors", "y": "gone.safetensors"}})");
+  test::write_text(dir / kIndex,
+                   R"({"weight_map": {"x": "a.safetensors", "y": "gone.safetensors"}})");
   expect_has(error_of([&] { Checkpoint::open(dir.path()); }),
              {kIndex, "1 tensor(s) (e.g. 'y')", "'gone.safetensors'", "does not exist"});
 }
@@ -109,12 +113,17 @@ TEST(Checkpoint, BadIndexFiles) {
   const std::pair<const char*, std::vector<const char*>> cases[] = {
       {"not json", {kIndex, "not valid JSON"}},
       {"[]", {kIndex, "expected a JSON object", "found array"}},
-      {R"({"metadata": {}})", {kIndex, "missing key 'weight_map'"}},
-      {R"({"weight_map": ["a.safetensors"]})", {"weight_map must be an object", "found array"}},
+      {R"({"metadata": {}})", {kIndex, "missing required field 'weight_map'"}},
+      {R"({"weight_map": ["a.safetensors"]})",
+       {"field 'weight_map': expected an object", "found array"}},
       {R"({"weight_map": {}})", {"weight_map is empty"}},
-      {R"({"weight_map": {"x": 3}})", {"weight_map['x'] must be a file name string", "found integer"}},
-      {R"({"weight_map": {"x": "../a.safetensors"}})", {"weight_map['x'] = '../a.safetensors'", "plain file name"}},
-      {R"({"weight_map": {"x": "a.safetensors", "x": "a.safetensors"}})", {"duplicate key 'x' inside 'weight_map'"}},
+      {R"({"weight_map": {"x": 3}})",
+       {"field 'weight_map.x': expected a file name string", "found 3"}},
+      {R"({"weight_map": {"x": "../a.safetensors"}})",
+       {"field 'weight_map.x'", "plain file name", "found '../a.safetensors'"}},
+      {R"({"weight_map": {"model.norm.weight": 3}})", {"field 'weight_map['model.norm.weight']'"}},
+      {R"({"weight_map": {"x": "a.safetensors", "x": "a.safetensors"}})",
+       {"duplicate key 'x' inside 'weight_map'"}},
   };
   for (const auto& [text, words] : cases) {
     SCOPED_TRACE(text);
@@ -125,7 +134,8 @@ TEST(Checkpoint, BadIndexFiles) {
 
 TEST(Checkpoint, BadShardNamesItsFile) {
   ScratchDir dir;
-  test::write_bytes(dir / "a.safetensors", test::raw_file(R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[0,9]}})", 9));
+  test::write_bytes(dir / "a.safetensors",
+                    test::raw_file(R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[0,9]}})", 9));
   test::write_text(dir / kIndex, R"({"weight_map": {"x": "a.safetensors"}})");
   expect_has(error_of([&] { Checkpoint::open(dir.path()); }),
              {"a.safetensors: tensor 'x'", "= 4 bytes", "span 9 bytes"});
@@ -147,14 +157,17 @@ TEST(Checkpoint, AllFilesFallback) {
   EXPECT_EQ(ck.total_bytes(), 9u);
 
   write_shard(dir / "consolidated-3.safetensors", {"b"});
-  expect_has(error_of([&] { Checkpoint::open(dir.path()); }),
-             {"tensor 'b' appears in both", "consolidated-2.safetensors", "consolidated-3.safetensors"});
+  expect_has(
+      error_of([&] { Checkpoint::open(dir.path()); }),
+      {"tensor 'b' appears in both", "consolidated-2.safetensors", "consolidated-3.safetensors"});
 }
 
 TEST(Checkpoint, NothingToOpen) {
   ScratchDir dir;
-  expect_has(error_of([&] { Checkpoint::open(dir.path()); }), {"no model.safetensors", "*.safetensors"});
-  expect_has(error_of([&] { Checkpoint::open(dir / "absent"); }), {"absent", "not a directory", "does not exist"});
+  expect_has(error_of([&] { Checkpoint::open(dir.path()); }),
+             {"no model.safetensors", "*.safetensors"});
+  expect_has(error_of([&] { Checkpoint::open(dir / "absent"); }),
+             {"absent", "not a directory", "does not exist"});
   test::write_text(dir / "file", "x");
   expect_has(error_of([&] { Checkpoint::open(dir / "file"); }), {"not a directory"});
 }
@@ -162,7 +175,8 @@ TEST(Checkpoint, NothingToOpen) {
 TEST(Checkpoint, EmptyModelFile) {
   ScratchDir dir;
   test::write_bytes(dir / "model.safetensors", {});
-  expect_has(error_of([&] { Checkpoint::open(dir.path()); }), {"model.safetensors: file is 0 bytes"});
+  expect_has(error_of([&] { Checkpoint::open(dir.path()); }),
+             {"model.safetensors: file is 0 bytes"});
 }
 
 }  // namespace

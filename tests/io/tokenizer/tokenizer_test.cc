@@ -1,5 +1,7 @@
 // Loading from files (with tokenizer_config.json), bad input, thread safety and the
 // NFC fast path. Exact ids against `tokenizers` live in golden_test.cc.
+#include "io/tokenizer/tokenizer.h"
+
 #include <gtest/gtest.h>
 #include <utf8proc.h>
 
@@ -10,7 +12,6 @@
 #include "core/error.h"
 #include "gzip_file.h"
 #include "io/tokenizer/normalizer.h"
-#include "io/tokenizer/tokenizer.h"
 #include "io/tokenizer/utf8.h"
 
 namespace metrale {
@@ -21,11 +22,14 @@ namespace fs = std::filesystem;
 // Unpacks tests/data/tokenizers/<name>/ into a temporary folder laid out like a model
 // repository (tokenizer.json + tokenizer_config.json) and returns the tokenizer.json path.
 std::string unpack(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("metrale_tok_" + name + "_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("metrale_tok_" + name + "_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string src = "tests/data/tokenizers/" + name + "/";
-  std::ofstream(dir / "tokenizer.json", std::ios::binary) << testing::read_gzip_file(src + "tokenizer.json.gz");
-  fs::copy_file(src + "tokenizer_config.json", dir / "tokenizer_config.json", fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer.json", std::ios::binary)
+      << testing::read_gzip_file(src + "tokenizer.json.gz");
+  fs::copy_file(src + "tokenizer_config.json", dir / "tokenizer_config.json",
+                fs::copy_options::overwrite_existing);
   return (dir / "tokenizer.json").string();
 }
 
@@ -78,7 +82,9 @@ TEST(TokenizerEncode, EmptyAndRoundTrip) {
 TEST(TokenizerEncode, ThreadsAgreeWithSerial) {
   const Tokenizer& t = qwen3();
   std::vector<std::string> texts;
-  for (int i = 0; i < 64; ++i) texts.push_back("thread " + std::to_string(i * 7919) + " <|im_start|>héllo wörld " + std::string(i % 9, ' '));
+  for (int i = 0; i < 64; ++i)
+    texts.push_back("thread " + std::to_string(i * 7919) + " <|im_start|>héllo wörld " +
+                    std::string(i % 9, ' '));
   std::vector<std::vector<int32_t>> serial;
   for (const auto& s : texts) serial.push_back(t.encode(s, true));
   std::vector<std::thread> threads;
@@ -86,7 +92,8 @@ TEST(TokenizerEncode, ThreadsAgreeWithSerial) {
   for (int k = 0; k < 4; ++k) {
     threads.emplace_back([&, k] {
       for (int rep = 0; rep < 20; ++rep)
-        for (size_t i = 0; i < texts.size(); ++i) mismatches[k] += t.encode(texts[i], true) != serial[i];
+        for (size_t i = 0; i < texts.size(); ++i)
+          mismatches[k] += t.encode(texts[i], true) != serial[i];
     });
   }
   for (auto& th : threads) th.join();
@@ -113,10 +120,11 @@ TEST(TokenizerDecode, OutOfRangeIdIsAnError) {
 std::string tiny(const std::string& field, const std::string& value) {
   std::string model = R"({"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]})";
   std::string j = R"({"version":"1.0","added_tokens":[],"normalizer":null,"pre_tokenizer":null,)"
-                  R"("post_processor":null,"decoder":null,"model":)" + model + "}";
+                  R"("post_processor":null,"decoder":null,"model":)" +
+                  model + "}";
   if (field.empty()) return j;
-  return "{\"version\":\"1.0\",\"" + field + "\":" + value + ",\"model\":" +
-         (field == "model" ? value : model) + "}";
+  return "{\"version\":\"1.0\",\"" + field + "\":" + value +
+         ",\"model\":" + (field == "model" ? value : model) + "}";
 }
 
 void expect_error(const std::string& json, std::initializer_list<std::string> needles) {
@@ -124,7 +132,8 @@ void expect_error(const std::string& json, std::initializer_list<std::string> ne
     Tokenizer::from_json(json, "tiny.json");
     ADD_FAILURE() << "no error for " << json;
   } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
   }
 }
 
@@ -148,7 +157,8 @@ TEST(TokenizerBadInput, DeepNestingIsAnErrorNotACrash) {
     parse_tokenizer_config("{\"bos_token\": " + deep + "}", "tokenizer_config.json");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_EQ(0u, std::string(e.what()).find("tokenizer_config.json: JSON nesting deeper than")) << e.what();
+    EXPECT_EQ(0u, std::string(e.what()).find("tokenizer_config.json: JSON nesting deeper than"))
+        << e.what();
   }
 }
 
@@ -156,32 +166,47 @@ TEST(TokenizerBadInput, UnknownKindsAreNamed) {
   expect_error(tiny("model", R"({"type":"WordPiece","vocab":{}})"), {"model", "WordPiece"});
   expect_error(tiny("model", R"({"type":"Unigram","vocab":[]})"), {"Unigram"});
   expect_error(tiny("pre_tokenizer", R"({"type":"FancySplit"})"), {"pre_tokenizer", "FancySplit"});
-  expect_error(tiny("pre_tokenizer", R"({"type":"Sequence","pretokenizers":[{"type":"Digits"},{"type":"Nope"}]})"),
+  expect_error(tiny("pre_tokenizer",
+                    R"({"type":"Sequence","pretokenizers":[{"type":"Digits"},{"type":"Nope"}]})"),
                {"pretokenizers[1]", "Nope"});
-  expect_error(tiny("normalizer", R"({"type":"Precompiled","precompiled_charsmap":""})"), {"normalizer", "Precompiled"});
+  expect_error(tiny("normalizer", R"({"type":"Precompiled","precompiled_charsmap":""})"),
+               {"normalizer", "Precompiled"});
   expect_error(tiny("decoder", R"({"type":"CTC"})"), {"decoder", "CTC"});
   expect_error(tiny("post_processor", R"({"type":"Magic"})"), {"post_processor", "Magic"});
-  expect_error(tiny("pre_tokenizer", R"({"type":"Split","pattern":{"Regex":"x"},"behavior":"Sideways","invert":false})"),
-               {"behavior", "Sideways"});
+  expect_error(
+      tiny("pre_tokenizer",
+           R"({"type":"Split","pattern":{"Regex":"x"},"behavior":"Sideways","invert":false})"),
+      {"behavior", "Sideways"});
 }
 
 TEST(TokenizerBadInput, BadModelFields) {
-  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":0},"merges":["a c"]})"), {"merges[0]", "'c'"});
-  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":0,"b":1},"merges":["a b"]})"), {"merges[0]", "'ab'"});
-  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":0},"merges":["a b c"]})"), {"merges[0]"});
-  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":-3},"merges":[]})"), {"vocab['a']"});
-  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":"x"},"merges":[]})"), {"vocab['a']"});
-  expect_error(tiny("model", R"({"type":"BPE","dropout":0.1,"vocab":{"a":0},"merges":[]})"), {"dropout"});
+  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":0},"merges":["a c"]})"),
+               {"merges[0]", "'c'"});
+  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":0,"b":1},"merges":["a b"]})"),
+               {"merges[0]", "'ab'"});
+  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":0},"merges":["a b c"]})"),
+               {"merges[0]"});
+  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":-3},"merges":[]})"), {"model.vocab.a"});
+  expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":"x"},"merges":[]})"), {"model.vocab.a"});
+  expect_error(tiny("model", R"({"type":"BPE","dropout":0.1,"vocab":{"a":0},"merges":[]})"),
+               {"dropout"});
   expect_error(tiny("model", R"({"type":"BPE","vocab":{"a":0}})"), {"merges"});
-  expect_error(tiny("pre_tokenizer", R"({"type":"Split","pattern":{"Regex":"(unclosed"},"behavior":"Isolated","invert":false})"),
-               {"pre_tokenizer", "(unclosed"});
-  expect_error(tiny("post_processor", R"({"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}}],"special_tokens":{}})"),
-               {"<s>"});
+  expect_error(
+      tiny(
+          "pre_tokenizer",
+          R"({"type":"Split","pattern":{"Regex":"(unclosed"},"behavior":"Isolated","invert":false})"),
+      {"pre_tokenizer", "(unclosed"});
+  expect_error(
+      tiny(
+          "post_processor",
+          R"({"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}}],"special_tokens":{}})"),
+      {"<s>"});
 }
 
 TEST(TokenizerBadInput, AddedTokenFields) {
   expect_error(tiny("added_tokens", R"([{"id":5,"content":7}])"), {"added_tokens[0]", "content"});
-  expect_error(tiny("added_tokens", R"([{"id":5,"content":"x","lstrip":"yes"}])"), {"added_tokens[0]", "lstrip"});
+  expect_error(tiny("added_tokens", R"([{"id":5,"content":"x","lstrip":"yes"}])"),
+               {"added_tokens[0]", "lstrip"});
 }
 
 // Every code point the NFC fast path skips must be one utf8proc leaves alone with ccc 0.
@@ -193,7 +218,8 @@ TEST(Normalizer, NfcFastPathIsExact) {
     tok::utf8_append(s, c);
     if (!tok::nfc_inert(s)) continue;
     ++checked;
-    ASSERT_EQ(utf8proc_get_property(static_cast<utf8proc_int32_t>(c))->combining_class, 0) << std::hex << static_cast<uint32_t>(c);
+    ASSERT_EQ(utf8proc_get_property(static_cast<utf8proc_int32_t>(c))->combining_class, 0)
+        << std::hex << static_cast<uint32_t>(c);
     ASSERT_EQ(tok::unicode_normalize(s, "NFC"), s) << std::hex << static_cast<uint32_t>(c);
     // Composition with a neighbour: any inert pair must stay as it is.
     std::string pair = s + (c % 2 ? "\xE3\x81\x8B" : "a");
@@ -203,9 +229,14 @@ TEST(Normalizer, NfcFastPathIsExact) {
 }
 
 TEST(Utf8, LossyReplacesMaximalSubparts) {
-  // Python: b"a\xf0\x9f\x98b\xed\xa0\x80c".decode("utf-8", "replace") == "a\ufffdb\ufffd\ufffd\ufffdc"
-  EXPECT_EQ(tok::utf8_lossy("a\xF0\x9F\x98" "b\xED\xA0\x80" "c"),
-            "a\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD" "c");
+  // Python: b"a\xf0\x9f\x98b\xed\xa0\x80c".decode("utf-8", "replace") ==
+  // "a\ufffdb\ufffd\ufffd\ufffdc"
+  EXPECT_EQ(tok::utf8_lossy("a\xF0\x9F\x98"
+                            "b\xED\xA0\x80"
+                            "c"),
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+            "c");
   EXPECT_EQ(tok::utf8_valid_prefix("ok\xC3\xA9\xFF"), 4u);
 }
 

@@ -1,12 +1,13 @@
 // Sampling: HF's processor semantics on small hand-checked distributions, and seeded
 // determinism.
+#include "engine/sampling.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "backend/sampling.h"
 #include "core/error.h"
 
 namespace metrale {

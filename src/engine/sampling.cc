@@ -1,4 +1,4 @@
-#include "backend/sampling.h"
+#include "engine/sampling.h"
 
 #include <algorithm>
 #include <cmath>
@@ -102,7 +102,9 @@ void Sampler::process(std::span<float> logits, const SamplingParams& p,
     for (size_t i = 0; i < n; ++i) order_[i] = static_cast<int32_t>(i);
     const auto kth = order_.begin() + (p.top_k - 1);
     std::nth_element(order_.begin(), kth, order_.begin() + static_cast<ptrdiff_t>(n),
-                     [&](int32_t a, int32_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+                     [&](int32_t a, int32_t b) {
+                       return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)];
+                     });
     const float threshold = logits[static_cast<size_t>(*kth)];
     for (float& s : logits) {
       if (s < threshold) s = kNegInf;
@@ -113,9 +115,10 @@ void Sampler::process(std::span<float> logits, const SamplingParams& p,
     // (-inf) sort first and carry probability 0.
     softmax(logits, probs_);
     for (size_t i = 0; i < n; ++i) order_[i] = static_cast<int32_t>(i);
-    std::stable_sort(order_.begin(), order_.begin() + static_cast<ptrdiff_t>(n), [&](int32_t a, int32_t b) {
-      return logits[static_cast<size_t>(a)] < logits[static_cast<size_t>(b)];
-    });
+    std::stable_sort(order_.begin(), order_.begin() + static_cast<ptrdiff_t>(n),
+                     [&](int32_t a, int32_t b) {
+                       return logits[static_cast<size_t>(a)] < logits[static_cast<size_t>(b)];
+                     });
     const float limit = 1.0f - p.top_p;
     float cumulative = 0.0f;
     for (size_t j = 0; j + 1 < n; ++j) {  // the last (most likely) token always stays

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "backend/rope_table.h"
+#include "layers/rope_table.h"
 #include "core/error.h"
 
 namespace metrale {

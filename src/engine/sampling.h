@@ -20,9 +20,9 @@ struct SamplingParams {
   // <= 0 means greedy (argmax; HF do_sample=False). Note HF's GenerationConfig defaults
   // top_k to 50; callers that want HF's defaults set it themselves.
   float temperature = 1.0f;
-  int64_t top_k = 0;        // 0: off
-  float top_p = 1.0f;       // >= 1: off
-  float min_p = 0.0f;       // <= 0: off
+  int64_t top_k = 0;                // 0: off
+  float top_p = 1.0f;               // >= 1: off
+  float min_p = 0.0f;               // <= 0: off
   float repetition_penalty = 1.0f;  // 1: off
 };
 

@@ -7,7 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "io/config/model_config.h"  // RopeType
+#include "backend/backend.h"          // RopeCache
+#include "io/config/model_config.h"  // RopeType, ModelConfig
 
 namespace metrale {
 
@@ -46,6 +47,8 @@ class RopeTable {
   // Row for one position: rotary_dim / 2 values each.
   const float* cos(int64_t pos) const { return cos_.data() + pos * (rotary_dim_ / 2); }
   const float* sin(int64_t pos) const { return sin_.data() + pos * (rotary_dim_ / 2); }
+  // The view the backend's rope op reads.
+  RopeCache cache() const { return {cos_.data(), sin_.data(), rotary_dim_, max_positions_}; }
 
  private:
   int64_t rotary_dim_ = 0;
@@ -55,6 +58,9 @@ class RopeTable {
   std::vector<float> cos_;  // [max_positions, rotary_dim / 2]
   std::vector<float> sin_;
 };
+
+// RopeTable inputs from a model's config.
+RopeTableConfig rope_table_config(const ModelConfig& config);
 
 // The float32 inverse frequencies and attention scaling alone (exposed for tests).
 std::vector<float> rope_inv_freq(const RopeTableConfig& config, float* attention_scaling);

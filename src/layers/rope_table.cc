@@ -1,4 +1,4 @@
-#include "backend/rope_table.h"
+#include "layers/rope_table.h"
 
 #include <algorithm>
 #include <cmath>
@@ -134,6 +134,27 @@ RopeTable RopeTable::build(const RopeTableConfig& config, int64_t max_positions)
       t.cos_[at] = static_cast<float>(std::cos(static_cast<double>(freq))) * t.attention_scaling_;
       t.sin_[at] = static_cast<float>(std::sin(static_cast<double>(freq))) * t.attention_scaling_;
     }
+  }
+  return t;
+}
+
+RopeTableConfig rope_table_config(const ModelConfig& c) {
+  const RopeConfig& r = c.rope;
+  RopeTableConfig t{.type = r.type,
+                    .theta = r.theta,
+                    .head_dim = c.head_dim,
+                    .partial_rotary_factor = r.partial_rotary_factor,
+                    .factor = r.factor,
+                    .original_max_position_embeddings = r.original_max_position_embeddings};
+  if (r.type == RopeType::kLlama3) {
+    t.low_freq_factor = r.low_freq_factor;
+    t.high_freq_factor = r.high_freq_factor;
+  }
+  if (r.type == RopeType::kYarn) {
+    t.beta_fast = r.beta_fast;
+    t.beta_slow = r.beta_slow;
+    t.truncate = r.truncate;
+    t.attention_factor = r.attention_factor;  // already derived as HF does by the config parser
   }
   return t;
 }

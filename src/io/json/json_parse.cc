@@ -1,24 +1,12 @@
-#pragma once
-// JSON from outside (config.json, tokenizer.json, preprocessor configs) parsed with a nesting
-// limit. nlohmann parses iteratively, but dump(), copies and comparisons recurse, so a
-// 100k-deep `[[[[...]]]]` in any field that an error message quotes overflowed the stack
-// (found by fuzz/model_config_fuzz). Real files nest a handful of levels.
-//
-// Header-only on purpose: metrale_core does not link nlohmann_json; only modules that do
-// include this.
+#include "io/json/json_parse.h"
+
 #include <cstddef>
 #include <string>
-#include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
 namespace metrale {
-
-inline constexpr int kMaxJsonDepth = 64;
-
-namespace json_detail {
+namespace {
 
 // nlohmann's own DOM builder (what json::parse uses), with a depth count in front.
 class DepthLimitedDom {
@@ -52,7 +40,9 @@ class DepthLimitedDom {
 
  private:
   bool enter() {
-    if (++depth_ > max_depth_) throw make_error(source_, ": JSON nesting deeper than ", max_depth_, " levels");
+    if (++depth_ > max_depth_) {
+      throw make_error(source_, ": JSON nesting deeper than ", max_depth_, " levels");
+    }
     return true;
   }
   bool leave() {
@@ -66,14 +56,13 @@ class DepthLimitedDom {
   int depth_ = 0;
 };
 
-}  // namespace json_detail
+}  // namespace
 
-// Parses `text` exactly as nlohmann::json::parse does (strict, no comments). Throws an Error
-// naming `source`: "malformed JSON: ..." or "JSON nesting deeper than N levels".
-inline nlohmann::json parse_json(std::string_view text, std::string_view source, int max_depth = kMaxJsonDepth) {
+nlohmann::json parse_json(std::string_view text, std::string_view source, int max_depth) {
   nlohmann::json result;
-  json_detail::DepthLimitedDom handler(result, source, max_depth);
-  nlohmann::json::sax_parse(text.begin(), text.end(), &handler, nlohmann::json::input_format_t::json,
+  DepthLimitedDom handler(result, source, max_depth);
+  nlohmann::json::sax_parse(text.begin(), text.end(), &handler,
+                            nlohmann::json::input_format_t::json,
                             /*strict=*/true, /*ignore_comments=*/false);
   return result;
 }

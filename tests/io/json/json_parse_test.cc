@@ -1,6 +1,6 @@
 // parse_json: the same document as nlohmann::json::parse for valid input, and an Error naming
 // the source (never a crash) for malformed or absurdly nested input.
-#include "core/json_parse.h"
+#include "io/json/json_parse.h"
 
 #include <gtest/gtest.h>
 
@@ -22,7 +22,8 @@ TEST(ParseJson, EqualsNlohmannOnValidInput) {
 }
 
 TEST(ParseJson, MalformedInputNamesTheSource) {
-  for (const std::string text : {"", "{", "{\"a\": 1} trailing", "[1,]", "{\"\xff\": 1}", "// c\n{}"}) {
+  for (const std::string text :
+       {"", "{", "{\"a\": 1} trailing", "[1,]", "{\"\xff\": 1}", "// c\n{}"}) {
     SCOPED_TRACE(text);
     const std::string msg = test::error_of([&] { parse_json(text, "dir/t.json"); });
     EXPECT_EQ(0u, msg.find("dir/t.json: malformed JSON")) << msg;
@@ -32,7 +33,8 @@ TEST(ParseJson, MalformedInputNamesTheSource) {
 TEST(ParseJson, NestingIsLimited) {
   EXPECT_NO_THROW(parse_json(nested_arrays(kMaxJsonDepth), "t.json"));
   EXPECT_NO_THROW(parse_json("{\"a\":" + nested_arrays(3) + "}", "t.json", 4));
-  std::string msg = test::error_of([&] { parse_json("{\"a\":" + nested_arrays(4) + "}", "t.json", 4); });
+  std::string msg =
+      test::error_of([&] { parse_json("{\"a\":" + nested_arrays(4) + "}", "t.json", 4); });
   EXPECT_EQ(0u, msg.find("t.json: JSON nesting deeper than 4 levels")) << msg;
   // Deep enough to overflow the stack in a recursive dump() or copy: rejected while parsing.
   msg = test::error_of([&] { parse_json(nested_arrays(200000), "deep.json"); });

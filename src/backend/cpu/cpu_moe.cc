@@ -1,0 +1,188 @@
+// CpuBackend's mixture-of-experts ops.
+//
+// route: per row, softmax in f32 (max-subtracted, as torch), top-k by a stable partial
+// selection (larger first; equal values keep the lower expert), optional renormalisation.
+//
+// moe: the n * k (row, choice) pairs are grouped by expert with a counting sort (rows keep
+// their order inside an expert), the input rows gathered once, and then one parallel dispatch
+// runs every active expert's gate|up projection over its rows, one the activation, one every
+// down projection, and one the weighted sums. Each expert's weights are therefore read once
+// per call, and experts no row chose are never read. A row's result is independent of the
+// other rows: the linear kernels fix each output's summation order, and a row's k expert
+// outputs are added from zero in ascending expert order (HF's index_add_ order).
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/linear_pairs.h"
+#include "core/thread_pool.h"
+
+namespace metrale {
+namespace {
+
+constexpr int64_t kPiecesPerThread = 8;
+
+template <typename T>
+void grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+void CpuBackend::do_route(const RouteArgs& a) {
+  const int64_t n_experts = a.logits.n_cols, k = a.top_k;
+  for (int64_t r = 0; r < a.logits.n_rows; ++r) {
+    const float* x = a.logits.row(r);
+    float mx = x[0];
+    for (int64_t e = 1; e < n_experts; ++e) mx = std::max(mx, x[e]);
+    // Pass 1: the sum of exp; pass 2 re-derives each selected probability, so no [E] buffer.
+    float sum = 0.0f;
+    for (int64_t e = 0; e < n_experts; ++e) sum += std::exp(x[e] - mx);
+    int32_t* ids = a.experts.data() + r * k;
+    float* w = a.weights.data() + r * k;
+    for (int64_t j = 0; j < k; ++j) {
+      // The largest logit not chosen yet (softmax is monotonic); ties to the lower expert.
+      int32_t best = -1;
+      for (int64_t e = 0; e < n_experts; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || ids[i] == e;
+        if (!taken && (best < 0 || x[e] > x[best])) best = static_cast<int32_t>(e);
+      }
+      ids[j] = best;
+      w[j] = std::exp(x[best] - mx) / sum;
+    }
+    if (a.normalize) {
+      float total = 0.0f;
+      for (int64_t j = 0; j < k; ++j) total += w[j];
+      for (int64_t j = 0; j < k; ++j) w[j] /= total;
+    }
+  }
+}
+
+void CpuBackend::do_moe(const MoeArgs& a) {
+  MoeScratch& s = moe_;
+  const int64_t n = a.x.n_rows, k = a.top_k, nk = n * k;
+  const auto n_experts = static_cast<int64_t>(a.expert_weights.size());
+  const int64_t hidden = a.x.n_cols;
+  const int64_t inter = a.expert_weights[0].down.n_in;
+  const auto ue = static_cast<size_t>(n_experts), unk = static_cast<size_t>(nk);
+
+  // Group the (row, choice) pairs by expert: slot[r * k + j] is the pair's grouped row.
+  grow(s.count, ue);
+  grow(s.start, ue);
+  grow(s.fill, ue);
+  grow(s.slot, unk);
+  grow(s.order, unk);
+  std::fill(s.count.begin(), s.count.begin() + n_experts, 0);
+  for (int64_t i = 0; i < nk; ++i) ++s.count[static_cast<size_t>(a.experts[static_cast<size_t>(i)])];
+  int32_t at = 0;
+  for (size_t e = 0; e < ue; ++e) {
+    s.start[e] = at;
+    s.fill[e] = at;
+    at += s.count[e];
+  }
+  for (int64_t i = 0; i < nk; ++i) s.slot[static_cast<size_t>(i)] = s.fill[static_cast<size_t>(a.experts[static_cast<size_t>(i)])]++;
+  // Per row, its choices by ascending expert (the order the weighted sum adds them in).
+  for (int64_t r = 0; r < n; ++r) {
+    int32_t* o = s.order.data() + r * k;
+    for (int64_t j = 0; j < k; ++j) o[j] = static_cast<int32_t>(j);
+    const int32_t* ids = a.experts.data() + r * k;
+    std::stable_sort(o, o + k, [ids](int32_t p, int32_t q) { return ids[p] < ids[q]; });
+  }
+
+  // Gather the input rows (f32, and rounded to bf16 for the pairs kernel).
+  const bool x_bf16 = cpu::reads_bf16_input(a.expert_weights[0].gate_up);
+  const bool h_bf16 = cpu::reads_bf16_input(a.expert_weights[0].down);
+  grow(s.x, unk * static_cast<size_t>(hidden));
+  grow(s.h, unk * static_cast<size_t>(2 * inter));
+  grow(s.y, unk * static_cast<size_t>(hidden));
+  if (x_bf16) grow(s.x_bf16, unk * static_cast<size_t>(hidden));
+  if (h_bf16) grow(s.h_bf16, unk * static_cast<size_t>(inter));
+  const Rows gx = rows_of(s.x.data(), nk, hidden);
+  const Rows gh = rows_of(s.h.data(), nk, 2 * inter);
+  const Rows gy = rows_of(s.y.data(), nk, hidden);
+  auto gather = [&](int64_t i_begin, int64_t i_end) {
+    for (int64_t i = i_begin; i < i_end; ++i) {
+      const int64_t g = s.slot[static_cast<size_t>(i)];
+      std::copy_n(a.x.row(i / k), hidden, gx.row(g));
+      if (x_bf16) cpu::round_rows_bf16(gx, g, g + 1, s.x_bf16.data());
+    }
+  };
+  // Small passes run on this thread: a dispatch would cost more than it saves.
+  constexpr int64_t kInlineValues = int64_t{1} << 15;
+  auto rows_pass = [&](int64_t n_items, int64_t values_per_item, auto&& fn) {
+    if (n_items * values_per_item < kInlineValues || pool_->size() == 1) {
+      fn(0, n_items);
+    } else {
+      pool_->parallel_for(static_cast<size_t>(n_items), [&](size_t b, size_t e, int) {
+        fn(static_cast<int64_t>(b), static_cast<int64_t>(e));
+      });
+    }
+  };
+  rows_pass(nk, hidden, gather);
+
+  // One dispatch over the output pieces of every active expert's projection.
+  auto run_experts = [&](bool gate_up) {
+    s.jobs.clear();
+    s.items.clear();
+    int64_t total_units = 0;
+    for (size_t e = 0; e < ue; ++e) {
+      if (s.count[e] == 0) continue;
+      const MoeExpertWeights& w = a.expert_weights[e];
+      const int64_t r0 = s.start[e], rn = s.count[e];
+      if (gate_up) {
+        s.jobs.push_back(cpu::make_linear_job(
+            ConstRows{gx.row(r0), rn, hidden, hidden},
+            x_bf16 ? s.x_bf16.data() + r0 * hidden : nullptr, w.gate_up, Rows{gh.row(r0), rn, 2 * inter, 2 * inter}));
+      } else {
+        s.jobs.push_back(cpu::make_linear_job(
+            ConstRows{gh.row(r0), rn, inter, 2 * inter},
+            h_bf16 ? s.h_bf16.data() + r0 * inter : nullptr, w.down, Rows{gy.row(r0), rn, hidden, hidden}));
+      }
+      total_units += (s.jobs.back().n_out + cpu::kLinearUnit - 1) / cpu::kLinearUnit;
+    }
+    const int64_t grain0 = std::max<int64_t>(1, total_units / (pool_->size() * kPiecesPerThread));
+    for (size_t j = 0; j < s.jobs.size(); ++j) {
+      const cpu::LinearJob& job = s.jobs[j];
+      const int64_t m = job.unit_multiple();
+      const int64_t grain = (grain0 + m - 1) / m * m * cpu::kLinearUnit;
+      for (int64_t o = 0; o < job.n_out; o += grain) {
+        s.items.push_back({static_cast<int32_t>(j), o, std::min(job.n_out, o + grain)});
+      }
+    }
+    pool_->parallel_for_dynamic(s.items.size(), 1, [&](size_t b, size_t e, int) {
+      for (size_t i = b; i < e; ++i) {
+        const MoeScratch::Item& it = s.items[i];
+        s.jobs[static_cast<size_t>(it.job)].run(it.o_begin, it.o_end);
+      }
+    });
+  };
+  run_experts(/*gate_up=*/true);
+
+  // act(gate) * up into the gate half, then (pairs kernel) rounded to bf16.
+  const GatedActivationArgs act{.gate = column_slice(gh, 0, inter),
+                                .up = column_slice(gh, inter, inter),
+                                .out = column_slice(gh, 0, inter),
+                                .act = a.act};
+  rows_pass(nk, 2 * inter, [&](int64_t b, int64_t e) {
+    cpu::gated_activation_rows(act, b, e);
+    if (h_bf16) cpu::round_rows_bf16(column_slice(ConstRows(gh), 0, inter), b, e, s.h_bf16.data());
+  });
+  run_experts(/*gate_up=*/false);
+
+  // out[r] = sum of weight * expert output, from zero, in ascending expert order.
+  rows_pass(n, hidden * k, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* out = a.out.row(r);
+      std::fill(out, out + hidden, 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t i = r * k + s.order[static_cast<size_t>(r * k + j)];
+        const float w = a.weights[static_cast<size_t>(i)];
+        const float* y = gy.row(s.slot[static_cast<size_t>(i)]);
+        for (int64_t d = 0; d < hidden; ++d) out[d] += y[d] * w;
+      }
+    }
+  });
+}
+
+}  // namespace metrale

@@ -1,0 +1,42 @@
+#pragma once
+// The blocks a decoder layer is composed of. A layer is norm -> mixer -> norm -> FFN (see
+// decoder_layer.h); a family picks the mixer and the FFN of each layer. New kinds (Gated
+// DeltaNet, MLA, a shared-expert MoE) are new implementations of these two interfaces.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "io/config/model_config.h"
+#include "layers/forward_context.h"
+#include "layers/workspace.h"
+
+namespace metrale {
+
+// Mixes information across the tokens of a sequence (attention, linear attention).
+class Mixer {
+ public:
+  virtual ~Mixer() = default;
+  // x: the normed rows [n_rows, hidden]; out: [n_rows, hidden] (the residual's delta).
+  virtual void forward(const ForwardContext& ctx, const LayerState& state, ConstRows x, Rows out,
+                       Workspace ws) const = 0;
+  // The most workspace forward() takes for a pass of max_rows rows.
+  virtual size_t workspace_floats(int64_t max_rows) const = 0;
+  // One line for `metrale inspect` ("attention: 32 heads / 4 kv, head_dim 128, qk-norm").
+  virtual std::string describe() const = 0;
+  // Weight bytes one token reads.
+  virtual uint64_t active_bytes_per_token() const = 0;
+};
+
+// Transforms each row on its own (dense MLP, mixture of experts).
+class Ffn {
+ public:
+  virtual ~Ffn() = default;
+  virtual void forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const = 0;
+  virtual size_t workspace_floats(int64_t max_rows) const = 0;
+  virtual std::string describe() const = 0;
+  // Weight bytes one token reads (for the active-bytes roofline): all of a dense MLP, the
+  // router and top-k experts of an MoE.
+  virtual uint64_t active_bytes_per_token() const = 0;
+};
+
+}  // namespace metrale

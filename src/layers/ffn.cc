@@ -1,0 +1,127 @@
+#include "layers/ffn.h"
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace metrale {
+namespace {
+
+uint64_t bytes_of(const WeightTensor& w) {
+  return weight_row_bytes(w.format, w.n_in) * static_cast<uint64_t>(w.n_out);
+}
+uint64_t bytes_of(const Linear& l) {
+  uint64_t b = 0;
+  for (const WeightTensor& w : l.tensors()) b += bytes_of(w);
+  return b;
+}
+
+}  // namespace
+
+Activation activation_for(const ModelConfig& c) {
+  if (c.hidden_act == "silu" || c.hidden_act == "swish") return Activation::kSilu;
+  if (c.hidden_act == "gelu_pytorch_tanh") return Activation::kGeluTanh;
+  throw make_error(c.source, ": hidden_act '", c.hidden_act,
+                   "' is not supported (expected silu or gelu_pytorch_tanh)");
+}
+
+std::unique_ptr<DenseFfn> DenseFfn::load(const ModelConfig& c, TensorLoader& l, const std::string& p,
+                                         int64_t intermediate) {
+  auto f = std::make_unique<DenseFfn>();
+  const int64_t H = c.hidden_size, I = intermediate;
+  f->gate_up_ = load_linear(l, {p + "gate_proj", p + "up_proj"}, {I, I}, H, c.mlp_bias);
+  f->down_ = load_linear(l, p + "down_proj", H, I, c.mlp_bias);
+  f->act_ = activation_for(c);
+  return f;
+}
+
+size_t DenseFfn::workspace_floats(int64_t max_rows) const { return rows_floats(max_rows, gate_up_.n_out()); }
+
+void DenseFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const {
+  Backend& be = *ctx.backend;
+  const int64_t I = down_.n_in();
+  const Rows gu = ws.rows(ctx.n_rows, 2 * I);
+  const Rows gate = column_slice(gu, 0, I);
+  gate_up_.forward(be, x, gu);
+  be.gated_activation({.gate = gate, .up = column_slice(gu, I, I), .out = gate, .act = act_});
+  down_.forward(be, gate, out);
+}
+
+std::string DenseFfn::describe() const {
+  std::ostringstream os;
+  os << "mlp " << down_.n_in();
+  return os.str();
+}
+
+uint64_t DenseFfn::active_bytes_per_token() const { return bytes_of(gate_up_) + bytes_of(down_); }
+
+std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, const std::string& p) {
+  const MoeConfig& m = c.moe;
+  const int64_t H = c.hidden_size, I = m.moe_intermediate_size, E = m.n_experts;
+  METRALE_CHECK(E > 0 && I > 0 && m.n_experts_per_tok >= 1 && m.n_experts_per_tok <= E, c.source,
+                ": MoE needs num_experts > 0, moe_intermediate_size > 0 and 1 <= num_experts_per_tok <= num_experts;"
+                " found ", E, ", ", I, ", ", m.n_experts_per_tok);
+  METRALE_CHECK(m.scoring == MoeScoring::kSoftmax && m.n_shared_experts == 0 &&
+                    m.shared_expert_intermediate_size == 0 && m.n_group == 1,
+                c.source, ": this MoE block routes by softmax top-k without shared experts or expert groups");
+  auto f = std::make_unique<MoeFfn>();
+  f->top_k_ = m.n_experts_per_tok;
+  f->normalize_ = m.norm_topk_prob;
+  f->act_ = activation_for(c);
+  f->router_ = load_linear(l, p + "gate", E, H, false);
+  f->experts_.resize(static_cast<size_t>(E));
+  const std::string fused_gate_up = p + "experts.gate_up_proj";
+  if (l.has(fused_gate_up)) {
+    std::vector<WeightTensor> gu = l.stacked_matrices(fused_gate_up, E, 2 * I, H);
+    std::vector<WeightTensor> down = l.stacked_matrices(p + "experts.down_proj", E, H, I);
+    for (size_t e = 0; e < gu.size(); ++e) f->experts_[e] = {std::move(gu[e]), std::move(down[e])};
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string pe = p + "experts." + std::to_string(e) + ".";
+      MoeExpertWeights& w = f->experts_[static_cast<size_t>(e)];
+      // Always one [2I, H] matrix: the MoE op reads an expert's gate and up in one pass.
+      w.gate_up = l.fused_linear({pe + "gate_proj", pe + "up_proj"}, {I, I}, H, false);
+      w.down = l.linear(pe + "down_proj", H, I, false);
+    }
+  }
+  // An expert past num_experts means the config undercounts the checkpoint's experts.
+  const std::string extra = p + "experts." + std::to_string(E) + ".gate_proj.weight";
+  METRALE_CHECK(!l.has(extra), l.checkpoint().dir().string(), ": tensor '", extra, "' exists but config.json's ",
+                "num_experts is ", E);
+  return f;
+}
+
+size_t MoeFfn::workspace_floats(int64_t max_rows) const {
+  const auto nk = static_cast<size_t>(max_rows * top_k_);
+  return rows_floats(max_rows, n_experts()) + 2 * span_floats(nk);
+}
+
+void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const {
+  Backend& be = *ctx.backend;
+  const int64_t n = ctx.n_rows;
+  const Rows logits = ws.rows(n, n_experts());
+  const std::span<int32_t> ids = ws.ints(static_cast<size_t>(n * top_k_));
+  const std::span<float> weights = ws.floats(static_cast<size_t>(n * top_k_));
+  router_.forward(be, x, logits);
+  be.route({.logits = logits, .top_k = top_k_, .normalize = normalize_, .experts = ids, .weights = weights});
+  be.moe({.x = x,
+          .experts = ids,
+          .weights = weights,
+          .top_k = top_k_,
+          .expert_weights = experts_,
+          .act = act_,
+          .out = out});
+}
+
+std::string MoeFfn::describe() const {
+  std::ostringstream os;
+  os << "moe " << n_experts() << " experts x " << experts_[0].down.n_in << ", top-" << top_k_
+     << (normalize_ ? " (renormalised)" : "");
+  return os.str();
+}
+
+uint64_t MoeFfn::active_bytes_per_token() const {
+  return bytes_of(router_) + static_cast<uint64_t>(top_k_) * (bytes_of(experts_[0].gate_up) + bytes_of(experts_[0].down));
+}
+
+}  // namespace metrale

@@ -1,0 +1,60 @@
+#pragma once
+// The feed-forward blocks: a dense gated MLP, and a mixture of experts whose router picks
+// top_k gated-MLP experts per row (Qwen3-MoE; shared experts and other routers are fields
+// to add here).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/config/model_config.h"
+#include "layers/block.h"
+#include "layers/linear.h"
+
+namespace metrale {
+
+Activation activation_for(const ModelConfig& config);
+
+// down(act(gate(x)) * up(x)).
+class DenseFfn final : public Ffn {
+ public:
+  // Reads prefix + {gate,up,down}_proj of width `intermediate`.
+  static std::unique_ptr<DenseFfn> load(const ModelConfig& config, TensorLoader& loader, const std::string& prefix,
+                                        int64_t intermediate);
+
+  void forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const override;
+  size_t workspace_floats(int64_t max_rows) const override;
+  std::string describe() const override;
+  uint64_t active_bytes_per_token() const override;
+
+ private:
+  Linear gate_up_;  // [2 I, H] gate_proj | up_proj
+  Linear down_;     // [H, I]
+  Activation act_ = Activation::kSilu;
+};
+
+// sum over the row's top_k experts e of weight_e * expert_e(x), with softmax routing.
+class MoeFfn final : public Ffn {
+ public:
+  // Reads prefix + gate.weight (the router) and the experts, in either layout:
+  //  - published checkpoints: prefix + experts.E.{gate,up,down}_proj.weight per expert;
+  //  - transformers 5 save_pretrained: prefix + experts.gate_up_proj [E, 2I, H] (gate rows
+  //    first) and prefix + experts.down_proj [E, H, I].
+  static std::unique_ptr<MoeFfn> load(const ModelConfig& config, TensorLoader& loader, const std::string& prefix);
+
+  void forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const override;
+  size_t workspace_floats(int64_t max_rows) const override;
+  std::string describe() const override;
+  uint64_t active_bytes_per_token() const override;
+
+  int64_t n_experts() const { return static_cast<int64_t>(experts_.size()); }
+  int64_t top_k() const { return top_k_; }
+
+ private:
+  Linear router_;  // [E, H] gate.weight
+  std::vector<MoeExpertWeights> experts_;
+  int64_t top_k_ = 0;
+  bool normalize_ = false;
+  Activation act_ = Activation::kSilu;
+};
+
+}  // namespace metrale

@@ -1,0 +1,27 @@
+#include "models/registry.h"
+
+#include <array>
+
+#include "models/families.h"
+
+namespace metrale {
+
+std::span<const ArchitectureEntry> architectures() {
+  static constexpr std::array<ArchitectureEntry, 5> kFamilies = {{
+      {"llama", &build_dense_decoder},
+      {"mistral", &build_dense_decoder},
+      {"qwen2", &build_dense_decoder},
+      {"qwen3", &build_dense_decoder},
+      {"qwen3_moe", &build_qwen3_moe},
+  }};
+  return kFamilies;
+}
+
+const ArchitectureEntry* find_architecture(std::string_view model_type) {
+  for (const ArchitectureEntry& e : architectures()) {
+    if (e.model_type == model_type) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace metrale
