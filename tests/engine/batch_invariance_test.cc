@@ -1,8 +1,11 @@
 // A row's result must not depend on its company: decode alone == decode co-batched, chunked
-// prefill == one-piece prefill, 1 thread == 2 threads — bit for bit (DESIGN.md numerics).
+// prefill == one-piece prefill, 1 thread == 2 threads, a k-row verify == k single decodes, one
+// ragged step == its parts run alone, and truncate + continue == never having gone further —
+// bit for bit (docs/architecture.md, numerics).
 // A parameter "<fixture>@bf16" runs the same checks under LoadOptions::compute = kBF16.
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "engine/model.h"
 #include "fixture_util.h"
 
@@ -84,6 +87,106 @@ TEST_P(BatchInvariance, DecodeAloneEqualsCoBatched) {
     EXPECT_EQ(row, alone[i]) << "step " << i;
   }
   for (Sequence* s : {&sa, &sb, &sc}) m->release(*s);
+}
+
+// Logits of decoding `tokens` one step at a time after prefilling `prompt`.
+std::vector<float> decode_one_by_one(Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& tokens) {
+  const auto V = static_cast<size_t>(m.vocab_size());
+  std::vector<float> scratch(V), out;
+  Sequence s;
+  m.prefill(s, prompt, scratch);
+  for (int32_t t : tokens) {
+    Sequence* p = &s;
+    m.decode({&p, 1}, {&t, 1}, scratch);
+    out.insert(out.end(), scratch.begin(), scratch.end());
+  }
+  m.release(s);
+  return out;
+}
+
+TEST_P(BatchInvariance, VerifyRowsEqualSingleDecodes) {
+  const Reference ref(fixture_of(GetParam()));
+  const std::vector<int32_t> a = ref.ids("input_ids");
+  const std::vector<int32_t> greedy = ref.ids("greedy_ids");
+  const std::vector<int32_t> draft(greedy.begin(), greedy.begin() + 5);
+  auto m = load(GetParam(), 2, 64);
+  const auto V = static_cast<size_t>(m->vocab_size());
+  const std::vector<float> want = decode_one_by_one(*m, a, draft);
+  // The 5 draft tokens in one step: one row each, all logits.
+  Sequence s;
+  std::vector<float> scratch(V), got(draft.size() * V);
+  m->prefill(s, a, scratch);
+  const StepItem verify{.seq = &s, .ids = draft, .logits = LogitRows::kAll};
+  m->step({&verify, 1}, got);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(s.tokens.size(), a.size() + draft.size());
+  m->release(s);
+}
+
+TEST_P(BatchInvariance, RaggedStepEqualsItsPartsAlone) {
+  const Reference ref(fixture_of(GetParam()));
+  const std::vector<int32_t> a = ref.ids("input_ids"), b = ref.ids("input_ids_b"), g = ref.ids("greedy_ids");
+  auto m = load(GetParam(), 2, 64);
+  const auto V = static_cast<size_t>(m->vocab_size());
+  std::vector<float> scratch(V);
+  // Alone: B's prefill in one piece (last logits); A decodes one token; A' verifies 3.
+  std::vector<float> b_alone(V);
+  {
+    Sequence s;
+    m->prefill(s, b, b_alone);
+    m->release(s);
+  }
+  const std::vector<float> a_alone = decode_one_by_one(*m, a, {g[0]});
+  const std::vector<float> v_alone = decode_one_by_one(*m, std::vector<int32_t>(a.begin(), a.begin() + 9), {g[3], g[4], g[5]});
+  // Together in one step: verify rows, a prefill chunk and a decode row, interleaved.
+  Sequence sa, sv, sb;
+  m->prefill(sa, a, scratch);
+  m->prefill(sv, std::vector<int32_t>(a.begin(), a.begin() + 9), scratch);
+  const std::vector<int32_t> v_ids = {g[3], g[4], g[5]};
+  const StepItem items[] = {{.seq = &sv, .ids = v_ids, .logits = LogitRows::kAll},
+                            {.seq = &sb, .ids = b, .logits = LogitRows::kLast},
+                            {.seq = &sa, .ids = std::span(g).first(1), .logits = LogitRows::kLast}};
+  std::vector<float> got(5 * V);
+  m->step(items, got);
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + static_cast<long>(3 * V)), v_alone);
+  EXPECT_EQ(std::vector<float>(got.begin() + static_cast<long>(3 * V), got.begin() + static_cast<long>(4 * V)), b_alone);
+  EXPECT_EQ(std::vector<float>(got.begin() + static_cast<long>(4 * V), got.end()), a_alone);
+  for (Sequence* s : {&sa, &sv, &sb}) m->release(*s);
+}
+
+TEST_P(BatchInvariance, TruncateThenContinueEqualsFresh) {
+  const Reference ref(fixture_of(GetParam()));
+  const std::vector<int32_t> a = ref.ids("input_ids"), g = ref.ids("greedy_ids");
+  auto m = load(GetParam(), 2, 64);
+  const auto V = static_cast<size_t>(m->vocab_size());
+  const int64_t free_before = m->kv_pool().free_pages();
+  // Run 6 rejected draft tokens past the prompt, roll back to prompt + 2, continue with 3 others.
+  Sequence s;
+  std::vector<float> scratch(V), rejected(6 * V);
+  m->prefill(s, a, scratch);
+  const std::vector<int32_t> wrong = {g[0], g[1], 5, 6, 7, 8};
+  const StepItem draft{.seq = &s, .ids = wrong, .logits = LogitRows::kAll};
+  m->step({&draft, 1}, rejected);
+  m->truncate(s, static_cast<int64_t>(a.size()) + 2);
+  EXPECT_EQ(s.tokens.size(), a.size() + 2);
+  EXPECT_EQ(static_cast<int64_t>(s.block_table.size()),
+            (static_cast<int64_t>(a.size()) + 2 + m->kv_pool().layout().page_size - 1) / m->kv_pool().layout().page_size);
+  const std::vector<int32_t> next = {g[2], g[3], g[4]};
+  std::vector<float> got;
+  for (int32_t t : next) {
+    Sequence* p = &s;
+    m->decode({&p, 1}, {&t, 1}, scratch);
+    got.insert(got.end(), scratch.begin(), scratch.end());
+  }
+  std::vector<int32_t> prefix = a;
+  prefix.push_back(g[0]);
+  prefix.push_back(g[1]);
+  EXPECT_EQ(got, decode_one_by_one(*m, prefix, next));
+  m->truncate(s, 0);
+  EXPECT_TRUE(s.block_table.empty());
+  EXPECT_EQ(m->kv_pool().free_pages(), free_before);
+  EXPECT_THROW(m->truncate(s, 1), Error);
+  m->release(s);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance, ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32", "qwen3_bf16@bf16",
