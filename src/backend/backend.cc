@@ -22,6 +22,7 @@ std::string_view op_name(Op op) {
     case Op::kGatedActivation: return "gated_activation";
     case Op::kRoute: return "route";
     case Op::kMoe: return "moe";
+    case Op::kAdd: return "add";
   }
   return "unknown-op";
 }
@@ -268,6 +269,14 @@ void Backend::moe(const MoeArgs& a) {
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kMoe, nullptr);
   do_moe(a);
+}
+
+void Backend::add(ConstRows x, Rows y) {
+  check_rows({"add", "", "x"}, x, x.n_rows, x.n_cols);
+  check_rows({"add", "", "y"}, y, x.n_rows, x.n_cols);
+  if (x.n_rows == 0) return;
+  const ObservedOp observe(*this, Op::kAdd, nullptr);
+  do_add(x, y);
 }
 
 }  // namespace metrale

@@ -41,8 +41,9 @@ enum class Op : uint8_t {
   kGatedActivation,  // silu(g) * u, gelu_tanh(g) * u
   kRoute,            // MoE router: softmax, top-k, optional renormalisation
   kMoe,              // MoE experts: grouped by expert, weighted sum per row
+  kAdd,              // y += x (a residual add with no norm after it)
 };
-inline constexpr int kOpCount = 9;
+inline constexpr int kOpCount = 10;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -231,6 +232,8 @@ class Backend {
   void gated_activation(const GatedActivationArgs& a);
   void route(const RouteArgs& a);
   void moe(const MoeArgs& a);
+  // y += x, row by row (same shapes).
+  void add(ConstRows x, Rows y);
 
   // Every later op call is bracketed by observer->begin/end (nullptr: none). Not owned.
   void set_observer(OpObserver* observer) { observer_ = observer; }
@@ -247,6 +250,7 @@ class Backend {
   virtual void do_gated_activation(const GatedActivationArgs& a) = 0;
   virtual void do_route(const RouteArgs& a) = 0;
   virtual void do_moe(const MoeArgs& a) = 0;
+  virtual void do_add(ConstRows x, Rows y) = 0;
   // Packing tags (WeightTensor::packing) this backend's prepare() produces; 0 always passes.
   virtual bool knows_packing(const WeightTensor& w) const = 0;
   // Largest head_dim the attention implementation accepts.

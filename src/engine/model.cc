@@ -93,10 +93,9 @@ void Model::run(const ForwardContext& ctx, int64_t n_want, float* logits, const 
     const DecoderLayer& layer = arch_->layers[static_cast<size_t>(i)];
     layer.forward(ctx, LayerState{kv_->layer(i)}, r, ws);
     if (sink != nullptr && i + 1 < n_layers) {
-      // Materialise h for the observer: add the pending delta in place (h += delta) by a
-      // norm whose output is thrown away; the next layer's norm then finds nothing pending.
-      Workspace tmp = ws;
-      add_and_norm(be, r, tmp.rows(n, r.h.n_cols), arch_->final_norm);
+      // Materialise h for the observer; the next layer's norm then finds nothing pending.
+      be.add(r.delta, r.h);
+      r.pending = false;
       (*sink)(i + 1, r.h);
     }
   }

@@ -39,6 +39,7 @@ class CpuBackend final : public Backend {
   void do_gated_activation(const GatedActivationArgs& a) override;
   void do_route(const RouteArgs& a) override;
   void do_moe(const MoeArgs& a) override;
+  void do_add(ConstRows x, Rows y) override;
   bool knows_packing(const WeightTensor& w) const override;
   int64_t max_head_dim() const override { return cpu::kMaxHeadDim; }
 

@@ -62,4 +62,14 @@ void CpuBackend::do_gated_activation(const GatedActivationArgs& a) {
   });
 }
 
+void CpuBackend::do_add(ConstRows x, Rows y) {
+  pool_->parallel_for(static_cast<size_t>(x.n_rows), [&](size_t b, size_t e, int) {
+    for (auto r = static_cast<int64_t>(b); r < static_cast<int64_t>(e); ++r) {
+      const float* xs = x.row(r);
+      float* ys = y.row(r);
+      for (int64_t i = 0; i < x.n_cols; ++i) ys[i] += xs[i];
+    }
+  });
+}
+
 }  // namespace metrale
