@@ -23,7 +23,7 @@ namespace metrale {
 inline constexpr size_t kCacheLineBytes = 64;
 // From this size up, memory is mapped straight from the kernel in whole 2 MiB units so that
 // transparent huge pages can back it: weight and workspace reads then miss the TLB far less
-// (DESIGN.md measured 4 KiB-page decode 2-4x slower).
+// (docs/performance.md: 4 KiB-page decode measured 2-4x slower).
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 // What a mapping (>= kHugePageBytes) asks of transparent huge pages.

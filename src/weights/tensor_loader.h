@@ -16,7 +16,7 @@
 
 namespace metrale {
 
-// Where decode reads weights from (DESIGN.md: a measured choice; `metrale bench` reports
+// Where decode reads weights from (docs/performance.md: a measured choice; `metrale bench` reports
 // both). kCopy streams each tensor into backend memory and releases the mapped pages as it
 // goes, so a load never holds two resident copies.
 enum class WeightPlacement : uint8_t { kCopy, kInPlace };
