@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/session.h"
+#include "checkpoint_copy.h"
 #include "fixture_util.h"
 #include "io/safetensors/writer.h"
 #include "support/test_support.h"
@@ -17,45 +18,7 @@ namespace fs = std::filesystem;
 
 using test::error_of;
 
-// A scratch copy of a fixture checkpoint, edited by the test.
-class CheckpointCopy {
- public:
-  explicit CheckpointCopy(const std::string& name) : dir_(scratch_.path()) {
-    for (const auto& e : fs::directory_iterator(testing::fixture_dir(name))) {
-      fs::copy_file(e.path(), dir_ / e.path().filename());
-    }
-  }
-  const fs::path& dir() const { return dir_; }
-
-  // Rewrites model.safetensors through `edit(name) -> keep?`, optionally adding a tensor.
-  void rewrite(const std::function<bool(const std::string&)>& keep, bool add_extra = false) {
-    SafetensorsWriter w;
-    {
-      const SafetensorsFile f = SafetensorsFile::open(dir_ / "model.safetensors");
-      for (const auto& t : f.tensors()) {
-        if (keep(t.name)) w.add(t.name, t.dtype, t.shape, f.bytes(t));
-      }
-    }
-    if (add_extra) {
-      const float x[2] = {1, 2};
-      w.add("model.layers.0.mlp.extra.weight", DType::kF32, Shape{2},
-            {reinterpret_cast<const std::byte*>(x), sizeof(x)});
-    }
-    w.write(dir_ / "model.safetensors");
-  }
-  void replace_in_config(const std::string& from, const std::string& to) {
-    std::ifstream in(dir_ / "config.json");
-    std::string text((std::istreambuf_iterator<char>(in)), {});
-    const size_t at = text.find(from);
-    ASSERT_NE(at, std::string::npos) << from;
-    text.replace(at, from.size(), to);
-    std::ofstream(dir_ / "config.json") << text;
-  }
-
- private:
-  test::ScratchDir scratch_;
-  fs::path dir_;
-};
+using testing::CheckpointCopy;
 
 LoadOptions small() {
   LoadOptions o;

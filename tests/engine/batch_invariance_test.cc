@@ -190,7 +190,8 @@ TEST_P(BatchInvariance, TruncateThenContinueEqualsFresh) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance, ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32", "qwen3_bf16@bf16",
-                                                                  "llama_bf16@bf16"),
+                                                                  "llama_bf16@bf16", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",
+                                                                  "qwen3_moe_bf16@bf16"),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string name = p.param;
                            for (char& ch : name) ch = ch == '@' ? '_' : ch;

@@ -91,7 +91,8 @@ TEST_P(Bf16Compute, GreedyPrefixMatchesNativeBf16) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16Compute, ::testing::Values("llama_bf16", "qwen2_bf16", "qwen3_bf16"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16Compute, ::testing::Values("llama_bf16", "qwen2_bf16", "qwen3_bf16", "qwen3_moe_bf16",
+                                                                   "qwen3_moe_nonorm_bf16"));
 
 TEST(Bf16ComputeOptions, InPlaceWeightsAreRejected) {
   LoadOptions o = bf16_options();

@@ -1,6 +1,7 @@
-// The dense models against HuggingFace transformers: every layer's hidden states and the
-// logits within the fixture README's tolerance, greedy continuations identical — for each of
-// llama, qwen2, qwen3 with f32 and bf16 weights.
+// Every family against HuggingFace transformers: every layer's hidden states and the logits
+// within the fixture README's tolerance, greedy continuations identical — for llama, qwen2,
+// qwen3 and qwen3_moe (norm_topk_prob both ways, dense/MoE layer mixes) with f32 and bf16
+// weights.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,7 +17,7 @@ using testing::Reference;
 
 constexpr float kTol = 1e-4f;  // abs; logits up to |7|, hidden up to |12| (fixture README)
 
-class DenseParity : public ::testing::TestWithParam<std::string> {
+class ModelParity : public ::testing::TestWithParam<std::string> {
  protected:
   static LoadOptions options() {
     LoadOptions o;
@@ -26,7 +27,7 @@ class DenseParity : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(DenseParity, HiddenStatesAndLogits) {
+TEST_P(ModelParity, HiddenStatesAndLogits) {
   const Reference ref(GetParam());
   auto model = Model::load(testing::fixture_dir(GetParam()), options());
   const std::vector<int32_t> ids = ref.ids("input_ids");
@@ -56,7 +57,7 @@ TEST_P(DenseParity, HiddenStatesAndLogits) {
   EXPECT_LT(max_abs_diff(want.data(), logits.data(), want.size()), kTol);
 }
 
-TEST_P(DenseParity, GreedyContinuationsMatchExactly) {
+TEST_P(ModelParity, GreedyContinuationsMatchExactly) {
   const Reference ref(GetParam());
   auto model = Model::load(testing::fixture_dir(GetParam()), options());
   for (const std::string suffix : {"", "_b"}) {
@@ -68,7 +69,7 @@ TEST_P(DenseParity, GreedyContinuationsMatchExactly) {
   }
 }
 
-TEST_P(DenseParity, BatchedGenerationEqualsAlone) {
+TEST_P(ModelParity, BatchedGenerationEqualsAlone) {
   const Reference ref(GetParam());
   auto model = Model::load(testing::fixture_dir(GetParam()), options());
   const std::vector<std::vector<int32_t>> prompts = {ref.ids("input_ids"), ref.ids("input_ids_b"),
@@ -81,9 +82,10 @@ TEST_P(DenseParity, BatchedGenerationEqualsAlone) {
   EXPECT_EQ(model->kv_pool().free_pages(), model->kv_pool().layout().n_pages) << "pages leaked";
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, DenseParity,
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
                          ::testing::Values("llama_f32", "llama_bf16", "qwen2_f32", "qwen2_bf16",
-                                           "qwen3_f32", "qwen3_bf16"));
+                                           "qwen3_f32", "qwen3_bf16", "qwen3_moe_f32", "qwen3_moe_bf16",
+                                           "qwen3_moe_nonorm_f32", "qwen3_moe_nonorm_bf16"));
 
 }  // namespace
 }  // namespace metrale

@@ -71,6 +71,25 @@ bool CpuBackend::knows_packing(const WeightTensor& w) const {
          ((w.packing == cpu::kPackingBf16x16 || w.packing == cpu::kPackingBf16Pairs) && w.format == WeightFormat::kBF16);
 }
 
+std::pair<std::shared_ptr<const Buffer>, char*> CpuBackend::weight_memory(size_t bytes) {
+  // Copied weights go back to back into shared huge-page chunks: a mapping per tensor would
+  // round each up to whole 2 MiB pages (a Qwen3-30B-A3B expert's 6.3 MB gate|up would take
+  // 8 MB). A chunk lives while any tensor in it does (WeightTensor::storage shares it).
+  constexpr size_t kChunk = size_t{64} << 20;
+  bytes = round_up(std::max<size_t>(bytes, 1), kSmallAlign);
+  if (bytes > kChunk / 4) {
+    auto own = std::make_shared<Buffer>(allocate(bytes));
+    return {own, own->as<char>()};
+  }
+  if (!weight_chunk_ || weight_chunk_used_ + bytes > weight_chunk_->size()) {
+    weight_chunk_ = std::make_shared<Buffer>(allocate(kChunk));
+    weight_chunk_used_ = 0;
+  }
+  char* at = weight_chunk_->as<char>() + weight_chunk_used_;
+  weight_chunk_used_ += bytes;
+  return {weight_chunk_, at};
+}
+
 WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
   WeightTensor out = w;
   const bool convert_bias = w.bias != nullptr && w.bias_dtype != DType::kF32;
@@ -89,8 +108,7 @@ WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
                                  : weight_row_bytes(w.format, w.n_in) * static_cast<size_t>(w.n_out);
   const size_t bias_offset = round_up(data_bytes, kSmallAlign);
   const size_t bias_bytes = w.bias != nullptr ? static_cast<size_t>(w.n_out) * sizeof(float) : 0;
-  auto buffer = std::make_shared<Buffer>(allocate(bias_offset + bias_bytes));
-  auto* base = buffer->as<char>();
+  auto [buffer, base] = weight_memory(bias_offset + bias_bytes);
   if (pairs) {
     cpu::pack_pairs_bf16(static_cast<const uint16_t*>(w.data), w.n_out, w.n_in, reinterpret_cast<uint16_t*>(base));
     out.data = base;

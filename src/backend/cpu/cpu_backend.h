@@ -3,6 +3,8 @@
 // twin in cpu/reference.h), work split over a ThreadPool; every output's arithmetic is fixed
 // by the kernel, never by the split, so results do not depend on the thread count.
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -44,9 +46,14 @@ class CpuBackend final : public Backend {
   int64_t max_head_dim() const override { return cpu::kMaxHeadDim; }
 
  private:
+  // Memory for one copied weight, carved from a shared chunk (see cpu_backend.cc).
+  std::pair<std::shared_ptr<const Buffer>, char*> weight_memory(size_t bytes);
+
   ThreadPool* pool_;
   Compute compute_;
   // Scratch that grows to the largest call, then stays (no allocation in a warm step).
+  std::shared_ptr<Buffer> weight_chunk_;
+  size_t weight_chunk_used_ = 0;
   std::vector<uint16_t> x_bf16_;  // input rows rounded to bf16 (Compute::kBF16)
   std::vector<cpu::AttentionRowSpan> attention_spans_;
   struct MoeScratch {  // cpu_moe.cc: the rows of one call grouped by expert
