@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "checkpoint_copy.h"
 #include "core/error.h"
@@ -66,7 +67,9 @@ TEST(Qwen3Moe, StackedExpertLayoutLoadsToTheSameModel) {
       if (t.name.find(".mlp.experts.") == std::string::npos) w.add(t.name, t.dtype, t.shape, f.bytes(t));
     }
   });
-  // The experts, stacked, in a second file.
+  // The experts, stacked, in a second file (a folder of *.safetensors without an index).
+  std::filesystem::rename(copy.dir() / "model.safetensors", copy.dir() / "rest.safetensors");
+  std::filesystem::remove(copy.dir() / "reference.safetensors");
   SafetensorsWriter experts;
   const Checkpoint orig = Checkpoint::open(testing::fixture_dir(name));
   const int64_t E = c.moe.n_experts, I = c.moe.moe_intermediate_size, H = c.hidden_size;

@@ -1,8 +1,9 @@
 // describe(): the few lines `metrale inspect` prints about a checkpoint's architecture.
 #include <map>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "io/config/model_config.h"
 
@@ -31,6 +32,20 @@ std::string layer_summary(const ModelConfig& c) {
   return os.str();
 }
 
+// Layer indices as comma-separated runs: {0, 2, 3} -> "0,2-3"; {} -> "none".
+std::string layer_ranges(const std::vector<int64_t>& layers) {
+  if (layers.empty()) return "none";
+  std::ostringstream os;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    os << (i ? "," : "") << layers[i];
+    if (j > i) os << "-" << layers[j];
+    i = j + 1;
+  }
+  return os.str();
+}
+
 std::string quant_method(const std::string& quantization_json) {
   nlohmann::json q = nlohmann::json::parse(quantization_json, nullptr, /*allow_exceptions=*/false);
   if (q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()) {
@@ -46,11 +61,13 @@ std::string describe(const ModelConfig& c) {
   os << "model_type: " << c.model_type;
   if (c.text_model_type != c.model_type) os << " (text model " << c.text_model_type << ")";
   os << "\n";
-  os << "layers: " << c.n_layers << " (" << layer_summary(c) << "), hidden " << c.hidden_size << ", vocab "
-     << c.vocab_size << ", dtype " << (c.dtype_name.empty() ? "unspecified" : c.dtype_name)
+  os << "layers: " << c.n_layers << " (" << layer_summary(c) << "), hidden " << c.hidden_size
+     << ", vocab " << c.vocab_size << ", dtype "
+     << (c.dtype_name.empty() ? "unspecified" : c.dtype_name)
      << (c.tie_word_embeddings ? ", tied embeddings" : "") << "\n";
 
-  os << "attention: " << c.n_heads << " heads, " << c.n_kv_heads << " kv heads, head_dim " << c.head_dim;
+  os << "attention: " << c.n_heads << " heads, " << c.n_kv_heads << " kv heads, head_dim "
+     << c.head_dim;
   if (c.qk_norm) os << ", qk-norm";
   if (c.attention_output_gate) os << ", output gate";
   if (c.attention_qkv_bias) os << ", qkv bias";
@@ -58,8 +75,8 @@ std::string describe(const ModelConfig& c) {
   os << "\n";
   if (c.is_mla()) {
     os << "mla: q_lora_rank " << (c.mla.q_lora_rank ? std::to_string(*c.mla.q_lora_rank) : "none")
-       << ", kv_lora_rank " << c.mla.kv_lora_rank << ", qk_nope " << c.mla.qk_nope_head_dim << ", qk_rope "
-       << c.mla.qk_rope_head_dim << ", v " << c.mla.v_head_dim << "\n";
+       << ", kv_lora_rank " << c.mla.kv_lora_rank << ", qk_nope " << c.mla.qk_nope_head_dim
+       << ", qk_rope " << c.mla.qk_rope_head_dim << ", v " << c.mla.v_head_dim << "\n";
   }
 
   os << "rope: " << rope_type_name(c.rope.type) << ", theta " << c.rope.theta << ", rotary_dim "
@@ -68,26 +85,32 @@ std::string describe(const ModelConfig& c) {
   if (c.rope.original_max_position_embeddings > 0) {
     os << ", original context " << c.rope.original_max_position_embeddings;
   }
-  if (!c.rope.mrope_section.empty()) os << ", mrope " << join(c.rope.mrope_section) << " interleaved";
+  if (!c.rope.mrope_section.empty())
+    os << ", mrope " << join(c.rope.mrope_section) << " interleaved";
   os << ", max positions " << c.max_position_embeddings << "\n";
 
   if (c.has_linear_attention()) {
-    os << "linear attention: " << c.linear.n_key_heads << " key heads x " << c.linear.key_head_dim << ", "
-       << c.linear.n_value_heads << " value heads x " << c.linear.value_head_dim << ", conv kernel "
-       << c.linear.conv_kernel_dim << "\n";
+    os << "linear attention: " << c.linear.n_key_heads << " key heads x " << c.linear.key_head_dim
+       << ", " << c.linear.n_value_heads << " value heads x " << c.linear.value_head_dim
+       << ", conv kernel " << c.linear.conv_kernel_dim << "\n";
   }
   if (c.moe.n_experts > 0) {
     const MoeConfig& m = c.moe;
-    os << "moe: " << m.n_experts << " experts, top " << m.n_experts_per_tok << ", width " << m.moe_intermediate_size
-       << ", " << (m.scoring == MoeScoring::kSigmoid ? "sigmoid" : "softmax");
+    os << "moe: " << m.n_experts << " experts, top " << m.n_experts_per_tok << ", expert width "
+       << m.moe_intermediate_size << ", "
+       << (m.scoring == MoeScoring::kSigmoid ? "sigmoid" : "softmax") << ", norm_topk_prob "
+       << (m.norm_topk_prob ? "true" : "false");
     if (m.n_group > 1) os << ", groups " << m.topk_group << "/" << m.n_group;
-    if (m.norm_topk_prob) os << ", renormalised";
     if (m.routed_scaling_factor != 1.0) os << ", scale " << m.routed_scaling_factor;
-    if (m.shared_expert_intermediate_size > 0) os << ", gated shared expert " << m.shared_expert_intermediate_size;
+    if (m.shared_expert_intermediate_size > 0) {
+      os << ", gated shared expert " << m.shared_expert_intermediate_size;
+    }
     if (m.n_shared_experts > 0) os << ", " << m.n_shared_experts << " shared";
-    int64_t dense = 0;
-    for (int64_t i = 0; i < c.n_layers; ++i) dense += c.is_moe_layer(i) ? 0 : 1;
-    if (dense > 0) os << ", " << dense << " dense layers (width " << c.intermediate_size << ")";
+    os << "\n";
+    std::vector<int64_t> sparse, dense;
+    for (int64_t i = 0; i < c.n_layers; ++i) (c.is_moe_layer(i) ? sparse : dense).push_back(i);
+    os << "moe layers: " << layer_ranges(sparse) << "; dense: " << layer_ranges(dense);
+    if (!dense.empty()) os << " (width " << c.intermediate_size << ")";
     os << "\n";
   } else {
     os << "mlp: intermediate " << c.intermediate_size << (c.mlp_bias ? ", bias" : "") << "\n";
@@ -95,9 +118,11 @@ std::string describe(const ModelConfig& c) {
   os << "norm: rms eps " << c.rms_norm_eps << ", weights "
      << (ships_vanilla_norm_weights(c) ? "x*w" : "x*(1+w)") << "\n";
   os << "tokens: bos " << (c.bos_token_id ? std::to_string(*c.bos_token_id) : "none") << ", eos "
-     << join(c.eos_token_ids) << ", pad " << (c.pad_token_id ? std::to_string(*c.pad_token_id) : "none") << "\n";
+     << join(c.eos_token_ids) << ", pad "
+     << (c.pad_token_id ? std::to_string(*c.pad_token_id) : "none") << "\n";
   if (c.n_mtp_layers > 0) os << "mtp layers: " << c.n_mtp_layers << "\n";
-  if (!c.quantization_config_json.empty()) os << "quantization: " << quant_method(c.quantization_config_json) << "\n";
+  if (!c.quantization_config_json.empty())
+    os << "quantization: " << quant_method(c.quantization_config_json) << "\n";
   if (!c.vision_config_json.empty()) os << "vision tower: present\n";
   return os.str();
 }

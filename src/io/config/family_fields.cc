@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "io/config/parse_parts.h"
 
@@ -47,6 +48,43 @@ std::vector<LayerKind> kinds_from_layer_types(const JsonFields& text, int64_t n_
     kinds.push_back(*match);
   }
   return kinds;
+}
+
+// The routed-expert count and the key it was read from. Qwen3MoeConfig.attribute_map aliases
+// num_experts to num_local_experts: transformers 5's save_pretrained writes num_local_experts,
+// published (4.x) checkpoints write num_experts, and from_pretrained accepts either (with both
+// present it keeps num_local_experts, so two different values are refused here). Qwen3Next and
+// Qwen3.5-MoE have no alias and read num_experts only.
+std::pair<int64_t, const char*> expert_count(const JsonFields& text,
+                                             const ModelTypeTraits& traits) {
+  if (traits.family == Family::kDeepseekMoe) {
+    return {text.req_size("n_routed_experts"), "n_routed_experts"};
+  }
+  const bool aliased = traits.model_type == "qwen3_moe";
+  const bool has_local = text.has("num_local_experts");
+  if (aliased && has_local) {
+    const int64_t local = text.req_size("num_local_experts");
+    if (text.has("num_experts")) {
+      const int64_t plain = text.req_size("num_experts");
+      if (plain != local) {
+        throw text.error("num_local_experts", "expected the same expert count as num_experts ",
+                         plain, " (two spellings of one field), found ", local);
+      }
+    }
+    return {local, "num_local_experts"};
+  }
+  if (!text.has("num_experts")) {
+    if (aliased) {
+      throw text.missing("num_experts",
+                         "a positive integer; transformers 5 writes it as 'num_local_experts'");
+    }
+    if (has_local) {
+      throw text.missing("num_experts", "a positive integer; model_type \"" +
+                                            std::string(traits.model_type) +
+                                            "\" does not read 'num_local_experts'");
+    }
+  }
+  return {text.req_size("num_experts"), "num_experts"};
 }
 
 }  // namespace
@@ -104,12 +142,13 @@ void parse_moe(const JsonFields& text, const ModelTypeTraits& traits, ModelConfi
   MoeConfig& moe = config.moe;
   const bool deepseek = traits.family == Family::kDeepseekMoe;
   const bool is_deepseek_v3 = traits.model_type == "deepseek_v3";
-  moe.n_experts = text.req_size(deepseek ? "n_routed_experts" : "num_experts");
+  const auto [n_experts, experts_key] = expert_count(text, traits);
+  moe.n_experts = n_experts;
   moe.n_experts_per_tok = text.req_size("num_experts_per_tok");
   moe.moe_intermediate_size = text.req_size("moe_intermediate_size");
   if (moe.n_experts_per_tok > moe.n_experts) {
-    throw text.error("num_experts_per_tok", "expected at most the number of experts ",
-                     moe.n_experts, ", found ", moe.n_experts_per_tok);
+    throw text.error("num_experts_per_tok", "expected at most the number of experts (", experts_key,
+                     ") ", moe.n_experts, ", found ", moe.n_experts_per_tok);
   }
   if (deepseek) {
     // DeepseekV3TopkRouter / Glm4MoeTopkRouter: sigmoid scores, e_score_correction_bias added for
@@ -161,10 +200,10 @@ void parse_moe(const JsonFields& text, const ModelTypeTraits& traits, ModelConfi
     moe.norm_topk_prob = text.bool_or("norm_topk_prob", traits.model_type == "qwen3_next");
     moe.decoder_sparse_step = text.int_at_least("decoder_sparse_step", 1, 1);
     moe.mlp_only_layers = text.opt_int_list("mlp_only_layers", 0).value_or(std::vector<int64_t>{});
-    for (int64_t layer : moe.mlp_only_layers) {
-      if (layer >= config.n_layers) {
-        throw text.error("mlp_only_layers", "layer ", layer, " is out of range [0, ",
-                         config.n_layers, ")");
+    for (size_t i = 0; i < moe.mlp_only_layers.size(); ++i) {
+      if (moe.mlp_only_layers[i] >= config.n_layers) {
+        throw text.error("mlp_only_layers", "element ", i, ": expected a layer index in [0, ",
+                         config.n_layers, ") (num_hidden_layers), found ", moe.mlp_only_layers[i]);
       }
     }
   }
