@@ -24,6 +24,16 @@ const CheckpointTensor& TensorLoader::claim(const std::string& name,
   return *t;
 }
 
+const Buffer& TensorLoader::staging_for(size_t bytes) {
+  // One staging buffer for the whole load, grown as needed: a mapping per tensor costs the
+  // kernel a huge-page fault-in and an unmap for every expert of an MoE checkpoint.
+  if (staging_.size() < bytes) {
+    staging_ = Buffer();
+    staging_ = backend_.allocate(bytes);
+  }
+  return staging_;
+}
+
 void TensorLoader::advance(uint64_t bytes) {
   done_ += bytes;
   if (progress_ != nullptr) progress_(done_, checkpoint_.total_bytes());
@@ -111,7 +121,7 @@ WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_
   }
   const size_t row_bytes = weight_row_bytes(*format, n_in);
   // Staging: rows in checkpoint layout, released once the backend has its own copy.
-  const Buffer staging = backend_.allocate(row_bytes * static_cast<size_t>(n_out));
+  const Buffer& staging = staging_for(row_bytes * static_cast<size_t>(n_out));
   std::vector<float> bias(any_bias ? static_cast<size_t>(n_out) : 0);
   size_t row = 0;
   for (const Part& p : parts) {
@@ -163,7 +173,7 @@ std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name
       out.push_back(std::move(prepared));
     } else {
       // Through aligned staging (the mapping may not be aligned for the element type).
-      const Buffer staging = backend_.allocate(slice_bytes);
+      const Buffer& staging = staging_for(slice_bytes);
       std::memcpy(staging.data(), slice.data(), slice_bytes);
       w.data = staging.data();
       WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);

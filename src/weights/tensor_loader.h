@@ -65,9 +65,11 @@ class TensorLoader {
     int64_t n_out;
   };
   // Copies the parts (rows concatenated) into a staging buffer, then lets the backend copy
-  // and repack them into its own memory; the staging buffer is freed on return.
+  // and repack them into its own memory; the staging buffer is reused by the next tensor.
   WeightTensor copy_parts(const std::vector<Part>& parts, int64_t n_in, const std::string& name);
   const void* place(const CheckpointTensor& t);
+  // Scratch for rows on their way into prepare(kCopy); reused across tensors.
+  const Buffer& staging_for(size_t bytes);
   void advance(uint64_t bytes);
 
   const Checkpoint& checkpoint_;
@@ -77,6 +79,7 @@ class TensorLoader {
   uint64_t done_ = 0;
   std::set<std::string, std::less<>> claimed_;
   std::vector<std::shared_ptr<const Buffer>> storage_;
+  Buffer staging_;
 };
 
 }  // namespace metrale

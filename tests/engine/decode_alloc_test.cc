@@ -11,6 +11,8 @@
 
 #include "engine/model.h"
 #include "fixture_util.h"
+#include <string>
+#include <tuple>
 
 namespace {
 std::atomic<long> g_allocations{0};
@@ -63,15 +65,17 @@ void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcep
 namespace metrale {
 namespace {
 
-class DecodeAllocations : public ::testing::TestWithParam<Compute> {};
+// (fixture, compute): a dense model and an MoE one, whose expert grouping must not allocate
+// either, whichever experts a step happens to choose.
+class DecodeAllocations : public ::testing::TestWithParam<std::tuple<std::string, Compute>> {};
 
 TEST_P(DecodeAllocations, StepsAllocateNothing) {
   LoadOptions o;
   o.n_threads = 2;
   o.kv_tokens = 256;
   o.max_rows = 8;
-  o.compute = GetParam();
-  auto m = Model::load(testing::fixture_dir("qwen3_bf16"), o);
+  o.compute = std::get<1>(GetParam());
+  auto m = Model::load(testing::fixture_dir(std::get<0>(GetParam())), o);
   constexpr size_t kSeqs = 3;
   constexpr int kSteps = 6;
   const auto V = static_cast<size_t>(m->vocab_size());
@@ -91,6 +95,7 @@ TEST_P(DecodeAllocations, StepsAllocateNothing) {
     m->decode(batch, std::span(tokens).first(width), std::span(logits).first(width * V));  // warm-up
     const long before = g_allocations.load();
     for (int s = 0; s < kSteps; ++s) {
+      for (size_t i = 0; i < width; ++i) tokens[i] = static_cast<int32_t>(7 + 31 * s + 5 * i);  // other experts
       m->decode(batch, std::span(tokens).first(width), std::span(logits).first(width * V));
     }
     EXPECT_EQ(g_allocations.load() - before, 0) << "decode steps at batch " << width << " allocated";
@@ -103,8 +108,12 @@ TEST_P(DecodeAllocations, StepsAllocateNothing) {
   for (Sequence& s : seqs) m->release(s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Compute, DecodeAllocations, ::testing::Values(Compute::kF32, Compute::kBF16),
-                         [](const auto& p) { return p.param == Compute::kF32 ? "f32" : "bf16"; });
+INSTANTIATE_TEST_SUITE_P(Models, DecodeAllocations,
+                         ::testing::Combine(::testing::Values("qwen3_bf16", "qwen3_moe_bf16"),
+                                            ::testing::Values(Compute::kF32, Compute::kBF16)),
+                         [](const auto& p) {
+                           return std::get<0>(p.param) + (std::get<1>(p.param) == Compute::kF32 ? "_f32" : "_bf16");
+                         });
 
 }  // namespace
 }  // namespace metrale

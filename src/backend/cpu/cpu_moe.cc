@@ -87,7 +87,13 @@ void CpuBackend::do_moe(const MoeArgs& a) {
     int32_t* o = s.order.data() + r * k;
     for (int64_t j = 0; j < k; ++j) o[j] = static_cast<int32_t>(j);
     const int32_t* ids = a.experts.data() + r * k;
-    std::stable_sort(o, o + k, [ids](int32_t p, int32_t q) { return ids[p] < ids[q]; });
+    // Insertion sort: k is small, and std::stable_sort would allocate a buffer per call.
+    for (int64_t j = 1; j < k; ++j) {
+      const int32_t c = o[j];
+      int64_t i = j;
+      for (; i > 0 && ids[o[i - 1]] > ids[c]; --i) o[i] = o[i - 1];
+      o[i] = c;
+    }
   }
 
   // Gather the input rows (f32, and rounded to bf16 for the pairs kernel).
@@ -120,6 +126,12 @@ void CpuBackend::do_moe(const MoeArgs& a) {
     }
   };
   rows_pass(nk, hidden, gather);
+
+  // Capacity for any routing, so that a step choosing more experts than the ones before it
+  // does not allocate: one job per expert, at most one item per unit of its outputs.
+  const int64_t max_units = (std::max(2 * inter, hidden) + cpu::kLinearUnit - 1) / cpu::kLinearUnit;
+  s.jobs.reserve(ue);
+  s.items.reserve(ue * static_cast<size_t>(max_units));
 
   // One dispatch over the output pieces of every active expert's projection.
   auto run_experts = [&](bool gate_up) {
