@@ -42,10 +42,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     writer.add(t.name, t.dtype, t.shape, bytes.subspan(h.data_offset + t.begin, t.nbytes()));
   }
   const std::vector<std::byte> again_bytes = writer.serialize();
-  const metrale::SafetensorsHeader again = metrale::parse_safetensors_header(again_bytes, "rewritten");
+  const metrale::SafetensorsHeader again =
+      metrale::parse_safetensors_header(again_bytes, "rewritten");
   require(again.tensors.size() == h.tensors.size() && again.metadata == h.metadata);
   for (size_t i = 0; i < h.tensors.size(); ++i) {
-    require(again.tensors[i].name == h.tensors[i].name && again.tensors[i].dtype == h.tensors[i].dtype &&
+    require(again.tensors[i].name == h.tensors[i].name &&
+            again.tensors[i].dtype == h.tensors[i].dtype &&
             again.tensors[i].shape == h.tensors[i].shape);
   }
   return 0;

@@ -14,7 +14,8 @@ const metrale::Tokenizer& qwen3() {
     const char* env = std::getenv("METRALE_SOURCE_DIR");
     const std::string root = env ? std::string(env) + "/" : std::string();
     return metrale::Tokenizer::from_json(
-        metrale::testing::read_gzip_file(root + "tests/data/tokenizers/qwen3/tokenizer.json.gz"), "qwen3");
+        metrale::testing::read_gzip_file(root + "tests/data/tokenizers/qwen3/tokenizer.json.gz"),
+        "qwen3");
   }();
   return tok;
 }

@@ -13,16 +13,26 @@ namespace metrale {
 
 std::string_view op_name(Op op) {
   switch (op) {
-    case Op::kLinear: return "linear";
-    case Op::kEmbedding: return "embedding";
-    case Op::kRmsNorm: return "rms_norm";
-    case Op::kRope: return "rope";
-    case Op::kKvStore: return "kv_store";
-    case Op::kAttention: return "attention";
-    case Op::kGatedActivation: return "gated_activation";
-    case Op::kRoute: return "route";
-    case Op::kMoe: return "moe";
-    case Op::kAdd: return "add";
+    case Op::kLinear:
+      return "linear";
+    case Op::kEmbedding:
+      return "embedding";
+    case Op::kRmsNorm:
+      return "rms_norm";
+    case Op::kRope:
+      return "rope";
+    case Op::kKvStore:
+      return "kv_store";
+    case Op::kAttention:
+      return "attention";
+    case Op::kGatedActivation:
+      return "gated_activation";
+    case Op::kRoute:
+      return "route";
+    case Op::kMoe:
+      return "moe";
+    case Op::kAdd:
+      return "add";
   }
   return "unknown-op";
 }
@@ -36,7 +46,8 @@ void Backend::require(Op op, WeightFormat format, DType dtype, std::string_view 
 // Brackets one op call for the observer, if any.
 class ObservedOp {
  public:
-  ObservedOp(const Backend& b, Op op, const WeightTensor* w) : observer_(b.observer_), op_(op), w_(w) {
+  ObservedOp(const Backend& b, Op op, const WeightTensor* w)
+      : observer_(b.observer_), op_(op), w_(w) {
     if (observer_ != nullptr) observer_->begin(op_, w_);
   }
   ~ObservedOp() {
@@ -65,25 +76,27 @@ std::ostream& operator<<(std::ostream& os, const Operand& o) {
 
 void check_rows(const Operand& what, ConstRows r, int64_t n_rows, int64_t n_cols) {
   METRALE_CHECK(r.data != nullptr || r.n_rows == 0, what, ": null data");
-  METRALE_CHECK(r.n_rows == n_rows && r.n_cols == n_cols, what, ": expected [", n_rows, ", ", n_cols,
-                "], found [", r.n_rows, ", ", r.n_cols, "]");
-  METRALE_CHECK(r.stride >= r.n_cols, what, ": stride ", r.stride, " is smaller than its ", r.n_cols,
-                " columns");
+  METRALE_CHECK(r.n_rows == n_rows && r.n_cols == n_cols, what, ": expected [", n_rows, ", ",
+                n_cols, "], found [", r.n_rows, ", ", r.n_cols, "]");
+  METRALE_CHECK(r.stride >= r.n_cols, what, ": stride ", r.stride, " is smaller than its ",
+                r.n_cols, " columns");
 }
 
 template <typename T>
 void check_span(const Operand& what, std::span<T> s, int64_t n) {
-  METRALE_CHECK(static_cast<int64_t>(s.size()) == n, what, ": expected ", n, " values, found ", s.size());
+  METRALE_CHECK(static_cast<int64_t>(s.size()) == n, what, ": expected ", n, " values, found ",
+                s.size());
 }
 
 void check_attention_shape(const AttentionShape& s, const KvLayout& kv, int64_t max_head_dim) {
   METRALE_CHECK(s.n_heads > 0 && s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
-                "attention: n_heads ", s.n_heads, " must be a positive multiple of n_kv_heads ", s.n_kv_heads);
+                "attention: n_heads ", s.n_heads, " must be a positive multiple of n_kv_heads ",
+                s.n_kv_heads);
   METRALE_CHECK(s.head_dim > 0 && s.head_dim <= max_head_dim, "attention: head_dim ", s.head_dim,
                 " must be in [1, ", max_head_dim, "] on this backend");
-  METRALE_CHECK(kv.n_kv_heads == s.n_kv_heads && kv.head_dim == s.head_dim, "attention: KV cache holds ",
-                kv.n_kv_heads, " heads of ", kv.head_dim, ", but the layer has ", s.n_kv_heads, " of ",
-                s.head_dim);
+  METRALE_CHECK(kv.n_kv_heads == s.n_kv_heads && kv.head_dim == s.head_dim,
+                "attention: KV cache holds ", kv.n_kv_heads, " heads of ", kv.head_dim,
+                ", but the layer has ", s.n_kv_heads, " of ", s.head_dim);
   METRALE_CHECK(s.sliding_window >= 0, "attention: negative sliding_window ", s.sliding_window);
   METRALE_CHECK(std::isfinite(s.scale) && s.scale >= 0.0f, "attention: bad scale ", s.scale);
 }
@@ -92,11 +105,12 @@ void check_table(const KvPageTable& t, const KvLayout& kv, size_t index) {
   METRALE_CHECK(t.seq_len >= 1, "attention: sequence ", index, " has length ", t.seq_len);
   const int64_t pages = (t.seq_len + kv.page_size - 1) / kv.page_size;
   METRALE_CHECK(static_cast<int64_t>(t.block_table.size()) >= pages, "attention: sequence ", index,
-                " of length ", t.seq_len, " needs ", pages, " pages, its block table has ", t.block_table.size());
+                " of length ", t.seq_len, " needs ", pages, " pages, its block table has ",
+                t.block_table.size());
   for (int64_t i = 0; i < pages; ++i) {
     const int32_t p = t.block_table[static_cast<size_t>(i)];
-    METRALE_CHECK(p >= 0 && p < kv.n_pages, "attention: sequence ", index, " block ", i, " names page ", p,
-                  ", outside the cache's [0, ", kv.n_pages, ")");
+    METRALE_CHECK(p >= 0 && p < kv.n_pages, "attention: sequence ", index, " block ", i,
+                  " names page ", p, ", outside the cache's [0, ", kv.n_pages, ")");
   }
 }
 
@@ -114,18 +128,21 @@ WeightTensor Backend::prepare(const WeightTensor& w, PrepareMode mode) {
   METRALE_CHECK(w.n_out > 0 && w.n_in > 0, "weight '", w.name, "': shape [", w.n_out, ", ", w.n_in,
                 "] must be non-empty");
   METRALE_CHECK(w.data != nullptr, "weight '", w.name, "': no data");
-  METRALE_CHECK(w.packing == 0, "weight '", w.name, "': already prepared (packing ", w.packing, ")");
+  METRALE_CHECK(w.packing == 0, "weight '", w.name, "': already prepared (packing ", w.packing,
+                ")");
   require(Op::kLinear, w.format, DType::kF32, w.name);
   METRALE_CHECK(w.bias == nullptr || w.bias_dtype == DType::kF32 || w.bias_dtype == DType::kBF16,
-                "weight '", w.name, "': bias must be f32 or bf16, found ", dtype_name(w.bias_dtype));
+                "weight '", w.name, "': bias must be f32 or bf16, found ",
+                dtype_name(w.bias_dtype));
   return do_prepare(w, mode);
 }
 
 void Backend::linear(ConstRows x, const WeightTensor& w, Rows y) {
   check_weight("linear", w);
   METRALE_CHECK(knows_packing(w), "linear '", w.name, "': unknown packing ", w.packing);
-  METRALE_CHECK(supports(Op::kLinear, w.format, DType::kF32), "linear '", w.name, "': weight format ",
-                weight_format_name(w.format), " is not supported by the ", name(), " backend");
+  METRALE_CHECK(supports(Op::kLinear, w.format, DType::kF32), "linear '", w.name,
+                "': weight format ", weight_format_name(w.format), " is not supported by the ",
+                name(), " backend");
   check_rows({"linear", w.name, "input"}, x, x.n_rows, w.n_in);
   check_rows({"linear", w.name, "output"}, y, x.n_rows, w.n_out);
   if (x.n_rows == 0) return;
@@ -135,13 +152,16 @@ void Backend::linear(ConstRows x, const WeightTensor& w, Rows y) {
 
 void Backend::embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) {
   METRALE_CHECK(table.data != nullptr, "embedding '", table.name, "': table has no data");
-  METRALE_CHECK(knows_packing(table), "embedding '", table.name, "': unknown packing ", table.packing);
-  METRALE_CHECK(supports(Op::kEmbedding, table.format, DType::kF32), "embedding '", table.name, "': format ",
-                weight_format_name(table.format), " is not supported by the ", name(), " backend");
-  check_rows({"embedding", table.name, "output"}, out, static_cast<int64_t>(ids.size()), table.n_in);
+  METRALE_CHECK(knows_packing(table), "embedding '", table.name, "': unknown packing ",
+                table.packing);
+  METRALE_CHECK(supports(Op::kEmbedding, table.format, DType::kF32), "embedding '", table.name,
+                "': format ", weight_format_name(table.format), " is not supported by the ", name(),
+                " backend");
+  check_rows({"embedding", table.name, "output"}, out, static_cast<int64_t>(ids.size()),
+             table.n_in);
   for (size_t i = 0; i < ids.size(); ++i) {
-    METRALE_CHECK(ids[i] >= 0 && ids[i] < table.n_out, "embedding '", table.name, "': token id ", ids[i],
-                  " at index ", i, " is outside the vocabulary [0, ", table.n_out, ")");
+    METRALE_CHECK(ids[i] >= 0 && ids[i] < table.n_out, "embedding '", table.name, "': token id ",
+                  ids[i], " at index ", i, " is outside the vocabulary [0, ", table.n_out, ")");
   }
   if (ids.empty()) return;
   const ObservedOp observe(*this, Op::kEmbedding, nullptr);
@@ -151,12 +171,14 @@ void Backend::embedding(const WeightTensor& table, std::span<const int32_t> ids,
 void Backend::rms_norm(const RmsNormArgs& a) {
   const int64_t n = a.x.n_cols;
   const int64_t group = a.group > 0 ? a.group : n;
-  METRALE_CHECK(n > 0 && group > 0 && n % group == 0, "rms_norm: group ", a.group, " must divide the row width ", n);
+  METRALE_CHECK(n > 0 && group > 0 && n % group == 0, "rms_norm: group ", a.group,
+                " must divide the row width ", n);
   METRALE_CHECK(a.weight != nullptr, "rms_norm: no weight");
   METRALE_CHECK(a.eps >= 0.0f, "rms_norm: negative eps ", a.eps);
   check_rows({"rms_norm", "", "input"}, a.x, a.x.n_rows, n);
   check_rows({"rms_norm", "", "output"}, a.out, a.x.n_rows, n);
-  if (a.residual.data != nullptr) check_rows({"rms_norm", "", "residual"}, a.residual, a.x.n_rows, n);
+  if (a.residual.data != nullptr)
+    check_rows({"rms_norm", "", "residual"}, a.residual, a.x.n_rows, n);
   if (a.x.n_rows == 0) return;
   const ObservedOp observe(*this, Op::kRmsNorm, nullptr);
   do_rms_norm(a);
@@ -164,14 +186,18 @@ void Backend::rms_norm(const RmsNormArgs& a) {
 
 void Backend::rope(const RopeArgs& a) {
   METRALE_CHECK(a.table.cos != nullptr && a.table.sin != nullptr, "rope: no table");
-  METRALE_CHECK(a.n_heads > 0 && a.head_dim > 0, "rope: bad head layout ", a.n_heads, " x ", a.head_dim);
-  METRALE_CHECK(a.table.rotary_dim > 0 && a.table.rotary_dim % 2 == 0 && a.table.rotary_dim <= a.head_dim,
-                "rope: rotary_dim ", a.table.rotary_dim, " must be even and in [2, head_dim ", a.head_dim, "]");
+  METRALE_CHECK(a.n_heads > 0 && a.head_dim > 0, "rope: bad head layout ", a.n_heads, " x ",
+                a.head_dim);
+  METRALE_CHECK(
+      a.table.rotary_dim > 0 && a.table.rotary_dim % 2 == 0 && a.table.rotary_dim <= a.head_dim,
+      "rope: rotary_dim ", a.table.rotary_dim, " must be even and in [2, head_dim ", a.head_dim,
+      "]");
   check_rows({"rope", "", "input"}, a.x, a.x.n_rows, a.n_heads * a.head_dim);
   check_span({"rope", "", "positions"}, a.positions, a.x.n_rows);
   for (size_t i = 0; i < a.positions.size(); ++i) {
     METRALE_CHECK(a.positions[i] >= 0 && a.positions[i] < a.table.n_positions, "rope: position ",
-                  a.positions[i], " of row ", i, " is outside the table's [0, ", a.table.n_positions, ")");
+                  a.positions[i], " of row ", i, " is outside the table's [0, ",
+                  a.table.n_positions, ")");
   }
   if (a.x.n_rows == 0) return;
   const ObservedOp observe(*this, Op::kRope, nullptr);
@@ -206,11 +232,12 @@ void Backend::attention(const AttentionArgs& a) {
   for (size_t i = 0; i < a.seqs.size(); ++i) check_table(a.seqs[i], a.cache.layout, i);
   for (int64_t r = 0; r < n; ++r) {
     const int32_t s = a.row_seq[static_cast<size_t>(r)];
-    METRALE_CHECK(s >= 0 && static_cast<size_t>(s) < a.seqs.size(), "attention: row ", r, " names sequence ", s,
-                  " of ", a.seqs.size());
+    METRALE_CHECK(s >= 0 && static_cast<size_t>(s) < a.seqs.size(), "attention: row ", r,
+                  " names sequence ", s, " of ", a.seqs.size());
     const int32_t p = a.positions[static_cast<size_t>(r)];
-    METRALE_CHECK(p >= 0 && p < a.seqs[static_cast<size_t>(s)].seq_len, "attention: row ", r, " at position ", p,
-                  " is outside its sequence's ", a.seqs[static_cast<size_t>(s)].seq_len, " stored tokens");
+    METRALE_CHECK(p >= 0 && p < a.seqs[static_cast<size_t>(s)].seq_len, "attention: row ", r,
+                  " at position ", p, " is outside its sequence's ",
+                  a.seqs[static_cast<size_t>(s)].seq_len, " stored tokens");
   }
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kAttention, nullptr);
@@ -229,7 +256,8 @@ void Backend::gated_activation(const GatedActivationArgs& a) {
 void Backend::route(const RouteArgs& a) {
   const int64_t n = a.logits.n_rows, e = a.logits.n_cols;
   check_rows({"route", "", "logits"}, a.logits, n, e);
-  METRALE_CHECK(a.top_k >= 1 && a.top_k <= e, "route: top_k ", a.top_k, " must be in [1, ", e, " experts]");
+  METRALE_CHECK(a.top_k >= 1 && a.top_k <= e, "route: top_k ", a.top_k, " must be in [1, ", e,
+                " experts]");
   check_span({"route", "", "experts"}, a.experts, n * a.top_k);
   check_span({"route", "", "weights"}, a.weights, n * a.top_k);
   if (n == 0) return;
@@ -247,24 +275,29 @@ void Backend::moe(const MoeArgs& a) {
     const MoeExpertWeights& w = a.expert_weights[static_cast<size_t>(e)];
     check_weight("moe", w.gate_up);
     check_weight("moe", w.down);
-    METRALE_CHECK(w.gate_up.n_out == 2 * inter && w.gate_up.n_in == h && w.down.n_out == h && w.down.n_in == inter,
-                  "moe: expert ", e, " ('", w.gate_up.name, "') is [", w.gate_up.n_out, ", ", w.gate_up.n_in,
-                  "] / [", w.down.n_out, ", ", w.down.n_in, "], expected [", 2 * inter, ", ", h, "] / [", h,
-                  ", ", inter, "]");
-    METRALE_CHECK(knows_packing(w.gate_up) && knows_packing(w.down), "moe: expert ", e, ": unknown packing");
-    METRALE_CHECK(supports(Op::kMoe, w.gate_up.format, DType::kF32) && supports(Op::kMoe, w.down.format, DType::kF32),
+    METRALE_CHECK(w.gate_up.n_out == 2 * inter && w.gate_up.n_in == h && w.down.n_out == h &&
+                      w.down.n_in == inter,
+                  "moe: expert ", e, " ('", w.gate_up.name, "') is [", w.gate_up.n_out, ", ",
+                  w.gate_up.n_in, "] / [", w.down.n_out, ", ", w.down.n_in, "], expected [",
+                  2 * inter, ", ", h, "] / [", h, ", ", inter, "]");
+    METRALE_CHECK(knows_packing(w.gate_up) && knows_packing(w.down), "moe: expert ", e,
+                  ": unknown packing");
+    METRALE_CHECK(supports(Op::kMoe, w.gate_up.format, DType::kF32) &&
+                      supports(Op::kMoe, w.down.format, DType::kF32),
                   "moe: expert ", e, ": weight format ", weight_format_name(w.gate_up.format),
                   " is not supported by the ", name(), " backend");
   }
-  METRALE_CHECK(a.top_k >= 1 && a.top_k <= n_experts, "moe: top_k ", a.top_k, " must be in [1, ", n_experts, "]");
+  METRALE_CHECK(a.top_k >= 1 && a.top_k <= n_experts, "moe: top_k ", a.top_k, " must be in [1, ",
+                n_experts, "]");
   check_rows({"moe", "", "input"}, a.x, n, h);
   check_rows({"moe", "", "output"}, a.out, n, h);
   METRALE_CHECK(a.out.data != a.x.data || n == 0, "moe: out must not alias x");
   check_span({"moe", "", "experts"}, a.experts, n * a.top_k);
   check_span({"moe", "", "weights"}, a.weights, n * a.top_k);
   for (size_t i = 0; i < a.experts.size(); ++i) {
-    METRALE_CHECK(a.experts[i] >= 0 && a.experts[i] < n_experts, "moe: row ", static_cast<int64_t>(i) / a.top_k,
-                  " chose expert ", a.experts[i], ", outside [0, ", n_experts, ")");
+    METRALE_CHECK(a.experts[i] >= 0 && a.experts[i] < n_experts, "moe: row ",
+                  static_cast<int64_t>(i) / a.top_k, " chose expert ", a.experts[i],
+                  ", outside [0, ", n_experts, ")");
   }
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kMoe, nullptr);

@@ -105,16 +105,16 @@ struct RopeCache {
 };
 
 struct RopeArgs {
-  Rows x;                           // [n_tokens, n_heads * head_dim], rotated in place
+  Rows x;  // [n_tokens, n_heads * head_dim], rotated in place
   int64_t n_heads = 0;
-  int64_t head_dim = 0;             // the first table.rotary_dim values of each head rotate
+  int64_t head_dim = 0;                // the first table.rotary_dim values of each head rotate
   std::span<const int32_t> positions;  // [n_tokens]
   RopeCache table;
 };
 
 struct KvStoreArgs {
-  ConstRows k;                    // [n_tokens, n_kv_heads * head_dim]
-  ConstRows v;                    // same
+  ConstRows k;                     // [n_tokens, n_kv_heads * head_dim]
+  ConstRows v;                     // same
   std::span<const int64_t> slots;  // [n_tokens], page * page_size + offset
   KvLayerView cache;
 };
@@ -137,9 +137,9 @@ struct AttentionArgs {
   ConstRows q;  // [n_rows, n_heads * head_dim]
   Rows out;     // [n_rows, n_heads * head_dim]
   KvLayerView cache;
-  std::span<const KvPageTable> seqs;    // the pass's sequences; seq_len covers every row's key
-  std::span<const int32_t> row_seq;     // [n_rows] index into seqs
-  std::span<const int32_t> positions;   // [n_rows] in [0, seqs[row_seq[r]].seq_len)
+  std::span<const KvPageTable> seqs;   // the pass's sequences; seq_len covers every row's key
+  std::span<const int32_t> row_seq;    // [n_rows] index into seqs
+  std::span<const int32_t> positions;  // [n_rows] in [0, seqs[row_seq[r]].seq_len)
   AttentionShape shape;
 };
 
@@ -158,7 +158,7 @@ struct GatedActivationArgs {
 // MoE router (Qwen3-MoE / Mixtral style): p = softmax(logits) in f32, the top_k largest
 // (descending; ties to the lower expert), optionally divided by their sum.
 struct RouteArgs {
-  ConstRows logits;            // [n_rows, n_experts]
+  ConstRows logits;  // [n_rows, n_experts]
   int64_t top_k = 0;
   bool normalize = false;      // norm_topk_prob
   std::span<int32_t> experts;  // [n_rows * top_k] out
@@ -177,13 +177,13 @@ struct MoeExpertWeights {
 // routed to one expert go through its weights together, so each expert's weights are read
 // once per call, and only the experts some row chose.
 struct MoeArgs {
-  ConstRows x;                                // [n_rows, H]
-  std::span<const int32_t> experts;           // [n_rows * top_k]
-  std::span<const float> weights;             // [n_rows * top_k]
+  ConstRows x;                       // [n_rows, H]
+  std::span<const int32_t> experts;  // [n_rows * top_k]
+  std::span<const float> weights;    // [n_rows * top_k]
   int64_t top_k = 0;
   std::span<const MoeExpertWeights> expert_weights;  // [n_experts]
   Activation act = Activation::kSilu;
-  Rows out;                                   // [n_rows, H]; must not alias x
+  Rows out;  // [n_rows, H]; must not alias x
 };
 
 // Watches the ops a backend runs (Backend::set_observer): begin/end bracket each op call,

@@ -27,7 +27,9 @@ class Buffer {
   void* data() const { return data_; }
   size_t size() const { return bytes_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   explicit operator bool() const { return data_ != nullptr; }
 
  private:

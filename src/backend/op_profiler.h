@@ -17,7 +17,7 @@ namespace metrale {
 class OpProfiler final : public OpObserver {
  public:
   struct Entry {
-    std::string key;     // "linear model.layers.*.self_attn.o_proj.weight", "rms_norm", ...
+    std::string key;  // "linear model.layers.*.self_attn.o_proj.weight", "rms_norm", ...
     uint64_t calls = 0;
     double seconds = 0;
   };

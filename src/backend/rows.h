@@ -22,7 +22,9 @@ struct Rows {
   int64_t stride = 0;  // in floats, >= n_cols
 
   float* row(int64_t r) const { return data + r * stride; }
-  operator ConstRows() const { return {data, n_rows, n_cols, stride}; }  // NOLINT: implicit on purpose
+  operator ConstRows() const {
+    return {data, n_rows, n_cols, stride};
+  }  // NOLINT: implicit on purpose
 };
 
 // Contiguous rows: stride == n_cols.

@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <random>
 
+#include "backend/op_profiler.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/error.h"
-#include "backend/op_profiler.h"
 #include "engine/bandwidth.h"
 
 namespace metrale::cli {
@@ -39,7 +39,8 @@ double now_s() {
 
 std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(std::min<int64_t>(vocab, 32000) - 1));
+  std::uniform_int_distribution<int32_t> d(
+      0, static_cast<int32_t>(std::min<int64_t>(vocab, 32000) - 1));
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (auto& id : ids) id = d(rng);
   return ids;
@@ -90,7 +91,8 @@ double bench_decode(Model& m, int64_t batch, int64_t steps, int reps) {
 void print_profile_table(const OpProfiler& prof, const char* title, const char* unit, double units,
                          double seconds) {
   std::vector<OpProfiler::Entry> rows = prof.entries();
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
   const double per = seconds / units;
   std::printf("\n%s: %.2f ms/%s\n", title, per * 1e3, unit);
   std::printf("%-62s %8s %9s/%s %6s\n", "op", "calls", "ms", unit, "%");
@@ -100,8 +102,8 @@ void print_profile_table(const OpProfiler& prof, const char* title, const char* 
     std::printf("%-62s %8.0f %10.3f %6.1f%%\n", e.key.c_str(), static_cast<double>(e.calls) / units,
                 e.seconds / units * 1e3, 100.0 * e.seconds / seconds);
   }
-  std::printf("%-62s %8s %10.3f %6.1f%%\n", "(between ops: engine, sampling-free loop)", "", (per - covered) * 1e3,
-              100.0 * (per - covered) / per);
+  std::printf("%-62s %8s %10.3f %6.1f%%\n", "(between ops: engine, sampling-free loop)", "",
+              (per - covered) * 1e3, 100.0 * (per - covered) / per);
 }
 
 // Where the time of a batch-1 decode step and of one prefill of `prompt` tokens goes, per
@@ -137,8 +139,8 @@ void print_profile(Model& m, int64_t steps, int64_t prompt) {
   dt = now_s() - t0;
   m.release(long_seq);
   m.backend().set_observer(nullptr);
-  std::snprintf(title, sizeof title, "prefill profile (%lld tokens, %.1f tokens/s)", static_cast<long long>(prompt),
-                static_cast<double>(prompt) / dt);
+  std::snprintf(title, sizeof title, "prefill profile (%lld tokens, %.1f tokens/s)",
+                static_cast<long long>(prompt), static_cast<double>(prompt) / dt);
   print_profile_table(prof, title, "prefill", 1.0, dt);
 }
 
@@ -170,27 +172,34 @@ void run_bench(const BenchFlags& f) {
   auto roofline = [&](double tps) { return gbs > 0 ? tps * bytes / (gbs * 1e9) : 0.0; };
 
   if (f.json) {
-    std::printf("{\"model\": \"%s\", \"threads\": %d, \"prefill\": {", m.dir().string().c_str(), m.pool().size());
+    std::printf("{\"model\": \"%s\", \"threads\": %d, \"prefill\": {", m.dir().string().c_str(),
+                m.pool().size());
     for (size_t i = 0; i < prefills.size(); ++i)
-      std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(prefills[i]), prefill_tps[i]);
+      std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(prefills[i]),
+                  prefill_tps[i]);
     std::printf("}, \"decode\": {");
     for (size_t i = 0; i < batches.size(); ++i)
-      std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(batches[i]), decode_tps[i]);
-    std::printf("}, \"weight_bytes\": %.0f, \"active_weight_bytes\": %.0f, \"peak_rss_bytes\": %llu, \"bandwidth_gbs\": %.3f, "
-                "\"decode1_roofline_fraction\": %.4f}\n",
-                static_cast<double>(m.weight_bytes()), bytes, static_cast<unsigned long long>(rss), gbs,
-                batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]));
+      std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(batches[i]),
+                  decode_tps[i]);
+    std::printf(
+        "}, \"weight_bytes\": %.0f, \"active_weight_bytes\": %.0f, \"peak_rss_bytes\": %llu, "
+        "\"bandwidth_gbs\": %.3f, "
+        "\"decode1_roofline_fraction\": %.4f}\n",
+        static_cast<double>(m.weight_bytes()), bytes, static_cast<unsigned long long>(rss), gbs,
+        batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]));
     return;
   }
   std::printf("model: %s, %d thread(s), weights %.1f MB (%s), %.1f MB read per decoded token\n",
-              m.dir().string().c_str(), m.pool().size(), static_cast<double>(m.weight_bytes()) / 1e6,
-              f.model.placement.c_str(), bytes / 1e6);
+              m.dir().string().c_str(), m.pool().size(),
+              static_cast<double>(m.weight_bytes()) / 1e6, f.model.placement.c_str(), bytes / 1e6);
   if (gbs > 0) std::printf("read bandwidth (measured now): %.1f GB/s\n", gbs);
   for (size_t i = 0; i < prefills.size(); ++i)
-    std::printf("prefill %5lld tokens: %9.1f tokens/s\n", static_cast<long long>(prefills[i]), prefill_tps[i]);
+    std::printf("prefill %5lld tokens: %9.1f tokens/s\n", static_cast<long long>(prefills[i]),
+                prefill_tps[i]);
   for (size_t i = 0; i < batches.size(); ++i) {
     const double per_seq = decode_tps[i] / static_cast<double>(batches[i]);
-    std::printf("decode batch %3lld:     %9.1f tokens/s", static_cast<long long>(batches[i]), decode_tps[i]);
+    std::printf("decode batch %3lld:     %9.1f tokens/s", static_cast<long long>(batches[i]),
+                decode_tps[i]);
     if (gbs > 0) std::printf("  (%.0f%% of the roofline per step)", 100.0 * roofline(per_seq));
     std::printf("\n");
   }
@@ -200,16 +209,20 @@ void run_bench(const BenchFlags& f) {
 
 void setup(CLI::App& app) {
   auto f = std::make_shared<BenchFlags>();
-  auto* cmd = app.add_subcommand("bench", "measure prefill / decode speed and the bandwidth roofline");
+  auto* cmd =
+      app.add_subcommand("bench", "measure prefill / decode speed and the bandwidth roofline");
   f->model.add_to(*cmd);
   cmd->add_option("--prefill", f->prefill, "prompt lengths to time, comma-separated");
   cmd->add_option("--batch", f->batch, "decode batch widths to time, comma-separated");
   cmd->add_option("--decode-tokens", f->decode_tokens, "decode steps per timing")
       ->check(CLI::Range(int64_t{1}, int64_t{100000}));
-  cmd->add_option("--reps", f->reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000));
+  cmd->add_option("--reps", f->reps, "timed repetitions (median reported)")
+      ->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", f->json, "print one JSON object");
   cmd->add_flag("--no-bandwidth", f->skip_bandwidth, "skip the bandwidth probe");
-  cmd->add_flag("--profile", f->profile, "also print where the time of a batch-1 decode step and of the longest prefill goes, per op");
+  cmd->add_flag(
+      "--profile", f->profile,
+      "also print where the time of a batch-1 decode step and of the longest prefill goes, per op");
   cmd->callback([f] { run_bench(*f); });
 }
 

@@ -35,7 +35,8 @@ void run_forward(ForwardFlags f) {
     if (static_cast<size_t>(index) >= hidden.size()) hidden.resize(static_cast<size_t>(index) + 1);
     std::vector<float>& dst = hidden[static_cast<size_t>(index)];
     dst.resize(static_cast<size_t>(n * H));
-    for (int64_t r = 0; r < n; ++r) std::memcpy(dst.data() + r * H, h.row(r), static_cast<size_t>(H) * 4);
+    for (int64_t r = 0; r < n; ++r)
+      std::memcpy(dst.data() + r * H, h.row(r), static_cast<size_t>(H) * 4);
   };
   Sequence seq;
   model->prefill(seq, ids, logits, /*all_logits=*/true, f.hidden ? &sink : nullptr);

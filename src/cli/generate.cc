@@ -20,7 +20,8 @@ struct GenerateFlags {
 };
 
 void run_generate(const GenerateFlags& f) {
-  METRALE_CHECK(!(f.prompt.empty() && f.ids.empty()), "generate: give --prompt TEXT or --ids 1,2,3");
+  METRALE_CHECK(!(f.prompt.empty() && f.ids.empty()),
+                "generate: give --prompt TEXT or --ids 1,2,3");
   METRALE_CHECK(f.prompt.empty() || f.ids.empty(), "generate: give only one of --prompt and --ids");
   std::unique_ptr<Model> model = load_model(f.model);
   std::vector<int32_t> prompt;
@@ -46,12 +47,14 @@ void run_generate(const GenerateFlags& f) {
   std::printf("\n");
   std::fflush(stdout);  // the text before the statistics, also when both go to a terminal
   const auto n_dec = static_cast<double>(r.tokens.size());
-  std::fprintf(stderr, "prompt: %lld tokens, %.1f tokens/s | decode: %lld tokens, %.1f tokens/s | stop: %s\n",
-               static_cast<long long>(r.prompt_tokens),
-               r.prefill_seconds > 0 ? static_cast<double>(r.prompt_tokens) / r.prefill_seconds : 0.0,
-               static_cast<long long>(r.tokens.size()),
-               r.decode_seconds > 0 && n_dec > 1 ? (n_dec - 1) / r.decode_seconds : 0.0,
-               std::string(stop_reason_name(r.stop)).c_str());
+  std::fprintf(
+      stderr,
+      "prompt: %lld tokens, %.1f tokens/s | decode: %lld tokens, %.1f tokens/s | stop: %s\n",
+      static_cast<long long>(r.prompt_tokens),
+      r.prefill_seconds > 0 ? static_cast<double>(r.prompt_tokens) / r.prefill_seconds : 0.0,
+      static_cast<long long>(r.tokens.size()),
+      r.decode_seconds > 0 && n_dec > 1 ? (n_dec - 1) / r.decode_seconds : 0.0,
+      std::string(stop_reason_name(r.stop)).c_str());
 }
 
 void setup(CLI::App& app) {
@@ -63,8 +66,10 @@ void setup(CLI::App& app) {
   cmd->add_flag("--no-special", f->no_special, "do not add the tokenizer's special tokens (bos)");
   cmd->add_option("--max-tokens,-n", f->gen.max_new_tokens, "most tokens to generate")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  cmd->add_option("--temperature", f->gen.sampling.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
-  cmd->add_option("--top-k", f->gen.sampling.top_k, "0 = off")->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd->add_option("--temperature", f->gen.sampling.temperature, "0 = greedy")
+      ->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-k", f->gen.sampling.top_k, "0 = off")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_option("--top-p", f->gen.sampling.top_p, "in (0, 1]; 1 = off")
       ->check(CLI::Range(1e-6f, 1.0f));
   cmd->add_option("--min-p", f->gen.sampling.min_p, "0 = off")->check(CLI::Range(0.0f, 1.0f));

@@ -35,8 +35,8 @@ void draw_progress(uint64_t done, uint64_t total) {
   const int pct = total ? static_cast<int>(done * 100 / total) : 100;
   if (pct == last) return;
   last = pct;
-  std::fprintf(stderr, "\rloading weights: %3d%% (%.1f / %.1f MB)", pct, static_cast<double>(done) / 1e6,
-               static_cast<double>(total) / 1e6);
+  std::fprintf(stderr, "\rloading weights: %3d%% (%.1f / %.1f MB)", pct,
+               static_cast<double>(done) / 1e6, static_cast<double>(total) / 1e6);
   if (done >= total) std::fputc('\n', stderr);
 }
 
@@ -50,14 +50,17 @@ std::vector<int64_t> parse_count_list(const std::string& text, const std::string
 }
 
 void ModelFlags::add_to(CLI::App& cmd) {
-  cmd.add_option("--model,-m", dir, "checkpoint directory (config.json, *.safetensors)")->required();
+  cmd.add_option("--model,-m", dir, "checkpoint directory (config.json, *.safetensors)")
+      ->required();
   cmd.add_option("--threads,-t", threads, "compute threads (default: METRALE_THREADS or the cores)")
       ->check(CLI::Range(0, 1024));
-  cmd.add_option("--kv-tokens", kv_tokens, "KV cache capacity in tokens (default: min(context, 4096))")
+  cmd.add_option("--kv-tokens", kv_tokens,
+                 "KV cache capacity in tokens (default: min(context, 4096))")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd.add_option("--max-rows", max_rows, "largest prefill chunk / decode batch")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
-  cmd.add_option("--weights", placement, "where decode reads weights: copy (anonymous memory) or mmap")
+  cmd.add_option("--weights", placement,
+                 "where decode reads weights: copy (anonymous memory) or mmap")
       ->check(CLI::IsMember({"copy", "mmap"}));
   cmd.add_option("--compute", compute,
                  "linear-layer arithmetic: f32 (HF numerics) or bf16 (inputs rounded to bf16, "

@@ -36,21 +36,26 @@ std::vector<uint8_t> read_file(const std::string& path) {
 }
 
 bool looks_like_video(const std::string& path, std::span<const uint8_t> bytes) {
-  for (const char* ext : {".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}) {
+  for (const char* ext :
+       {".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}) {
     const std::string e(ext);
-    if (path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0) return true;
+    if (path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0)
+      return true;
   }
   return vision::sniff_format(bytes) == vision::ImageFormat::kUnknown;
 }
 
-void append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
+void append(std::vector<float>& dst, const std::vector<float>& src) {
+  dst.insert(dst.end(), src.begin(), src.end());
+}
 
 std::span<const std::byte> bytes_of(const auto& v) { return std::as_bytes(std::span(v)); }
 
 void run(const PreprocessArgs& a) {
   vision::ImageProcessorConfig image_config = vision::load_image_processor_config(a.model);
   if (a.resize == "pil") image_config.geometry.resize_kernel = vision::ResizeKernel::kPil;
-  if (a.resize == "torchvision") image_config.geometry.resize_kernel = vision::ResizeKernel::kTorchvision;
+  if (a.resize == "torchvision")
+    image_config.geometry.resize_kernel = vision::ResizeKernel::kTorchvision;
   std::vector<float> image_pixels, video_pixels;
   std::vector<int64_t> image_grids, video_grids;
   int64_t image_dim = 0, video_dim = 0;
@@ -61,29 +66,35 @@ void run(const PreprocessArgs& a) {
       if (!video) {
         const vision::Image img = vision::decode_image(bytes);
         const vision::VisionItem item = vision::preprocess_image(img, image_config);
-        std::printf("%s: image %dx%d -> %dx%d (%s), grid_thw [%lld, %lld, %lld], %lld patches x %lld, %lld tokens\n",
-                    path.c_str(), img.width, img.height, item.resized_width, item.resized_height,
-                    vision::resize_kernel_name(image_config.geometry.resize_kernel),
-                    static_cast<long long>(item.grid_thw[0]), static_cast<long long>(item.grid_thw[1]),
-                    static_cast<long long>(item.grid_thw[2]), static_cast<long long>(item.n_patches()),
-                    static_cast<long long>(item.patch_dim), static_cast<long long>(item.n_tokens()));
+        std::printf(
+            "%s: image %dx%d -> %dx%d (%s), grid_thw [%lld, %lld, %lld], %lld patches x %lld, %lld "
+            "tokens\n",
+            path.c_str(), img.width, img.height, item.resized_width, item.resized_height,
+            vision::resize_kernel_name(image_config.geometry.resize_kernel),
+            static_cast<long long>(item.grid_thw[0]), static_cast<long long>(item.grid_thw[1]),
+            static_cast<long long>(item.grid_thw[2]), static_cast<long long>(item.n_patches()),
+            static_cast<long long>(item.patch_dim), static_cast<long long>(item.n_tokens()));
         append(image_pixels, item.pixels);
         image_grids.insert(image_grids.end(), item.grid_thw.begin(), item.grid_thw.end());
         image_dim = item.patch_dim;
         return;
       }
-      const vision::VideoProcessorConfig video_config = vision::load_video_processor_config(a.model);
+      const vision::VideoProcessorConfig video_config =
+          vision::load_video_processor_config(a.model);
       const vision::VideoFrames frames = vision::decode_video_file(path);
       METRALE_CHECK(!frames.frames.empty(), "the video decoded to no frames");
-      const double fps = frames.fps > 0 ? frames.fps : 24.0;  // HF's default when the rate is unknown
+      const double fps =
+          frames.fps > 0 ? frames.fps : 24.0;  // HF's default when the rate is unknown
       const vision::VisionItem item = vision::preprocess_video(frames.frames, fps, video_config);
-      std::printf("%s: video %zu frames @ %.3f fps %dx%d -> %zu sampled, %dx%d, grid_thw [%lld, %lld, %lld], "
-                  "%lld tokens (%lld per frame group)\n",
-                  path.c_str(), frames.frames.size(), fps, frames.frames[0].width, frames.frames[0].height,
-                  item.frame_indices.size(), item.resized_width, item.resized_height,
-                  static_cast<long long>(item.grid_thw[0]), static_cast<long long>(item.grid_thw[1]),
-                  static_cast<long long>(item.grid_thw[2]), static_cast<long long>(item.n_tokens()),
-                  static_cast<long long>(item.tokens_per_frame()));
+      std::printf(
+          "%s: video %zu frames @ %.3f fps %dx%d -> %zu sampled, %dx%d, grid_thw [%lld, %lld, "
+          "%lld], "
+          "%lld tokens (%lld per frame group)\n",
+          path.c_str(), frames.frames.size(), fps, frames.frames[0].width, frames.frames[0].height,
+          item.frame_indices.size(), item.resized_width, item.resized_height,
+          static_cast<long long>(item.grid_thw[0]), static_cast<long long>(item.grid_thw[1]),
+          static_cast<long long>(item.grid_thw[2]), static_cast<long long>(item.n_tokens()),
+          static_cast<long long>(item.tokens_per_frame()));
       append(video_pixels, item.pixels);
       video_grids.insert(video_grids.end(), item.grid_thw.begin(), item.grid_thw.end());
       video_dim = item.patch_dim;
@@ -92,14 +103,16 @@ void run(const PreprocessArgs& a) {
   if (a.out.empty()) return;
   SafetensorsWriter w;
   if (!image_grids.empty()) {
-    w.add("pixel_values", DType::kF32, Shape{static_cast<int64_t>(image_pixels.size()) / image_dim, image_dim},
+    w.add("pixel_values", DType::kF32,
+          Shape{static_cast<int64_t>(image_pixels.size()) / image_dim, image_dim},
           bytes_of(image_pixels));
     w.add("image_grid_thw", DType::kI64, Shape{static_cast<int64_t>(image_grids.size() / 3), 3},
           bytes_of(image_grids));
   }
   if (!video_grids.empty()) {
     w.add("pixel_values_videos", DType::kF32,
-          Shape{static_cast<int64_t>(video_pixels.size()) / video_dim, video_dim}, bytes_of(video_pixels));
+          Shape{static_cast<int64_t>(video_pixels.size()) / video_dim, video_dim},
+          bytes_of(video_pixels));
     w.add("video_grid_thw", DType::kI64, Shape{static_cast<int64_t>(video_grids.size() / 3), 3},
           bytes_of(video_grids));
   }
@@ -109,11 +122,14 @@ void run(const PreprocessArgs& a) {
 
 void setup(CLI::App& app) {
   auto args = std::make_shared<PreprocessArgs>();
-  CLI::App* cmd = app.add_subcommand("preprocess", "Run a checkpoint's image/video processor; print grids and tokens");
-  cmd->add_option("--model", args->model, "Checkpoint directory (preprocessor_config.json)")->required();
+  CLI::App* cmd = app.add_subcommand(
+      "preprocess", "Run a checkpoint's image/video processor; print grids and tokens");
+  cmd->add_option("--model", args->model, "Checkpoint directory (preprocessor_config.json)")
+      ->required();
   cmd->add_option("files", args->files, "Image or video files")->required();
   cmd->add_option("--out", args->out, "Write the tensors to this .safetensors file");
-  cmd->add_option("--resize", args->resize, "Override the image resizer (torchvision = HF default, or pil)")
+  cmd->add_option("--resize", args->resize,
+                  "Override the image resizer (torchvision = HF default, or pil)")
       ->check(CLI::IsMember({"torchvision", "pil"}));
   cmd->add_flag("--video", args->video, "Treat every file as a video");
   cmd->callback([args] { run(*args); });

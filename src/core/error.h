@@ -56,9 +56,9 @@ decltype(auto) with_context(std::string_view context, Fn&& fn) {
 }  // namespace metrale
 
 // Checks a condition on outside input; always on (never compiled out).
-#define METRALE_CHECK(cond, ...)                                   \
-  do {                                                             \
-    if (!(cond)) throw ::metrale::make_error(__VA_ARGS__);         \
+#define METRALE_CHECK(cond, ...)                           \
+  do {                                                     \
+    if (!(cond)) throw ::metrale::make_error(__VA_ARGS__); \
   } while (0)
 
 // Programmer-error checks for hot loops: compiled out in release builds.
@@ -67,11 +67,11 @@ decltype(auto) with_context(std::string_view context, Fn&& fn) {
 #else
 #include <cstdio>
 #include <cstdlib>
-#define METRALE_DCHECK(cond)                                                        \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
+#define METRALE_DCHECK(cond)                                                         \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
       std::fprintf(stderr, "%s:%d: DCHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
+      std::abort();                                                                  \
+    }                                                                                \
   } while (0)
 #endif

@@ -48,7 +48,9 @@ struct TensorView {
   bool is_contiguous() const;
   size_t nbytes() const { return dtype_bytes(dtype, static_cast<size_t>(numel())); }
   template <typename T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
   std::string str() const;  // "bf16[2, 3]"
 };
 

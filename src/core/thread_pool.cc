@@ -84,7 +84,8 @@ void ThreadPool::chunk_range(size_t n, int n_chunks, int t, size_t* begin, size_
 
 void ThreadPool::run(size_t n, Thunk thunk, void* fn, size_t grain) {
   if (n == 0) return;
-  if (n_threads_ == 1 || n == 1 || tl_in_job || (grain > 0 && grain >= n)) return run_inline(n, thunk, fn);
+  if (n_threads_ == 1 || n == 1 || tl_in_job || (grain > 0 && grain >= n))
+    return run_inline(n, thunk, fn);
 
   std::lock_guard<std::mutex> dispatch(dispatch_mu_);
   thunk_ = thunk;

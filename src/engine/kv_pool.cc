@@ -6,7 +6,8 @@ namespace metrale {
 
 KvPool::KvPool(Backend& backend, int64_t n_layers, KvLayout layout) : layout_(layout) {
   METRALE_CHECK(layout.n_pages > 0 && layout.page_size > 0 && layout.row_elems() > 0,
-                "kv cache: bad layout (", layout.n_pages, " pages of ", layout.page_size, " tokens)");
+                "kv cache: bad layout (", layout.n_pages, " pages of ", layout.page_size,
+                " tokens)");
   METRALE_CHECK(layout.n_pages <= INT32_MAX, "kv cache: too many pages: ", layout.n_pages);
   const size_t bytes = static_cast<size_t>(layout.layer_elems()) * sizeof(float);
   buffers_.reserve(static_cast<size_t>(n_layers));

@@ -29,9 +29,9 @@ class KvPool {
 
  private:
   KvLayout layout_;
-  std::vector<Buffer> buffers_;       // per layer: K pages then V pages
+  std::vector<Buffer> buffers_;  // per layer: K pages then V pages
   std::vector<KvLayerView> layers_;
-  std::vector<int32_t> free_;         // a stack: most recently freed pages reused first
+  std::vector<int32_t> free_;  // a stack: most recently freed pages reused first
 };
 
 }  // namespace metrale

@@ -17,20 +17,25 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     const ArchitectureEntry* family = find_architecture(c.model_type);
     if (family == nullptr) {
       std::string known;
-      for (const ArchitectureEntry& e : architectures()) known += (known.empty() ? "" : ", ") + std::string(e.model_type);
-      throw make_error(c.source, ": model_type '", c.model_type, "' parses, but this build runs only ", known);
+      for (const ArchitectureEntry& e : architectures())
+        known += (known.empty() ? "" : ", ") + std::string(e.model_type);
+      throw make_error(c.source, ": model_type '", c.model_type,
+                       "' parses, but this build runs only ", known);
     }
-    METRALE_CHECK(o.max_rows > 0 && o.page_size > 0, "LoadOptions: max_rows ", o.max_rows, " and page_size ",
-                  o.page_size, " must be positive");
+    METRALE_CHECK(o.max_rows > 0 && o.page_size > 0, "LoadOptions: max_rows ", o.max_rows,
+                  " and page_size ", o.page_size, " must be positive");
     if (o.load_tokenizer && std::filesystem::exists(dir / "tokenizer.json")) {
-      m->tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_file((dir / "tokenizer.json").string()));
+      m->tokenizer_ =
+          std::make_unique<Tokenizer>(Tokenizer::from_file((dir / "tokenizer.json").string()));
       METRALE_CHECK(static_cast<int64_t>(m->tokenizer_->id_limit()) <= c.vocab_size,
                     (dir / "tokenizer.json").string(), ": the tokenizer has ids up to ",
-                    m->tokenizer_->id_limit() - 1, " but config.json's vocab_size is ", c.vocab_size);
+                    m->tokenizer_->id_limit() - 1, " but config.json's vocab_size is ",
+                    c.vocab_size);
     }
     m->pool_ = std::make_unique<ThreadPool>(o.n_threads > 0 ? o.n_threads : default_thread_count());
     METRALE_CHECK(o.compute == Compute::kF32 || o.placement == WeightPlacement::kCopy,
-                  "LoadOptions: compute bf16 repacks the weights and needs placement copy, not in-place (mmap)");
+                  "LoadOptions: compute bf16 repacks the weights and needs placement copy, not "
+                  "in-place (mmap)");
     m->backend_ = make_backend({.device = o.device, .pool = m->pool_.get(), .compute = o.compute});
     m->checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(dir));
     {
@@ -84,7 +89,8 @@ void Model::check_ids(std::span<const int32_t> ids) const {
 void Model::run(const ForwardContext& ctx, int64_t n_want, float* logits, const HiddenSink* sink) {
   Backend& be = *ctx.backend;
   const int64_t n = ctx.n_rows;
-  Residual r{.h = {h_.data, n, h_.n_cols, h_.stride}, .delta = {delta_.data, n, delta_.n_cols, delta_.stride}};
+  Residual r{.h = {h_.data, n, h_.n_cols, h_.stride},
+             .delta = {delta_.data, n, delta_.n_cols, delta_.stride}};
   be.embedding(arch_->embed, std::span(ids_).first(static_cast<size_t>(n)), r.h);
   if (sink != nullptr) (*sink)(0, r.h);
   const Workspace ws(workspace_, workspace_floats_);
@@ -115,7 +121,8 @@ void Model::run(const ForwardContext& ctx, int64_t n_want, float* logits, const 
   } else {
     add_and_norm(be, r, x, arch_->final_norm);
     head_in = tmp.rows(n_want, x.n_cols);
-    for (int64_t i = 0; i < n_want; ++i) std::copy_n(x.row(want_[static_cast<size_t>(i)]), x.n_cols, head_in.row(i));
+    for (int64_t i = 0; i < n_want; ++i)
+      std::copy_n(x.row(want_[static_cast<size_t>(i)]), x.n_cols, head_in.row(i));
   }
   if (sink != nullptr) (*sink)(n_layers, head_in);
   arch_->lm_head.forward(be, head_in, rows_of(logits, n_want, config_.vocab_size));
@@ -133,16 +140,18 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     }
     const auto len = static_cast<int64_t>(it.ids.size());
     const auto have = static_cast<int64_t>(it.seq->tokens.size());
-    METRALE_CHECK(have + len <= context_, "a sequence of ", have + len, " tokens (", have, " cached + ", len,
-                  " new) exceeds the context of ", context_, " tokens");
+    METRALE_CHECK(have + len <= context_, "a sequence of ", have + len, " tokens (", have,
+                  " cached + ", len, " new) exceeds the context of ", context_, " tokens");
     check_ids(it.ids);
     n += len;
     n_want += it.logits == LogitRows::kAll ? len : it.logits == LogitRows::kLast ? 1 : 0;
   }
   METRALE_CHECK(n <= max_rows_, "step: ", n, " tokens exceed max_rows ", max_rows_);
-  METRALE_CHECK(logits.size() == static_cast<size_t>(n_want * config_.vocab_size), "step: logits buffer holds ",
-                logits.size(), " floats, expected ", n_want * config_.vocab_size);
-  METRALE_CHECK(sink == nullptr || items.size() == 1, "step: hidden states are recorded for one sequence only");
+  METRALE_CHECK(logits.size() == static_cast<size_t>(n_want * config_.vocab_size),
+                "step: logits buffer holds ", logits.size(), " floats, expected ",
+                n_want * config_.vocab_size);
+  METRALE_CHECK(sink == nullptr || items.size() == 1,
+                "step: hidden states are recorded for one sequence only");
   for (const StepItem& it : items) {
     kv_->reserve(it.seq->block_table, static_cast<int64_t>(it.seq->tokens.size() + it.ids.size()));
   }
@@ -173,43 +182,53 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
                            .seqs = std::span(tables_).first(items.size()),
                            .rope = rope_.cache()};
   run(ctx, n_want, logits.data(), sink);
-  for (const StepItem& it : items) it.seq->tokens.insert(it.seq->tokens.end(), it.ids.begin(), it.ids.end());
+  for (const StepItem& it : items)
+    it.seq->tokens.insert(it.seq->tokens.end(), it.ids.begin(), it.ids.end());
 }
 
-void Model::prefill(Sequence& seq, std::span<const int32_t> ids, std::span<float> logits, bool all_logits,
-                    const HiddenSink* sink) {
+void Model::prefill(Sequence& seq, std::span<const int32_t> ids, std::span<float> logits,
+                    bool all_logits, const HiddenSink* sink) {
   const auto n = static_cast<int64_t>(ids.size());
   METRALE_CHECK(n > 0, "prefill: no tokens");
   check_ids(ids);
   const auto start = static_cast<int64_t>(seq.tokens.size());
-  METRALE_CHECK(start + n <= context_, "a sequence of ", start + n, " tokens (", start, " cached + ", n,
-                " new) exceeds the context of ", context_, " tokens");
+  METRALE_CHECK(start + n <= context_, "a sequence of ", start + n, " tokens (", start,
+                " cached + ", n, " new) exceeds the context of ", context_, " tokens");
   const int64_t V = config_.vocab_size;
   const size_t want = static_cast<size_t>((all_logits ? n : 1) * V);
-  METRALE_CHECK(logits.size() == want, "prefill: logits buffer holds ", logits.size(), " floats, expected ", want);
-  METRALE_CHECK(sink == nullptr || n <= max_rows_, "prefill: hidden states are recorded for one chunk",
-                " only: ", n, " tokens exceed max_rows ", max_rows_);
-  METRALE_CHECK(!requires_single_chunk_prefill(config_) || (start == 0 && n <= max_rows_), config_.model_type,
-                " prompts must be prefilled in one chunk of at most ", max_rows_, " tokens");
+  METRALE_CHECK(logits.size() == want, "prefill: logits buffer holds ", logits.size(),
+                " floats, expected ", want);
+  METRALE_CHECK(sink == nullptr || n <= max_rows_,
+                "prefill: hidden states are recorded for one chunk", " only: ", n,
+                " tokens exceed max_rows ", max_rows_);
+  METRALE_CHECK(!requires_single_chunk_prefill(config_) || (start == 0 && n <= max_rows_),
+                config_.model_type, " prompts must be prefilled in one chunk of at most ",
+                max_rows_, " tokens");
   for (int64_t done = 0; done < n; done += max_rows_) {
     const int64_t rows = std::min(max_rows_, n - done);
     const bool last_chunk = done + rows == n;
     const StepItem item{.seq = &seq,
                         .ids = ids.subspan(static_cast<size_t>(done), static_cast<size_t>(rows)),
-                        .logits = all_logits ? LogitRows::kAll : last_chunk ? LogitRows::kLast : LogitRows::kNone};
-    std::span<float> out = all_logits   ? logits.subspan(static_cast<size_t>(done * V), static_cast<size_t>(rows * V))
-                           : last_chunk ? logits
-                                        : std::span<float>();
+                        .logits = all_logits   ? LogitRows::kAll
+                                  : last_chunk ? LogitRows::kLast
+                                               : LogitRows::kNone};
+    std::span<float> out =
+        all_logits   ? logits.subspan(static_cast<size_t>(done * V), static_cast<size_t>(rows * V))
+        : last_chunk ? logits
+                     : std::span<float>();
     step({&item, 1}, out, sink);
   }
 }
 
-void Model::decode(std::span<Sequence* const> seqs, std::span<const int32_t> tokens, std::span<float> logits) {
+void Model::decode(std::span<Sequence* const> seqs, std::span<const int32_t> tokens,
+                   std::span<float> logits) {
   const auto n = static_cast<int64_t>(seqs.size());
   METRALE_CHECK(n > 0 && n <= max_rows_, "decode: ", n, " sequences; expected 1..", max_rows_);
-  METRALE_CHECK(tokens.size() == seqs.size(), "decode: ", tokens.size(), " tokens for ", n, " sequences");
-  METRALE_CHECK(logits.size() == static_cast<size_t>(n * config_.vocab_size), "decode: logits buffer holds ",
-                logits.size(), " floats, expected ", n * config_.vocab_size);
+  METRALE_CHECK(tokens.size() == seqs.size(), "decode: ", tokens.size(), " tokens for ", n,
+                " sequences");
+  METRALE_CHECK(logits.size() == static_cast<size_t>(n * config_.vocab_size),
+                "decode: logits buffer holds ", logits.size(), " floats, expected ",
+                n * config_.vocab_size);
   for (size_t i = 0; i < seqs.size(); ++i) {
     METRALE_CHECK(seqs[i] != nullptr, "decode: sequence ", i, " is null");
     items_[i] = {.seq = seqs[i], .ids = tokens.subspan(i, 1), .logits = LogitRows::kLast};

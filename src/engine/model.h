@@ -23,10 +23,10 @@
 namespace metrale {
 
 struct LoadOptions {
-  int n_threads = 0;          // 0: default_thread_count() (METRALE_THREADS or the cores)
-  int64_t kv_tokens = 0;      // KV capacity over all sequences; 0: min(context, 4096)
-  int64_t page_size = 16;     // tokens per KV page
-  int64_t max_rows = 128;     // most rows (tokens) of one step
+  int n_threads = 0;           // 0: default_thread_count() (METRALE_THREADS or the cores)
+  int64_t kv_tokens = 0;       // KV capacity over all sequences; 0: min(context, 4096)
+  int64_t page_size = 16;      // tokens per KV page
+  int64_t max_rows = 128;      // most rows (tokens) of one step
   std::string device = "cpu";  // backend_factory.h
   WeightPlacement placement = WeightPlacement::kCopy;
   // kBF16: linear layers round their input rows to bf16 (llama.cpp's BF16 numerics, faster
@@ -59,7 +59,8 @@ struct StepItem {
 
 class Model {
  public:
-  static std::unique_ptr<Model> load(const std::filesystem::path& dir, const LoadOptions& options = {});
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir,
+                                     const LoadOptions& options = {});
   ~Model();
 
   const ModelConfig& config() const { return config_; }
@@ -84,13 +85,15 @@ class Model {
   // logits receives, item by item, the rows each asked for: [n_wanted, V]. Throws (leaving
   // every sequence unchanged) on ids outside the vocabulary, a sequence that would outgrow
   // context_limit(), or a full KV pool.
-  void step(std::span<const StepItem> items, std::span<float> logits, const HiddenSink* sink = nullptr);
+  void step(std::span<const StepItem> items, std::span<float> logits,
+            const HiddenSink* sink = nullptr);
   // Appends `ids` to `seq` in chunks of at most max_rows(). logits: [ids.size(), V] when
   // all_logits, else [1, V] for the last token.
   void prefill(Sequence& seq, std::span<const int32_t> ids, std::span<float> logits,
                bool all_logits = false, const HiddenSink* sink = nullptr);
   // Appends tokens[i] to *seqs[i] for every i, in one step; logits: [n, V].
-  void decode(std::span<Sequence* const> seqs, std::span<const int32_t> tokens, std::span<float> logits);
+  void decode(std::span<Sequence* const> seqs, std::span<const int32_t> tokens,
+              std::span<float> logits);
   // Keeps the first n tokens of `seq` (rollback of rejected draft tokens); pages no longer
   // needed go back to the pool. A later step recomputes whatever follows.
   void truncate(Sequence& seq, int64_t n);

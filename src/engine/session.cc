@@ -24,7 +24,8 @@ class Generation {
       return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     if (o_.sampling.temperature <= 0.0f) {
-      sampler_.process(logits, {.temperature = 1.0f, .repetition_penalty = o_.sampling.repetition_penalty},
+      sampler_.process(logits,
+                       {.temperature = 1.0f, .repetition_penalty = o_.sampling.repetition_penalty},
                        seq.tokens);
       return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
@@ -70,7 +71,8 @@ class Generation {
   void stream(const std::string& text, const TextCallback& on_text) {
     if (!on_text || text.ends_with("\xEF\xBF\xBD")) return;
     size_t hold = 0;
-    for (const std::string& s : o_.stop_strings) hold = std::max(hold, s.empty() ? 0 : s.size() - 1);
+    for (const std::string& s : o_.stop_strings)
+      hold = std::max(hold, s.empty() ? 0 : s.size() - 1);
     const size_t upto = text.size() > hold ? text.size() - hold : 0;
     if (upto > emitted_) {
       on_text(std::string_view(text).substr(emitted_, upto - emitted_));
@@ -98,10 +100,14 @@ void check_options(const GenerateOptions& o) {
 
 std::string_view stop_reason_name(StopReason r) {
   switch (r) {
-    case StopReason::kEos: return "eos";
-    case StopReason::kStopString: return "stop string";
-    case StopReason::kMaxTokens: return "max tokens";
-    case StopReason::kContextFull: return "context full";
+    case StopReason::kEos:
+      return "eos";
+    case StopReason::kStopString:
+      return "stop string";
+    case StopReason::kMaxTokens:
+      return "max tokens";
+    case StopReason::kContextFull:
+      return "context full";
   }
   return "?";
 }
@@ -110,7 +116,8 @@ std::vector<int32_t> default_eos_ids(const Model& model) {
   std::vector<int32_t> eos;
   for (int64_t id : model.config().eos_token_ids) eos.push_back(static_cast<int32_t>(id));
   if (const Tokenizer* tok = model.tokenizer(); tok != nullptr && tok->eos_id()) {
-    if (std::find(eos.begin(), eos.end(), *tok->eos_id()) == eos.end()) eos.push_back(*tok->eos_id());
+    if (std::find(eos.begin(), eos.end(), *tok->eos_id()) == eos.end())
+      eos.push_back(*tok->eos_id());
   }
   return eos;
 }
@@ -146,7 +153,8 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   return r;
 }
 
-std::vector<GenerateResult> generate_batch(Model& model, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<GenerateResult> generate_batch(Model& model,
+                                           const std::vector<std::vector<int32_t>>& prompts,
                                            const GenerateOptions& o) {
   check_options(o);
   const size_t n = prompts.size();

@@ -35,7 +35,7 @@ struct GenerateResult {
   StopReason stop = StopReason::kMaxTokens;
   int64_t prompt_tokens = 0;
   double prefill_seconds = 0;
-  double decode_seconds = 0;    // from the first decode step to the end
+  double decode_seconds = 0;  // from the first decode step to the end
 };
 
 // Called with each newly completed piece of text (may be empty for a token that ends
@@ -62,7 +62,8 @@ class Session {
 
 // Generates for several prompts at once: each decode step runs every unfinished sequence in
 // one pass. Results are identical to generating each prompt alone.
-std::vector<GenerateResult> generate_batch(Model& model, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<GenerateResult> generate_batch(Model& model,
+                                           const std::vector<std::vector<int32_t>>& prompts,
                                            const GenerateOptions& options);
 
 // The eos set GenerateOptions resolves to for `model`.

@@ -16,10 +16,10 @@ class Architecture {
  public:
   virtual ~Architecture() = default;
 
-  WeightTensor embed;                 // [V, H] model.embed_tokens.weight
+  WeightTensor embed;  // [V, H] model.embed_tokens.weight
   std::vector<DecoderLayer> layers;
-  Norm final_norm;                    // [H] model.norm.weight
-  Linear lm_head;                     // [V, H] lm_head.weight, or embed's data when tied
+  Norm final_norm;  // [H] model.norm.weight
+  Linear lm_head;   // [V, H] lm_head.weight, or embed's data when tied
   bool tied = false;
   // Owns the memory the tensors above point into when they were copied out of the mmap.
   std::vector<std::shared_ptr<const Buffer>> storage;

@@ -17,8 +17,8 @@ namespace metrale {
 class GqaAttention final : public Mixer {
  public:
   // Reads prefix + {q,k,v,o}_proj (and q_norm / k_norm when config.qk_norm).
-  static std::unique_ptr<GqaAttention> load(const ModelConfig& config, int64_t layer, TensorLoader& loader,
-                                            const std::string& prefix);
+  static std::unique_ptr<GqaAttention> load(const ModelConfig& config, int64_t layer,
+                                            TensorLoader& loader, const std::string& prefix);
 
   void forward(const ForwardContext& ctx, const LayerState& state, ConstRows x, Rows out,
                Workspace ws) const override;
@@ -30,10 +30,10 @@ class GqaAttention final : public Mixer {
   const Linear& o() const { return o_; }
 
  private:
-  Linear qkv_;    // [Q + 2 KV, H] q_proj | k_proj | v_proj
-  Linear o_;      // [H, Q] o_proj
-  Norm q_norm_;   // [D] qk-norm families only
-  Norm k_norm_;   // [D]
+  Linear qkv_;   // [Q + 2 KV, H] q_proj | k_proj | v_proj
+  Linear o_;     // [H, Q] o_proj
+  Norm q_norm_;  // [D] qk-norm families only
+  Norm k_norm_;  // [D]
   AttentionShape shape_;
 };
 

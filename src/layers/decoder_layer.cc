@@ -4,7 +4,8 @@
 
 namespace metrale {
 
-DecoderLayer::DecoderLayer(Norm input_norm, std::unique_ptr<Mixer> mixer, Norm post_norm, std::unique_ptr<Ffn> ffn)
+DecoderLayer::DecoderLayer(Norm input_norm, std::unique_ptr<Mixer> mixer, Norm post_norm,
+                           std::unique_ptr<Ffn> ffn)
     : input_norm_(std::move(input_norm)),
       mixer_(std::move(mixer)),
       post_norm_(std::move(post_norm)),
@@ -12,10 +13,12 @@ DecoderLayer::DecoderLayer(Norm input_norm, std::unique_ptr<Mixer> mixer, Norm p
 
 size_t DecoderLayer::workspace_floats(int64_t max_rows) const {
   const auto width = static_cast<int64_t>(input_norm_.weight.size());
-  return rows_floats(max_rows, width) + std::max(mixer_->workspace_floats(max_rows), ffn_->workspace_floats(max_rows));
+  return rows_floats(max_rows, width) +
+         std::max(mixer_->workspace_floats(max_rows), ffn_->workspace_floats(max_rows));
 }
 
-void DecoderLayer::forward(const ForwardContext& ctx, const LayerState& state, Residual& r, Workspace ws) const {
+void DecoderLayer::forward(const ForwardContext& ctx, const LayerState& state, Residual& r,
+                           Workspace ws) const {
   Backend& be = *ctx.backend;
   const int64_t n = ctx.n_rows;
   const Rows x = ws.rows(n, r.h.n_cols);
@@ -28,10 +31,12 @@ void DecoderLayer::forward(const ForwardContext& ctx, const LayerState& state, R
   r.pending = true;
 }
 
-Norm load_norm(TensorLoader& loader, const ModelConfig& config, const std::string& name, int64_t width) {
-  return Norm{.weight = loader.norm(name, width),
-              .eps = static_cast<float>(config.rms_norm_eps),
-              .style = ships_vanilla_norm_weights(config) ? NormStyle::kWeight : NormStyle::kOnePlusWeight};
+Norm load_norm(TensorLoader& loader, const ModelConfig& config, const std::string& name,
+               int64_t width) {
+  return Norm{
+      .weight = loader.norm(name, width),
+      .eps = static_cast<float>(config.rms_norm_eps),
+      .style = ships_vanilla_norm_weights(config) ? NormStyle::kWeight : NormStyle::kOnePlusWeight};
 }
 
 }  // namespace metrale

@@ -11,7 +11,8 @@ namespace metrale {
 
 class DecoderLayer {
  public:
-  DecoderLayer(Norm input_norm, std::unique_ptr<Mixer> mixer, Norm post_norm, std::unique_ptr<Ffn> ffn);
+  DecoderLayer(Norm input_norm, std::unique_ptr<Mixer> mixer, Norm post_norm,
+               std::unique_ptr<Ffn> ffn);
 
   // Runs the layer on ctx.n_rows rows of `r`; on return the FFN's output is pending in r.delta.
   void forward(const ForwardContext& ctx, const LayerState& state, Residual& r, Workspace ws) const;

@@ -25,8 +25,8 @@ Activation activation_for(const ModelConfig& c) {
                    "' is not supported (expected silu or gelu_pytorch_tanh)");
 }
 
-std::unique_ptr<DenseFfn> DenseFfn::load(const ModelConfig& c, TensorLoader& l, const std::string& p,
-                                         int64_t intermediate) {
+std::unique_ptr<DenseFfn> DenseFfn::load(const ModelConfig& c, TensorLoader& l,
+                                         const std::string& p, int64_t intermediate) {
   auto f = std::make_unique<DenseFfn>();
   const int64_t H = c.hidden_size, I = intermediate;
   f->gate_up_ = load_linear(l, {p + "gate_proj", p + "up_proj"}, {I, I}, H, c.mlp_bias);
@@ -35,7 +35,9 @@ std::unique_ptr<DenseFfn> DenseFfn::load(const ModelConfig& c, TensorLoader& l, 
   return f;
 }
 
-size_t DenseFfn::workspace_floats(int64_t max_rows) const { return rows_floats(max_rows, gate_up_.n_out()); }
+size_t DenseFfn::workspace_floats(int64_t max_rows) const {
+  return rows_floats(max_rows, gate_up_.n_out());
+}
 
 void DenseFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const {
   Backend& be = *ctx.backend;
@@ -59,11 +61,14 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
   const MoeConfig& m = c.moe;
   const int64_t H = c.hidden_size, I = m.moe_intermediate_size, E = m.n_experts;
   METRALE_CHECK(E > 0 && I > 0 && m.n_experts_per_tok >= 1 && m.n_experts_per_tok <= E, c.source,
-                ": MoE needs num_experts > 0, moe_intermediate_size > 0 and 1 <= num_experts_per_tok <= num_experts;"
-                " found ", E, ", ", I, ", ", m.n_experts_per_tok);
+                ": MoE needs num_experts > 0, moe_intermediate_size > 0 and 1 <= "
+                "num_experts_per_tok <= num_experts;"
+                " found ",
+                E, ", ", I, ", ", m.n_experts_per_tok);
   METRALE_CHECK(m.scoring == MoeScoring::kSoftmax && m.n_shared_experts == 0 &&
                     m.shared_expert_intermediate_size == 0 && m.n_group == 1,
-                c.source, ": this MoE block routes by softmax top-k without shared experts or expert groups");
+                c.source,
+                ": this MoE block routes by softmax top-k without shared experts or expert groups");
   auto f = std::make_unique<MoeFfn>();
   f->top_k_ = m.n_experts_per_tok;
   f->normalize_ = m.norm_topk_prob;
@@ -86,8 +91,8 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
   }
   // An expert past num_experts means the config undercounts the checkpoint's experts.
   const std::string extra = p + "experts." + std::to_string(E) + ".gate_proj.weight";
-  METRALE_CHECK(!l.has(extra), l.checkpoint().dir().string(), ": tensor '", extra, "' exists but config.json's ",
-                "num_experts is ", E);
+  METRALE_CHECK(!l.has(extra), l.checkpoint().dir().string(), ": tensor '", extra,
+                "' exists but config.json's ", "num_experts is ", E);
   return f;
 }
 
@@ -103,7 +108,11 @@ void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace
   const std::span<int32_t> ids = ws.ints(static_cast<size_t>(n * top_k_));
   const std::span<float> weights = ws.floats(static_cast<size_t>(n * top_k_));
   router_.forward(be, x, logits);
-  be.route({.logits = logits, .top_k = top_k_, .normalize = normalize_, .experts = ids, .weights = weights});
+  be.route({.logits = logits,
+            .top_k = top_k_,
+            .normalize = normalize_,
+            .experts = ids,
+            .weights = weights});
   be.moe({.x = x,
           .experts = ids,
           .weights = weights,
@@ -121,7 +130,8 @@ std::string MoeFfn::describe() const {
 }
 
 uint64_t MoeFfn::active_bytes_per_token() const {
-  return bytes_of(router_) + static_cast<uint64_t>(top_k_) * (bytes_of(experts_[0].gate_up) + bytes_of(experts_[0].down));
+  return bytes_of(router_) + static_cast<uint64_t>(top_k_) *
+                                 (bytes_of(experts_[0].gate_up) + bytes_of(experts_[0].down));
 }
 
 }  // namespace metrale

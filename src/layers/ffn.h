@@ -18,8 +18,8 @@ Activation activation_for(const ModelConfig& config);
 class DenseFfn final : public Ffn {
  public:
   // Reads prefix + {gate,up,down}_proj of width `intermediate`.
-  static std::unique_ptr<DenseFfn> load(const ModelConfig& config, TensorLoader& loader, const std::string& prefix,
-                                        int64_t intermediate);
+  static std::unique_ptr<DenseFfn> load(const ModelConfig& config, TensorLoader& loader,
+                                        const std::string& prefix, int64_t intermediate);
 
   void forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const override;
   size_t workspace_floats(int64_t max_rows) const override;
@@ -39,7 +39,8 @@ class MoeFfn final : public Ffn {
   //  - published checkpoints: prefix + experts.E.{gate,up,down}_proj.weight per expert;
   //  - transformers 5 save_pretrained: prefix + experts.gate_up_proj [E, 2I, H] (gate rows
   //    first) and prefix + experts.down_proj [E, H, I].
-  static std::unique_ptr<MoeFfn> load(const ModelConfig& config, TensorLoader& loader, const std::string& prefix);
+  static std::unique_ptr<MoeFfn> load(const ModelConfig& config, TensorLoader& loader,
+                                      const std::string& prefix);
 
   void forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const override;
   size_t workspace_floats(int64_t max_rows) const override;

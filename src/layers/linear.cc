@@ -8,11 +8,13 @@ Linear Linear::fused(WeightTensor w, std::vector<Part> parts) {
   Linear l;
   int64_t at = 0;
   for (Part& p : parts) {
-    METRALE_CHECK(p.offset == at && p.n_out > 0, "linear '", w.name, "': part '", p.name, "' at ", p.offset,
-                  " of ", p.n_out, " outputs does not follow the previous part (", at, ")");
+    METRALE_CHECK(p.offset == at && p.n_out > 0, "linear '", w.name, "': part '", p.name, "' at ",
+                  p.offset, " of ", p.n_out, " outputs does not follow the previous part (", at,
+                  ")");
     at += p.n_out;
   }
-  METRALE_CHECK(at == w.n_out, "linear '", w.name, "': parts cover ", at, " of ", w.n_out, " outputs");
+  METRALE_CHECK(at == w.n_out, "linear '", w.name, "': parts cover ", at, " of ", w.n_out,
+                " outputs");
   l.n_in_ = w.n_in;
   l.n_out_ = w.n_out;
   l.tensors_.push_back(std::move(w));
@@ -21,14 +23,16 @@ Linear Linear::fused(WeightTensor w, std::vector<Part> parts) {
 }
 
 Linear Linear::separate(std::vector<WeightTensor> tensors, std::vector<Part> parts) {
-  METRALE_CHECK(!tensors.empty() && tensors.size() == parts.size(), "linear: ", tensors.size(), " tensors for ",
-                parts.size(), " parts");
+  METRALE_CHECK(!tensors.empty() && tensors.size() == parts.size(), "linear: ", tensors.size(),
+                " tensors for ", parts.size(), " parts");
   Linear l;
   l.n_in_ = tensors[0].n_in;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    METRALE_CHECK(tensors[i].n_in == l.n_in_ && tensors[i].n_out == parts[i].n_out && parts[i].offset == l.n_out_,
-                  "linear: part '", parts[i].name, "' is [", tensors[i].n_out, ", ", tensors[i].n_in,
-                  "], expected [", parts[i].n_out, ", ", l.n_in_, "] at column ", l.n_out_);
+    METRALE_CHECK(tensors[i].n_in == l.n_in_ && tensors[i].n_out == parts[i].n_out &&
+                      parts[i].offset == l.n_out_,
+                  "linear: part '", parts[i].name, "' is [", tensors[i].n_out, ", ",
+                  tensors[i].n_in, "], expected [", parts[i].n_out, ", ", l.n_in_, "] at column ",
+                  l.n_out_);
     l.n_out_ += parts[i].n_out;
   }
   l.tensors_ = std::move(tensors);
@@ -38,8 +42,8 @@ Linear Linear::separate(std::vector<WeightTensor> tensors, std::vector<Part> par
 
 void Linear::forward(Backend& backend, ConstRows x, Rows y) const {
   if (tensors_.size() == 1) return backend.linear(x, tensors_[0], y);
-  METRALE_CHECK(y.n_cols == n_out_, "linear '", parts_[0].name, "': output has ", y.n_cols, " columns, expected ",
-                n_out_);
+  METRALE_CHECK(y.n_cols == n_out_, "linear '", parts_[0].name, "': output has ", y.n_cols,
+                " columns, expected ", n_out_);
   for (size_t i = 0; i < tensors_.size(); ++i) {
     backend.linear(x, tensors_[i], column_slice(y, parts_[i].offset, parts_[i].n_out));
   }
@@ -47,7 +51,8 @@ void Linear::forward(Backend& backend, ConstRows x, Rows y) const {
 
 Linear load_linear(TensorLoader& loader, const std::vector<std::string>& prefixes,
                    const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias) {
-  METRALE_CHECK(!prefixes.empty() && prefixes.size() == n_outs.size(), "load_linear: one n_out per prefix");
+  METRALE_CHECK(!prefixes.empty() && prefixes.size() == n_outs.size(),
+                "load_linear: one n_out per prefix");
   std::vector<Linear::Part> parts;
   int64_t at = 0;
   for (size_t i = 0; i < prefixes.size(); ++i) {
@@ -58,7 +63,8 @@ Linear load_linear(TensorLoader& loader, const std::vector<std::string>& prefixe
     return Linear::fused(loader.fused_linear(prefixes, n_outs, n_in, has_bias), std::move(parts));
   }
   std::vector<WeightTensor> tensors;
-  for (size_t i = 0; i < prefixes.size(); ++i) tensors.push_back(loader.linear(prefixes[i], n_outs[i], n_in, has_bias));
+  for (size_t i = 0; i < prefixes.size(); ++i)
+    tensors.push_back(loader.linear(prefixes[i], n_outs[i], n_in, has_bias));
   return Linear::separate(std::move(tensors), std::move(parts));
 }
 

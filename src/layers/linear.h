@@ -16,7 +16,7 @@ namespace metrale {
 class Linear {
  public:
   struct Part {
-    std::string name;  // the checkpoint's prefix of this part ("model.layers.0.self_attn.k_proj")
+    std::string name;    // the checkpoint's prefix of this part ("model.layers.0.self_attn.k_proj")
     int64_t offset = 0;  // first output column of the part
     int64_t n_out = 0;
   };
@@ -48,9 +48,10 @@ class Linear {
 // thread split for all parts), else one tensor per part read in place.
 Linear load_linear(TensorLoader& loader, const std::vector<std::string>& prefixes,
                    const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias);
-inline Linear load_linear(TensorLoader& loader, const std::string& prefix, int64_t n_out, int64_t n_in,
-                          bool has_bias) {
-  return load_linear(loader, std::vector<std::string>{prefix}, std::vector<int64_t>{n_out}, n_in, has_bias);
+inline Linear load_linear(TensorLoader& loader, const std::string& prefix, int64_t n_out,
+                          int64_t n_in, bool has_bias) {
+  return load_linear(loader, std::vector<std::string>{prefix}, std::vector<int64_t>{n_out}, n_in,
+                     has_bias);
 }
 
 }  // namespace metrale

@@ -18,12 +18,14 @@ struct Norm {
   bool empty() const { return weight.empty(); }
   // out = norm(x), whole rows, or each run of `group` values (per-head qk-norm).
   void apply(Backend& backend, ConstRows x, Rows out, int64_t group = 0) const {
-    backend.rms_norm({.x = x, .out = out, .weight = weight.data(), .eps = eps, .style = style, .group = group});
+    backend.rms_norm(
+        {.x = x, .out = out, .weight = weight.data(), .eps = eps, .style = style, .group = group});
   }
 };
 
 // `name` [width], with the config's rms_norm_eps and its family's weight convention.
-Norm load_norm(TensorLoader& loader, const ModelConfig& config, const std::string& name, int64_t width);
+Norm load_norm(TensorLoader& loader, const ModelConfig& config, const std::string& name,
+               int64_t width);
 
 // Adds a pending delta and normalises: out = norm(h += delta), or out = norm(h).
 inline void add_and_norm(Backend& backend, Residual& r, Rows out, const Norm& norm) {

@@ -13,11 +13,13 @@ namespace {
 // within an ulp of the exact result; pow in double rounded once is the closest we can get.
 float pos_freq(double base, int64_t i, int64_t dim) {
   const float e = static_cast<float>(2 * i) / static_cast<float>(dim);
-  return static_cast<float>(std::pow(static_cast<double>(static_cast<float>(base)),
-                                     static_cast<double>(e)));
+  return static_cast<float>(
+      std::pow(static_cast<double>(static_cast<float>(base)), static_cast<double>(e)));
 }
 
-double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+double yarn_mscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
 
 // HF find_correction_dim: the dimension at which `rotations` full turns happen over the
 // original context.
@@ -27,9 +29,10 @@ double correction_dim(double rotations, int64_t dim, double base, double max_pos
 }
 
 void yarn_inv_freq(const RopeTableConfig& c, int64_t dim, std::vector<float>& inv, float* scaling) {
-  METRALE_CHECK(c.original_max_position_embeddings > 0,
-                "rope_parameters.original_max_position_embeddings: yarn needs a positive value, found ",
-                c.original_max_position_embeddings);
+  METRALE_CHECK(
+      c.original_max_position_embeddings > 0,
+      "rope_parameters.original_max_position_embeddings: yarn needs a positive value, found ",
+      c.original_max_position_embeddings);
   double attention = c.attention_factor;
   if (attention <= 0.0) {
     attention = (c.mscale != 0.0 && c.mscale_all_dim != 0.0)
@@ -56,15 +59,16 @@ void yarn_inv_freq(const RopeTableConfig& c, int64_t dim, std::vector<float>& in
     const float interpolation = 1.0f / (ffactor * p);
     const float ramp = std::clamp((static_cast<float>(i) - fmin) / frange, 0.0f, 1.0f);
     const float extrapolation_factor = 1.0f - ramp;
-    inv[static_cast<size_t>(i)] = interpolation * (1.0f - extrapolation_factor) +
-                                  extrapolation * extrapolation_factor;
+    inv[static_cast<size_t>(i)] =
+        interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
   }
 }
 
 void llama3_inv_freq(const RopeTableConfig& c, std::vector<float>& inv) {
-  METRALE_CHECK(c.original_max_position_embeddings > 0,
-                "rope_parameters.original_max_position_embeddings: llama3 needs a positive value, found ",
-                c.original_max_position_embeddings);
+  METRALE_CHECK(
+      c.original_max_position_embeddings > 0,
+      "rope_parameters.original_max_position_embeddings: llama3 needs a positive value, found ",
+      c.original_max_position_embeddings);
   METRALE_CHECK(c.high_freq_factor != c.low_freq_factor,
                 "rope_parameters: llama3 needs high_freq_factor != low_freq_factor, both are ",
                 c.low_freq_factor);
@@ -107,7 +111,8 @@ std::vector<float> rope_inv_freq(const RopeTableConfig& c, float* attention_scal
     yarn_inv_freq(c, dim, inv, attention_scaling);
     return inv;
   }
-  for (int64_t i = 0; i < dim / 2; ++i) inv[static_cast<size_t>(i)] = 1.0f / pos_freq(c.theta, i, dim);
+  for (int64_t i = 0; i < dim / 2; ++i)
+    inv[static_cast<size_t>(i)] = 1.0f / pos_freq(c.theta, i, dim);
   if (c.type == RopeType::kLinear) {
     const float factor = static_cast<float>(c.factor);
     for (float& f : inv) f /= factor;

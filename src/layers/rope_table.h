@@ -7,17 +7,16 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/backend.h"          // RopeCache
+#include "backend/backend.h"         // RopeCache
 #include "io/config/model_config.h"  // RopeType, ModelConfig
 
 namespace metrale {
-
 
 // The fields of config.json's rope_parameters (or legacy rope_scaling) that the tables
 // need. Optional HF fields carry HF's defaults.
 struct RopeTableConfig {
   RopeType type = RopeType::kDefault;
-  double theta = 10000.0;              // rope_theta
+  double theta = 10000.0;  // rope_theta
   int64_t head_dim = 0;
   double partial_rotary_factor = 1.0;  // rotary_dim = int(head_dim * factor)
   double factor = 1.0;                 // linear, llama3, yarn

@@ -16,7 +16,9 @@ namespace metrale {
 // Row strides are padded to 16 floats, so every row starts 64-byte aligned.
 inline int64_t padded_cols(int64_t n_cols) { return (n_cols + 15) / 16 * 16; }
 // Floats that Workspace::rows(n_rows, n_cols) takes.
-inline size_t rows_floats(int64_t n_rows, int64_t n_cols) { return static_cast<size_t>(n_rows * padded_cols(n_cols)); }
+inline size_t rows_floats(int64_t n_rows, int64_t n_cols) {
+  return static_cast<size_t>(n_rows * padded_cols(n_cols));
+}
 // Floats that Workspace::ints(n) / floats(n) take.
 inline size_t span_floats(size_t n) { return (n + 15) / 16 * 16; }
 

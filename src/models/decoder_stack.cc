@@ -18,7 +18,8 @@ std::unique_ptr<Architecture> build_decoder_stack(const ModelConfig& c, TensorLo
     Norm input_norm = load_norm(l, c, p + "input_layernorm.weight", H);
     std::unique_ptr<Mixer> mixer = parts.mixer(i, p);
     Norm post_norm = load_norm(l, c, p + "post_attention_layernorm.weight", H);
-    a->layers.emplace_back(std::move(input_norm), std::move(mixer), std::move(post_norm), parts.ffn(i, p));
+    a->layers.emplace_back(std::move(input_norm), std::move(mixer), std::move(post_norm),
+                           parts.ffn(i, p));
     // Buffers written by transformers < 4.31 for the rotary embedding; never weights.
     l.ignore(p + "self_attn.rotary_emb.inv_freq");
   }

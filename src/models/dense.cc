@@ -11,8 +11,12 @@ namespace metrale {
 std::unique_ptr<Architecture> build_dense_decoder(const ModelConfig& c, TensorLoader& l) {
   return build_decoder_stack(
       c, l,
-      {.mixer = [&](int64_t i, const std::string& p) { return GqaAttention::load(c, i, l, p + "self_attn."); },
-       .ffn = [&](int64_t, const std::string& p) { return DenseFfn::load(c, l, p + "mlp.", c.intermediate_size); }});
+      {.mixer = [&](int64_t i,
+                    const std::string& p) { return GqaAttention::load(c, i, l, p + "self_attn."); },
+       .ffn =
+           [&](int64_t, const std::string& p) {
+             return DenseFfn::load(c, l, p + "mlp.", c.intermediate_size);
+           }});
 }
 
 }  // namespace metrale

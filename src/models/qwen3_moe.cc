@@ -13,7 +13,8 @@ namespace metrale {
 std::unique_ptr<Architecture> build_qwen3_moe(const ModelConfig& c, TensorLoader& l) {
   return build_decoder_stack(
       c, l,
-      {.mixer = [&](int64_t i, const std::string& p) { return GqaAttention::load(c, i, l, p + "self_attn."); },
+      {.mixer = [&](int64_t i,
+                    const std::string& p) { return GqaAttention::load(c, i, l, p + "self_attn."); },
        .ffn = [&](int64_t i, const std::string& p) -> std::unique_ptr<Ffn> {
          if (c.is_moe_layer(i)) return MoeFfn::load(c, l, p + "mlp.");
          return DenseFfn::load(c, l, p + "mlp.", c.intermediate_size);

@@ -11,7 +11,8 @@ namespace metrale {
 
 // Builds a family's Architecture from a checkpoint through `loader` (which checks every
 // tensor against the shape the config implies and that none is left unclaimed).
-using ArchitectureBuilder = std::unique_ptr<Architecture> (*)(const ModelConfig& config, TensorLoader& loader);
+using ArchitectureBuilder = std::unique_ptr<Architecture> (*)(const ModelConfig& config,
+                                                              TensorLoader& loader);
 
 struct ArchitectureEntry {
   std::string_view model_type;

@@ -26,16 +26,19 @@ std::string_view weight_format_name(WeightFormat f) { return weight_format_info(
 
 std::optional<WeightFormat> weight_format_for_dtype(DType t) {
   switch (t) {
-    case DType::kF32: return WeightFormat::kF32;
-    case DType::kBF16: return WeightFormat::kBF16;
-    default: return std::nullopt;
+    case DType::kF32:
+      return WeightFormat::kF32;
+    case DType::kBF16:
+      return WeightFormat::kBF16;
+    default:
+      return std::nullopt;
   }
 }
 
 size_t weight_row_bytes(WeightFormat f, int64_t n_in) {
   const WeightFormatInfo& info = weight_format_info(f);
-  METRALE_CHECK(n_in >= 0 && n_in % info.block == 0, "weight format ", info.name, ": row of ",
-                n_in, " values is not a multiple of the block size ", info.block);
+  METRALE_CHECK(n_in >= 0 && n_in % info.block == 0, "weight format ", info.name, ": row of ", n_in,
+                " values is not a multiple of the block size ", info.block);
   return static_cast<size_t>(n_in / info.block * info.block_bytes);
 }
 

@@ -81,8 +81,8 @@ std::vector<uint8_t> decode_base64_payload(std::string_view input) {
     }
   }
   METRALE_CHECK(symbols > 0, "base64: empty payload (offset ", start, ")");
-  METRALE_CHECK(n != 1, "base64: truncated input, a lone symbol at the end (offset ",
-                input.size(), ")");
+  METRALE_CHECK(n != 1, "base64: truncated input, a lone symbol at the end (offset ", input.size(),
+                ")");
   METRALE_CHECK(padding == 0 || n + padding == 4, "base64: bad padding at the end (offset ",
                 input.size(), "): ", n, " symbols + ", padding, " '='");
   if (n == 2) out.push_back(uint8_t(acc >> 4));

@@ -87,8 +87,8 @@ DecodedStill decode_bmp(std::span<const uint8_t> bytes, const DecodeLimits& limi
   for (int c = 0; c < 3; ++c) {
     const uint32_t m = masks[c];
     shifts[c] = std::countr_zero(m);
-    METRALE_CHECK(m != 0 && (m >> shifts[c]) == 0xFF, "BMP: unsupported bitfield mask 0x",
-                  std::hex, m, " (only 8-bit channel masks)");
+    METRALE_CHECK(m != 0 && (m >> shifts[c]) == 0xFF, "BMP: unsupported bitfield mask 0x", std::hex,
+                  m, " (only 8-bit channel masks)");
   }
   const size_t stride = (size_t(width) * bits + 31) / 32 * 4;
   r.need(data_offset, stride * size_t(height), "pixel data");
@@ -99,8 +99,8 @@ DecodedStill decode_bmp(std::span<const uint8_t> bytes, const DecodeLimits& limi
       if (bits == 24) {
         out[0] = in[3 * x + 2], out[1] = in[3 * x + 1], out[2] = in[3 * x];
       } else if (bits == 32) {
-        const uint32_t v = in[4 * x] | in[4 * x + 1] << 8 | in[4 * x + 2] << 16 |
-                           uint32_t(in[4 * x + 3]) << 24;
+        const uint32_t v =
+            in[4 * x] | in[4 * x + 1] << 8 | in[4 * x + 2] << 16 | uint32_t(in[4 * x + 3]) << 24;
         for (int c = 0; c < 3; ++c) out[c] = uint8_t(v >> shifts[c]);
       } else {
         const size_t bit = size_t(x) * bits;

@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include <jpeglib.h>
 #include <jerror.h>
+#include <jpeglib.h>
 
 #include "core/error.h"
 #include "vision/decode_internal.h"
@@ -90,8 +90,8 @@ int find_orientation(const jpeg_decompress_struct& cinfo) {
       if (int o = exif_orientation(data)) return o;
     } else if (from_xmp == 0 && data.size() > kXmp.size() + 1 &&
                std::memcmp(data.data(), kXmp.data(), kXmp.size()) == 0) {
-      from_xmp = xmp_orientation(std::string_view(reinterpret_cast<const char*>(data.data()),
-                                                  data.size()));
+      from_xmp = xmp_orientation(
+          std::string_view(reinterpret_cast<const char*>(data.data()), data.size()));
     }
   }
   return from_xmp == 0 ? 1 : from_xmp;

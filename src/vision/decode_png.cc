@@ -81,8 +81,8 @@ int find_orientation(png_structp png, png_infop info) {
   int from_xmp = 0;
   for (int i = 0; i < n_text; ++i) {
     std::string_view key = text[i].key;
-    std::string_view value(text[i].text, text[i].text_length ? text[i].text_length
-                                                             : text[i].itxt_length);
+    std::string_view value(text[i].text,
+                           text[i].text_length ? text[i].text_length : text[i].itxt_length);
     if (!have_exif && key == "Raw profile type exif") {
       have_exif = true;
       size_t at = 0;
@@ -95,7 +95,12 @@ int find_orientation(png_structp png, png_infop info) {
       for (char c : value.substr(at + 1)) {
         int v = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
         if (v < 0) continue;
-        if (hi < 0) { hi = v; } else { blob.push_back(uint8_t(hi << 4 | v)); hi = -1; }
+        if (hi < 0) {
+          hi = v;
+        } else {
+          blob.push_back(uint8_t(hi << 4 | v));
+          hi = -1;
+        }
       }
       if (int o = exif_orientation(blob)) return o;
     } else if (key == "XML:com.adobe.xmp" && from_xmp == 0) {
@@ -186,8 +191,7 @@ DecodedStill decode_png(std::span<const uint8_t> bytes, const DecodeLimits& limi
   } else {
     for (png_uint_32 y = 0; y < h; ++y) {
       if (!read_rows(r.png, r.info, rows.data(), 1, 1)) {
-        throw make_error("PNG: corrupt or truncated data at row ", y, " of ", h, ": ",
-                         src.message);
+        throw make_error("PNG: corrupt or truncated data at row ", y, " of ", h, ": ", src.message);
       }
       convert_row(rows[0], still.image.row(int(y)));
     }

@@ -21,14 +21,22 @@ struct AnimDecoder {
 
 std::string_view status_name(VP8StatusCode s) {
   switch (s) {
-    case VP8_STATUS_OUT_OF_MEMORY: return "out of memory";
-    case VP8_STATUS_INVALID_PARAM: return "invalid parameter";
-    case VP8_STATUS_BITSTREAM_ERROR: return "bitstream error";
-    case VP8_STATUS_UNSUPPORTED_FEATURE: return "unsupported feature";
-    case VP8_STATUS_SUSPENDED: return "suspended";
-    case VP8_STATUS_USER_ABORT: return "user abort";
-    case VP8_STATUS_NOT_ENOUGH_DATA: return "not enough data (truncated file)";
-    default: return "ok";
+    case VP8_STATUS_OUT_OF_MEMORY:
+      return "out of memory";
+    case VP8_STATUS_INVALID_PARAM:
+      return "invalid parameter";
+    case VP8_STATUS_BITSTREAM_ERROR:
+      return "bitstream error";
+    case VP8_STATUS_UNSUPPORTED_FEATURE:
+      return "unsupported feature";
+    case VP8_STATUS_SUSPENDED:
+      return "suspended";
+    case VP8_STATUS_USER_ABORT:
+      return "user abort";
+    case VP8_STATUS_NOT_ENOUGH_DATA:
+      return "not enough data (truncated file)";
+    default:
+      return "ok";
   }
 }
 

@@ -43,10 +43,18 @@ int exif_orientation(std::span<const uint8_t> exif) {
     const uint32_t type = r.u16(e + 2);
     if (r.u32(e + 4) != 1) return 0;  // PIL yields a tuple, which maps to no transpose
     switch (type) {
-      case 1: case 6: case 7: return exif[e + 8];       // BYTE, SBYTE, UNDEFINED
-      case 3: case 8: return static_cast<int>(r.u16(e + 8));  // SHORT, SSHORT
-      case 4: case 9: return static_cast<int>(r.u32(e + 8) & 0xFFFF);  // LONG, SLONG
-      default: return 0;
+      case 1:
+      case 6:
+      case 7:
+        return exif[e + 8];  // BYTE, SBYTE, UNDEFINED
+      case 3:
+      case 8:
+        return static_cast<int>(r.u16(e + 8));  // SHORT, SSHORT
+      case 4:
+      case 9:
+        return static_cast<int>(r.u32(e + 8) & 0xFFFF);  // LONG, SLONG
+      default:
+        return 0;
     }
   }
   return 0;
@@ -58,7 +66,8 @@ int xmp_orientation(std::string_view xmp) {
     std::string_view rest = xmp.substr(at + kKey.size());
     if (rest.size() >= 3 && rest[0] == '=' && rest[1] == '"' && rest[2] >= '0' && rest[2] <= '9')
       return rest[2] - '0';
-    if (rest.size() >= 2 && rest[0] == '>' && rest[1] >= '0' && rest[1] <= '9') return rest[1] - '0';
+    if (rest.size() >= 2 && rest[0] == '>' && rest[1] >= '0' && rest[1] <= '9')
+      return rest[1] - '0';
   }
   return 0;
 }
@@ -74,13 +83,20 @@ Image apply_orientation(Image in, int orientation) {
   // Source pixel for output (x, y), per PIL's Transpose methods.
   auto source = [&](int x, int y) -> std::pair<int, int> {
     switch (orientation) {
-      case 2: return {w - 1 - x, y};
-      case 3: return {w - 1 - x, h - 1 - y};
-      case 4: return {x, h - 1 - y};
-      case 5: return {y, x};
-      case 6: return {y, h - 1 - x};
-      case 7: return {w - 1 - y, h - 1 - x};
-      default: return {w - 1 - y, x};  // 8
+      case 2:
+        return {w - 1 - x, y};
+      case 3:
+        return {w - 1 - x, h - 1 - y};
+      case 4:
+        return {x, h - 1 - y};
+      case 5:
+        return {y, x};
+      case 6:
+        return {y, h - 1 - x};
+      case 7:
+        return {w - 1 - y, h - 1 - x};
+      default:
+        return {w - 1 - y, x};  // 8
     }
   };
   for (int y = 0; y < out.height; ++y) {

@@ -88,8 +88,9 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
   args.push_back(nullptr);
   pid_t pid = -1;
   const bool search = argv[0].find('/') == std::string::npos;
-  const int rc = search ? ::posix_spawnp(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ)
-                        : ::posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ);
+  const int rc = search
+                     ? ::posix_spawnp(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ)
+                     : ::posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   METRALE_CHECK(rc == 0, "cannot run '", argv[0], "': ", std::strerror(rc));
@@ -104,11 +105,13 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
     ::kill(-pid, SIGKILL);
     ::kill(pid, SIGKILL);
     int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
   };
   char buf[65536];
   while (out.read.fd >= 0 || err.read.fd >= 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       kill_child();
       throw make_error("'", argv[0], "' timed out after ", options.timeout_s,
@@ -188,7 +191,8 @@ FfmpegProbe resolve_ffmpeg() {
   } else {
     const size_t slash = p.ffmpeg.rfind('/');
     std::string sibling = p.ffmpeg.substr(0, slash + 1) + "ffprobe";
-    p.ffprobe = file_executable(sibling) ? sibling : (choice.empty() ? find_on_path("ffprobe") : "");
+    p.ffprobe =
+        file_executable(sibling) ? sibling : (choice.empty() ? find_on_path("ffprobe") : "");
   }
   p.state = FfmpegState::kReady;
   return p;
@@ -202,8 +206,8 @@ FfmpegProbe ffmpeg_probe(double timeout_s) {
     ProcessResult r = run_process({p.ffmpeg, "-hide_banner", "-version"},
                                   {.timeout_s = timeout_s, .max_stdout_bytes = 1 << 20});
     if (r.exit_code != 0) {
-      p.detail = metrale::detail::concat("'", p.ffmpeg, " -version' exited with ", r.exit_code, ": ",
-                                tail(r.err, 500));
+      p.detail = metrale::detail::concat("'", p.ffmpeg, " -version' exited with ", r.exit_code,
+                                         ": ", tail(r.err, 500));
       return p;
     }
     std::string out(r.out.begin(), r.out.end());

@@ -125,8 +125,8 @@ GifAnimation decode_gif_frames(std::span<const uint8_t> bytes, const DecodeLimit
     if (record == EXTENSION_RECORD_TYPE) {
       int code = 0;
       GifByteType* ext = nullptr;
-      METRALE_CHECK(DGifGetExtension(gif, &code, &ext) != GIF_ERROR, "GIF: corrupt extension: ",
-                    gif_error(gif));
+      METRALE_CHECK(DGifGetExtension(gif, &code, &ext) != GIF_ERROR,
+                    "GIF: corrupt extension: ", gif_error(gif));
       if (code == GRAPHICS_EXT_FUNC_CODE && ext != nullptr && ext[0] >= 4) {
         has_gce = true;
         const int flags = ext[1];
@@ -162,10 +162,9 @@ GifAnimation decode_gif_frames(std::span<const uint8_t> bytes, const DecodeLimit
         row = y;
         y += kStep[pass];
       }
-      METRALE_CHECK(DGifGetLine(gif, pixels.data() + size_t(row) * desc.Width, desc.Width) !=
-                        GIF_ERROR,
-                    "GIF: corrupt or truncated pixel data in frame ", n, " at row ", i, ": ",
-                    gif_error(gif));
+      METRALE_CHECK(
+          DGifGetLine(gif, pixels.data() + size_t(row) * desc.Width, desc.Width) != GIF_ERROR,
+          "GIF: corrupt or truncated pixel data in frame ", n, " at row ", i, ": ", gif_error(gif));
     }
     if (desc.Width == 0 || desc.Height == 0) {  // nothing to decode; skip the LZW blocks
       int code_size = 0;
@@ -207,8 +206,9 @@ GifAnimation decode_gif_frames(std::span<const uint8_t> bytes, const DecodeLimit
           if (mode == Mode::kRgb) {
             uint8_t* p = canvas.row(yy) + 3 * xx;
             if (dispose.is_copy) {
-              const size_t at = 3 * (size_t(yy - dispose.rect.y0) * (dispose.rect.x1 - dispose.rect.x0) +
-                                     (xx - dispose.rect.x0));
+              const size_t at =
+                  3 * (size_t(yy - dispose.rect.y0) * (dispose.rect.x1 - dispose.rect.x0) +
+                       (xx - dispose.rect.x0));
               std::memcpy(p, &dispose.saved[at], 3);
             } else {
               std::memcpy(p, dispose.color.data(), 3);

@@ -32,18 +32,19 @@ NormalizeTable make_normalize_table(const PatchGeometry& g) {
   return t;
 }
 
-void patchify(std::span<const Image* const> frames, const PatchGeometry& g, const NormalizeTable& table,
-              float* out) {
+void patchify(std::span<const Image* const> frames, const PatchGeometry& g,
+              const NormalizeTable& table, float* out) {
   const int ps = g.patch_size;
   const int m = g.merge_size;
   const int tps = g.temporal_patch_size;
-  METRALE_CHECK(!frames.empty() && frames.size() % static_cast<size_t>(tps) == 0, "patchify: ", frames.size(),
+  METRALE_CHECK(!frames.empty() && frames.size() % static_cast<size_t>(tps) == 0,
+                "patchify: ", frames.size(),
                 " frames is not a positive multiple of temporal_patch_size ", tps);
   const int height = frames[0]->height;
   const int width = frames[0]->width;
   for (const Image* f : frames) {
-    METRALE_CHECK(f->height == height && f->width == width, "patchify: frames differ in size (", f->width, "x",
-                  f->height, " vs ", width, "x", height, ")");
+    METRALE_CHECK(f->height == height && f->width == width, "patchify: frames differ in size (",
+                  f->width, "x", f->height, " vs ", width, "x", height, ")");
   }
   METRALE_CHECK(height % (ps * m) == 0 && width % (ps * m) == 0, "patchify: ", width, "x", height,
                 " is not a multiple of patch_size * merge_size = ", ps * m);

@@ -26,7 +26,7 @@ NormalizeTable make_normalize_table(const PatchGeometry& g);
 // multiples of patch_size * merge_size) into `out` ([n_rows, C*T*ps*ps]). Row order
 // (t, h-block, w-block, h-in-block, w-in-block); each row (C, T, ps, ps). A still image is
 // passed as temporal_patch_size copies of the same pointer.
-void patchify(std::span<const Image* const> frames, const PatchGeometry& g, const NormalizeTable& table,
-              float* out);
+void patchify(std::span<const Image* const> frames, const PatchGeometry& g,
+              const NormalizeTable& table, float* out);
 
 }  // namespace metrale::vision

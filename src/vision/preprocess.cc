@@ -11,9 +11,11 @@ namespace metrale::vision {
 namespace {
 
 void check_image(const Image& image, const char* what) {
-  METRALE_CHECK(image.width > 0 && image.height > 0, what, ": empty image (", image.width, "x", image.height, ")");
-  METRALE_CHECK(image.rgb.size() == static_cast<size_t>(image.width) * image.height * 3, what, ": buffer holds ",
-                image.rgb.size(), " bytes, expected ", static_cast<size_t>(image.width) * image.height * 3);
+  METRALE_CHECK(image.width > 0 && image.height > 0, what, ": empty image (", image.width, "x",
+                image.height, ")");
+  METRALE_CHECK(image.rgb.size() == static_cast<size_t>(image.width) * image.height * 3, what,
+                ": buffer holds ", image.rgb.size(), " bytes, expected ",
+                static_cast<size_t>(image.width) * image.height * 3);
 }
 
 // Resizes (or not) to `target` and returns a frame the patchifier can read.
@@ -40,8 +42,8 @@ ResizeTarget image_target_size(const ImageProcessorConfig& config, int height, i
   const PatchGeometry& g = config.geometry;
   if (!g.do_resize) return {height, width};
   if (config.family == ImageFamily::kGlm4v) {
-    return temporal_smart_resize(g.temporal_patch_size, height, width, g.temporal_patch_size, g.factor(),
-                                 g.min_pixels, g.max_pixels);
+    return temporal_smart_resize(g.temporal_patch_size, height, width, g.temporal_patch_size,
+                                 g.factor(), g.min_pixels, g.max_pixels);
   }
   return qwen_smart_resize(height, width, g.factor(), g.min_pixels, g.max_pixels);
 }
@@ -58,19 +60,23 @@ VisionItem preprocess_image(const Image& image, const ImageProcessorConfig& conf
   return item;
 }
 
-VisionItem preprocess_video(std::span<const Image> frames, double fps, const VideoProcessorConfig& config) {
+VisionItem preprocess_video(std::span<const Image> frames, double fps,
+                            const VideoProcessorConfig& config) {
   METRALE_CHECK(!frames.empty(), "preprocess video: no frames");
   for (const Image& f : frames) {
     check_image(f, "preprocess video frame");
-    METRALE_CHECK(f.width == frames[0].width && f.height == frames[0].height, "preprocess video: frame size ",
-                  f.width, "x", f.height, " differs from the first frame's ", frames[0].width, "x", frames[0].height);
+    METRALE_CHECK(f.width == frames[0].width && f.height == frames[0].height,
+                  "preprocess video: frame size ", f.width, "x", f.height,
+                  " differs from the first frame's ", frames[0].width, "x", frames[0].height);
   }
   const PatchGeometry& g = config.geometry;
-  const std::vector<int64_t> indices = sample_frame_indices(config, static_cast<int64_t>(frames.size()), fps);
+  const std::vector<int64_t> indices =
+      sample_frame_indices(config, static_cast<int64_t>(frames.size()), fps);
   METRALE_CHECK(!indices.empty(), "preprocess video: frame sampling kept no frames");
   for (int64_t i : indices) {
-    METRALE_CHECK(i >= 0 && i < static_cast<int64_t>(frames.size()), "preprocess video: sampled frame ", i,
-                  " is outside the ", frames.size(), " decoded frames");
+    METRALE_CHECK(i >= 0 && i < static_cast<int64_t>(frames.size()),
+                  "preprocess video: sampled frame ", i, " is outside the ", frames.size(),
+                  " decoded frames");
   }
   const auto n = static_cast<int64_t>(indices.size());
   const int h = frames[0].height;
@@ -79,7 +85,8 @@ VisionItem preprocess_video(std::span<const Image> frames, double fps, const Vid
   if (g.do_resize) {
     target = config.family == VideoFamily::kQwen2Vl
                  ? qwen_smart_resize(h, w, g.factor(), g.min_pixels, g.max_pixels)
-                 : temporal_smart_resize(n, h, w, g.temporal_patch_size, g.factor(), g.min_pixels, g.max_pixels);
+                 : temporal_smart_resize(n, h, w, g.temporal_patch_size, g.factor(), g.min_pixels,
+                                         g.max_pixels);
   }
   // Resize each distinct source frame once (sampling may repeat indices).
   std::vector<Image> store;

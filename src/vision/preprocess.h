@@ -23,6 +23,7 @@ VisionItem preprocess_image(const Image& image, const ImageProcessorConfig& conf
 // `frames`: the decoded video (all frames, same size), `fps`: its native frame rate. Frames
 // are sampled per config (sample_frame_indices), resized, normalised, padded to a multiple of
 // temporal_patch_size by repeating the last one, and patchified.
-VisionItem preprocess_video(std::span<const Image> frames, double fps, const VideoProcessorConfig& config);
+VisionItem preprocess_video(std::span<const Image> frames, double fps,
+                            const VideoProcessorConfig& config);
 
 }  // namespace metrale::vision

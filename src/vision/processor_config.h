@@ -60,11 +60,11 @@ struct VideoProcessorConfig {
   std::string type_name;
   PatchGeometry geometry;
   bool do_sample_frames = false;
-  std::optional<double> fps;         // target sampling rate
-  std::optional<int> num_frames;     // fixed frame count (exclusive with fps)
+  std::optional<double> fps;      // target sampling rate
+  std::optional<int> num_frames;  // fixed frame count (exclusive with fps)
   int min_frames = 4;
   int max_frames = 768;
-  double max_duration = 300;         // GLM-4V: longer videos are spread over max_duration * fps
+  double max_duration = 300;  // GLM-4V: longer videos are spread over max_duration * fps
 };
 
 const char* image_family_name(ImageFamily family);

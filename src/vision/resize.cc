@@ -161,15 +161,17 @@ const char* resize_kernel_name(ResizeKernel kernel) {
 }
 
 Image resize_bicubic(const Image& in, int out_width, int out_height, ResizeKernel kernel) {
-  METRALE_CHECK(in.width > 0 && in.height > 0, "resize: empty input image (", in.width, "x", in.height, ")");
-  METRALE_CHECK(in.rgb.size() == static_cast<size_t>(in.width) * in.height * 3, "resize: image buffer holds ",
-                in.rgb.size(), " bytes, expected ", static_cast<size_t>(in.width) * in.height * 3);
-  METRALE_CHECK(out_width > 0 && out_height > 0, "resize: output size must be positive, got ", out_width, "x",
-                out_height);
+  METRALE_CHECK(in.width > 0 && in.height > 0, "resize: empty input image (", in.width, "x",
+                in.height, ")");
+  METRALE_CHECK(in.rgb.size() == static_cast<size_t>(in.width) * in.height * 3,
+                "resize: image buffer holds ", in.rgb.size(), " bytes, expected ",
+                static_cast<size_t>(in.width) * in.height * 3);
+  METRALE_CHECK(out_width > 0 && out_height > 0, "resize: output size must be positive, got ",
+                out_width, "x", out_height);
   // Sizes past 2^24 would overflow the filter banks and are far beyond any processor's limits.
   constexpr int kMaxSide = 1 << 24;
-  METRALE_CHECK(out_width <= kMaxSide && out_height <= kMaxSide, "resize: output size ", out_width, "x", out_height,
-                " exceeds ", kMaxSide, " per side");
+  METRALE_CHECK(out_width <= kMaxSide && out_height <= kMaxSide, "resize: output size ", out_width,
+                "x", out_height, " exceeds ", kMaxSide, " per side");
   const bool need_h = out_width != in.width;
   const bool need_v = out_height != in.height;
   if (!need_h && !need_v) return in;
@@ -178,7 +180,8 @@ Image resize_bicubic(const Image& in, int out_width, int out_height, ResizeKerne
       kernel == ResizeKernel::kTorchvision ||
       !((in.height - out_height) > 0 && (in.height - out_height) > (in.width - out_width) * 2);
 
-  if (!need_v) return horizontal_pass(in, 0, in.height, out_width, make_filter(in.width, out_width, kernel));
+  if (!need_v)
+    return horizontal_pass(in, 0, in.height, out_width, make_filter(in.width, out_width, kernel));
   const AxisFilter fv = make_filter(in.height, out_height, kernel);
   if (!need_h) return vertical_pass(in, 0, out_height, fv);
   const AxisFilter fh = make_filter(in.width, out_width, kernel);

@@ -22,7 +22,8 @@ ResizeTarget qwen_smart_resize(int64_t height, int64_t width, int64_t factor, in
 // GLM-4V video processor and the Qwen3-VL video processor: the pixel budget counts
 // `num_frames` frames (rounded to `temporal_factor`), and sides shorter than `factor` are
 // first scaled up (aspect kept) to reach it.
-ResizeTarget temporal_smart_resize(int64_t num_frames, int64_t height, int64_t width, int64_t temporal_factor,
-                                   int64_t factor, int64_t min_pixels, int64_t max_pixels);
+ResizeTarget temporal_smart_resize(int64_t num_frames, int64_t height, int64_t width,
+                                   int64_t temporal_factor, int64_t factor, int64_t min_pixels,
+                                   int64_t max_pixels);
 
 }  // namespace metrale::vision

@@ -8,12 +8,18 @@ namespace metrale::vision {
 
 std::string_view format_name(ImageFormat format) {
   switch (format) {
-    case ImageFormat::kJpeg: return "JPEG";
-    case ImageFormat::kPng: return "PNG";
-    case ImageFormat::kGif: return "GIF";
-    case ImageFormat::kWebp: return "WebP";
-    case ImageFormat::kBmp: return "BMP";
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kJpeg:
+      return "JPEG";
+    case ImageFormat::kPng:
+      return "PNG";
+    case ImageFormat::kGif:
+      return "GIF";
+    case ImageFormat::kWebp:
+      return "WebP";
+    case ImageFormat::kBmp:
+      return "BMP";
+    case ImageFormat::kUnknown:
+      break;
   }
   return "unknown";
 }

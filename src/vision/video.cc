@@ -103,8 +103,7 @@ std::vector<Image> split_png_stream(std::span<const uint8_t> s, const DecodeLimi
     pos += 8;
     bool end = false;
     while (!end) {
-      METRALE_CHECK(s.size() - pos >= 12, "video: ffmpeg output ends inside frame ",
-                    frames.size());
+      METRALE_CHECK(s.size() - pos >= 12, "video: ffmpeg output ends inside frame ", frames.size());
       const size_t len = size_t(s[pos]) << 24 | s[pos + 1] << 16 | s[pos + 2] << 8 | s[pos + 3];
       end = std::memcmp(&s[pos + 4], "IEND", 4) == 0;
       METRALE_CHECK(len <= s.size() - pos - 12, "video: ffmpeg output ends inside frame ",
@@ -120,7 +119,7 @@ VideoFrames decode_with_ffmpeg(const std::string& path, const VideoOptions& opti
   const FfmpegProbe ff = require_ffmpeg();
   const VideoInfo info = probe_path(ff, path, options);
   std::vector<std::string> argv = {ff.ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error",
-                                   "-i", path, "-map", "0:v:0"};
+                                   "-i",      path,       "-map",         "0:v:0"};
   const auto& want = options.frame_indices;
   if (!want.empty()) {
     METRALE_CHECK(want.size() <= options.max_frames, "video: ", want.size(),
@@ -134,11 +133,11 @@ VideoFrames decode_with_ffmpeg(const std::string& path, const VideoOptions& opti
     }
     argv.insert(argv.end(), {"-vf", expr + "'"});
   }
-  argv.insert(argv.end(), {"-fps_mode", "passthrough", "-frames:v",
-                           std::to_string(options.max_frames + 1), "-f", "image2pipe", "-vcodec",
-                           "png", "-pix_fmt", "rgb24", "-"});
-  ProcessResult r = run_process(argv, {.timeout_s = options.timeout_s,
-                                       .max_stdout_bytes = options.max_output_bytes});
+  argv.insert(argv.end(),
+              {"-fps_mode", "passthrough", "-frames:v", std::to_string(options.max_frames + 1),
+               "-f", "image2pipe", "-vcodec", "png", "-pix_fmt", "rgb24", "-"});
+  ProcessResult r = run_process(
+      argv, {.timeout_s = options.timeout_s, .max_stdout_bytes = options.max_output_bytes});
   METRALE_CHECK(r.exit_code == 0, "video: ffmpeg cannot decode the input (exit ", r.exit_code,
                 "): ", r.err.empty() ? std::string("no message") : r.err);
   VideoFrames out;
@@ -146,9 +145,8 @@ VideoFrames decode_with_ffmpeg(const std::string& path, const VideoOptions& opti
   METRALE_CHECK(!out.frames.empty(), "video: ffmpeg decoded no frames; stderr: ", r.err);
   METRALE_CHECK(out.frames.size() <= options.max_frames, "video: more than ", options.max_frames,
                 " frames; pass frame_indices to sample some");
-  METRALE_CHECK(want.empty() || out.frames.size() == want.size(), "video: requested ",
-                want.size(), " frames but the stream yielded ", out.frames.size(),
-                " (indices past the end?)");
+  METRALE_CHECK(want.empty() || out.frames.size() == want.size(), "video: requested ", want.size(),
+                " frames but the stream yielded ", out.frames.size(), " (indices past the end?)");
   out.fps = info.fps;
   out.total_frames = std::max<int64_t>(info.total_frames, want.empty() ? out.frames.size() : 0);
   for (size_t i = 0; i < out.frames.size(); ++i) out.indices.push_back(want.empty() ? i : want[i]);
@@ -156,8 +154,8 @@ VideoFrames decode_with_ffmpeg(const std::string& path, const VideoOptions& opti
 }
 
 VideoFrames decode_gif_video(std::span<const uint8_t> bytes, const VideoOptions& options) {
-  GifAnimation anim = decode_gif_frames(bytes, options.limits, options.max_frames + 1,
-                                        options.max_output_bytes);
+  GifAnimation anim =
+      decode_gif_frames(bytes, options.limits, options.max_frames + 1, options.max_output_bytes);
   METRALE_CHECK(anim.frames.size() <= options.max_frames, "video: GIF has more than ",
                 options.max_frames, " frames");
   VideoFrames out;

@@ -12,8 +12,8 @@
 namespace metrale::vision {
 
 struct VideoOptions {
-  DecodeLimits limits;               // per frame
-  double timeout_s = 120.0;          // per ffmpeg/ffprobe run
+  DecodeLimits limits;                        // per frame
+  double timeout_s = 120.0;                   // per ffmpeg/ffprobe run
   size_t max_output_bytes = size_t(2) << 30;  // decoded bytes (ffmpeg stdout, GIF frames)
   size_t max_frames = 10000;
   // Decode only these 0-based frame indices (ascending, unique); empty -> every frame.

@@ -38,23 +38,29 @@ std::vector<double> linspace(double start, double stop, int64_t num) {
 
 // Qwen2VLVideoProcessor.sample_frames.
 std::vector<int64_t> sample_qwen2(const VideoProcessorConfig& c, int64_t total, double video_fps) {
-  METRALE_CHECK(!(c.fps && c.num_frames), "video sampling: `num_frames` and `fps` are mutually exclusive");
+  METRALE_CHECK(!(c.fps && c.num_frames),
+                "video sampling: `num_frames` and `fps` are mutually exclusive");
   const int64_t tps = c.geometry.temporal_patch_size;
   int64_t num = -1;  // -1: keep every frame
   if (c.num_frames) {
-    num = static_cast<int64_t>(std::nearbyint(static_cast<double>(*c.num_frames) / static_cast<double>(tps))) * tps;
+    num = static_cast<int64_t>(
+              std::nearbyint(static_cast<double>(*c.num_frames) / static_cast<double>(tps))) *
+          tps;
   } else if (c.fps) {
     const double max_frames =
-        std::floor(static_cast<double>(std::min<int64_t>(c.max_frames, total)) / static_cast<double>(tps)) *
+        std::floor(static_cast<double>(std::min<int64_t>(c.max_frames, total)) /
+                   static_cast<double>(tps)) *
         static_cast<double>(tps);
     double n = static_cast<double>(total) / video_fps * *c.fps;
-    n = std::min({std::max(n, static_cast<double>(c.min_frames)), max_frames, static_cast<double>(total)});
+    n = std::min(
+        {std::max(n, static_cast<double>(c.min_frames)), max_frames, static_cast<double>(total)});
     num = static_cast<int64_t>(std::floor(n / static_cast<double>(tps))) * tps;
   }
   if (num < 0) return all_frames(total);
-  METRALE_CHECK(num <= total, "video sampling: the inferred num_frames=", num, " exceeds total_num_frames=", total);
-  METRALE_CHECK(num > 0, "video sampling: no frames to sample (", total, " frames, temporal_patch_size ", tps,
-                ", max_frames ", c.max_frames, ")");
+  METRALE_CHECK(num <= total, "video sampling: the inferred num_frames=", num,
+                " exceeds total_num_frames=", total);
+  METRALE_CHECK(num > 0, "video sampling: no frames to sample (", total,
+                " frames, temporal_patch_size ", tps, ", max_frames ", c.max_frames, ")");
   // torch.arange(0, total, total / num).int(): length ceil(total / step) computed in double,
   // values start + i * step in double, stored as float32, then truncated.
   const double step = static_cast<double>(total) / static_cast<double>(num);
@@ -69,13 +75,16 @@ std::vector<int64_t> sample_qwen2(const VideoProcessorConfig& c, int64_t total, 
 
 // Qwen3VLVideoProcessor.sample_frames.
 std::vector<int64_t> sample_qwen3(const VideoProcessorConfig& c, int64_t total, double video_fps) {
-  METRALE_CHECK(!(c.fps && c.num_frames), "video sampling: `num_frames` and `fps` are mutually exclusive");
+  METRALE_CHECK(!(c.fps && c.num_frames),
+                "video sampling: `num_frames` and `fps` are mutually exclusive");
   int64_t num = 0;
   if (c.num_frames) {
     num = *c.num_frames;
   } else if (c.fps) {
-    num = static_cast<int64_t>(static_cast<double>(total) / video_fps * *c.fps);  // int(): truncation
-    num = std::min({std::max<int64_t>(num, c.min_frames), static_cast<int64_t>(c.max_frames), total});
+    num =
+        static_cast<int64_t>(static_cast<double>(total) / video_fps * *c.fps);  // int(): truncation
+    num =
+        std::min({std::max<int64_t>(num, c.min_frames), static_cast<int64_t>(c.max_frames), total});
   } else {
     num = std::min(std::max<int64_t>(total, c.min_frames), static_cast<int64_t>(c.max_frames));
   }
@@ -88,14 +97,16 @@ std::vector<int64_t> sample_qwen3(const VideoProcessorConfig& c, int64_t total, 
 
 // Glm4vVideoProcessor.sample_frames.
 std::vector<int64_t> sample_glm4v(const VideoProcessorConfig& c, int64_t total, double video_fps) {
-  METRALE_CHECK(c.fps.has_value(), "video sampling: GLM-4V samples by fps, but the config sets none");
+  METRALE_CHECK(c.fps.has_value(),
+                "video sampling: GLM-4V samples by fps, but the config sets none");
   const double requested_fps = *c.fps;
   const int64_t max_idx = total - 1;
   double duration = static_cast<double>(total) / video_fps;
   if (duration == 0.0) duration = std::nearbyint(static_cast<double>(max_idx) / video_fps) + 1;
   std::vector<int64_t> picked;
   if (duration <= c.max_duration) {
-    const int64_t n = std::max<int64_t>(static_cast<int64_t>(std::floor(duration * requested_fps)), 1);
+    const int64_t n =
+        std::max<int64_t>(static_cast<int64_t>(std::floor(duration * requested_fps)), 1);
     for (int64_t i = 0; i < n; ++i) {
       const double t = static_cast<double>(i) * video_fps / requested_fps;
       picked.push_back(std::min(max_idx, static_cast<int64_t>(std::ceil(t))));
@@ -124,14 +135,18 @@ std::vector<int64_t> sample_glm4v(const VideoProcessorConfig& c, int64_t total, 
 std::vector<int64_t> sample_frame_indices(const VideoProcessorConfig& config, int64_t total_frames,
                                           double video_fps) {
   METRALE_CHECK(total_frames > 0, "video sampling: the video has no frames");
-  METRALE_CHECK(total_frames <= 10'000'000, "video sampling: ", total_frames, " frames is beyond the supported count");
+  METRALE_CHECK(total_frames <= 10'000'000, "video sampling: ", total_frames,
+                " frames is beyond the supported count");
   if (!config.do_sample_frames) return all_frames(total_frames);
-  METRALE_CHECK(std::isfinite(video_fps) && video_fps > 0, "video sampling: the video's frame rate must be positive, got ",
-                video_fps);
+  METRALE_CHECK(std::isfinite(video_fps) && video_fps > 0,
+                "video sampling: the video's frame rate must be positive, got ", video_fps);
   switch (config.family) {
-    case VideoFamily::kQwen2Vl: return sample_qwen2(config, total_frames, video_fps);
-    case VideoFamily::kQwen3Vl: return sample_qwen3(config, total_frames, video_fps);
-    case VideoFamily::kGlm4v: return sample_glm4v(config, total_frames, video_fps);
+    case VideoFamily::kQwen2Vl:
+      return sample_qwen2(config, total_frames, video_fps);
+    case VideoFamily::kQwen3Vl:
+      return sample_qwen3(config, total_frames, video_fps);
+    case VideoFamily::kGlm4v:
+      return sample_glm4v(config, total_frames, video_fps);
   }
   return {};
 }

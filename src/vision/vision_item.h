@@ -15,12 +15,13 @@ enum class VisionKind { kImage, kVideo };
 
 struct VisionItem {
   VisionKind kind = VisionKind::kImage;
-  std::array<int64_t, 3> grid_thw{};  // [grid_t, grid_h, grid_w] in patches: image_grid_thw / video_grid_thw
-  int64_t patch_dim = 0;              // C * temporal_patch_size * patch_size^2
+  std::array<int64_t, 3>
+      grid_thw{};         // [grid_t, grid_h, grid_w] in patches: image_grid_thw / video_grid_thw
+  int64_t patch_dim = 0;  // C * temporal_patch_size * patch_size^2
   int merge_size = 2;
-  int resized_height = 0;             // pixels after smart_resize
+  int resized_height = 0;  // pixels after smart_resize
   int resized_width = 0;
-  std::vector<float> pixels;          // [n_patches(), patch_dim]
+  std::vector<float> pixels;  // [n_patches(), patch_dim]
 
   // Video only: the source frames used (before padding to a multiple of the temporal patch
   // size) and seconds per temporal patch (see video_sampling.h for each family's rule).
@@ -31,7 +32,9 @@ struct VisionItem {
   // Placeholder tokens in the prompt: merge_size x merge_size patches become one token.
   int64_t n_tokens() const { return n_patches() / (int64_t{merge_size} * merge_size); }
   // Tokens per temporal patch (one frame group); videos repeat this many per grid_t.
-  int64_t tokens_per_frame() const { return grid_thw[1] * grid_thw[2] / (int64_t{merge_size} * merge_size); }
+  int64_t tokens_per_frame() const {
+    return grid_thw[1] * grid_thw[2] / (int64_t{merge_size} * merge_size);
+  }
 
   TensorView view() {
     return TensorView::contiguous(pixels.data(), DType::kF32, Shape{n_patches(), patch_dim});

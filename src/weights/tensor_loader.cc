@@ -8,8 +8,8 @@
 
 namespace metrale {
 
-TensorLoader::TensorLoader(const Checkpoint& checkpoint, Backend& backend, WeightPlacement placement,
-                           void (*progress)(uint64_t, uint64_t))
+TensorLoader::TensorLoader(const Checkpoint& checkpoint, Backend& backend,
+                           WeightPlacement placement, void (*progress)(uint64_t, uint64_t))
     : checkpoint_(checkpoint), backend_(backend), placement_(placement), progress_(progress) {}
 
 const CheckpointTensor& TensorLoader::claim(const std::string& name,
@@ -64,7 +64,8 @@ WeightTensor TensorLoader::linear(const std::string& prefix, int64_t n_out, int6
 
 WeightTensor TensorLoader::linear_impl(const std::string& name, const std::string* bias_name,
                                        int64_t n_out, int64_t n_in) {
-  if (placement_ == WeightPlacement::kCopy) return copy_parts({{name, bias_name, n_out}}, n_in, name);
+  if (placement_ == WeightPlacement::kCopy)
+    return copy_parts({{name, bias_name, n_out}}, n_in, name);
   const CheckpointTensor& t = claim(name, {n_out, n_in});
   const auto format = weight_format_for_dtype(t.info->dtype);
   METRALE_CHECK(format.has_value(), checkpoint_.dir().string(), ": tensor '", name, "' has dtype ",
@@ -88,8 +89,10 @@ WeightTensor TensorLoader::linear_impl(const std::string& name, const std::strin
 }
 
 WeightTensor TensorLoader::fused_linear(const std::vector<std::string>& prefixes,
-                                        const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias) {
-  METRALE_CHECK(!prefixes.empty() && prefixes.size() == n_outs.size(), "fused_linear: one n_out per prefix");
+                                        const std::vector<int64_t>& n_outs, int64_t n_in,
+                                        bool has_bias) {
+  METRALE_CHECK(!prefixes.empty() && prefixes.size() == n_outs.size(),
+                "fused_linear: one n_out per prefix");
   std::vector<std::string> bias_names;
   bias_names.reserve(prefixes.size());
   std::vector<Part> parts;
@@ -102,7 +105,8 @@ WeightTensor TensorLoader::fused_linear(const std::vector<std::string>& prefixes
   return copy_parts(parts, n_in, name);
 }
 
-WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_in, const std::string& name) {
+WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_in,
+                                      const std::string& name) {
   std::optional<WeightFormat> format;
   int64_t n_out = 0;
   bool any_bias = false;
@@ -111,9 +115,9 @@ WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_
     const auto f = weight_format_for_dtype(t.info->dtype);
     METRALE_CHECK(f.has_value(), checkpoint_.dir().string(), ": tensor '", p.name, "' has dtype ",
                   dtype_name(t.info->dtype), "; plain weights must be f32 or bf16");
-    METRALE_CHECK(!format || *format == *f, checkpoint_.dir().string(), ": tensor '", p.name, "' is ",
-                  weight_format_name(*f), " but '", parts[0].name, "' is ", weight_format_name(*format),
-                  "; fused matrices need one format");
+    METRALE_CHECK(!format || *format == *f, checkpoint_.dir().string(), ": tensor '", p.name,
+                  "' is ", weight_format_name(*f), " but '", parts[0].name, "' is ",
+                  weight_format_name(*format), "; fused matrices need one format");
     format = f;
     backend_.require(Op::kLinear, *f, DType::kF32, p.name);
     n_out += p.n_out;
@@ -140,19 +144,21 @@ WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_
     }
     row += static_cast<size_t>(p.n_out);
   }
-  WeightTensor w{.name = name, .format = *format, .n_out = n_out, .n_in = n_in, .data = staging.data()};
+  WeightTensor w{
+      .name = name, .format = *format, .n_out = n_out, .n_in = n_in, .data = staging.data()};
   if (any_bias) {
     w.bias = bias.data();
     w.bias_dtype = DType::kF32;
   }
   WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
-  METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '", name, "'");
+  METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '",
+                name, "'");
   storage_.push_back(prepared.storage);
   return prepared;
 }
 
-std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name, int64_t n_stack, int64_t n_out,
-                                                         int64_t n_in) {
+std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name, int64_t n_stack,
+                                                         int64_t n_out, int64_t n_in) {
   const CheckpointTensor& t = claim(name, {n_stack, n_out, n_in});
   const auto format = weight_format_for_dtype(t.info->dtype);
   METRALE_CHECK(format.has_value(), checkpoint_.dir().string(), ": tensor '", name, "' has dtype ",
@@ -164,8 +170,12 @@ std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name
   std::vector<WeightTensor> out;
   out.reserve(static_cast<size_t>(n_stack));
   for (int64_t i = 0; i < n_stack; ++i) {
-    const std::span<const std::byte> slice = all.subspan(static_cast<size_t>(i) * slice_bytes, slice_bytes);
-    WeightTensor w{.name = name + "[" + std::to_string(i) + "]", .format = *format, .n_out = n_out, .n_in = n_in};
+    const std::span<const std::byte> slice =
+        all.subspan(static_cast<size_t>(i) * slice_bytes, slice_bytes);
+    WeightTensor w{.name = name + "[" + std::to_string(i) + "]",
+                   .format = *format,
+                   .n_out = n_out,
+                   .n_in = n_in};
     if (in_place) {
       w.data = slice.data();
       WeightTensor prepared = backend_.prepare(w, PrepareMode::kInPlace);

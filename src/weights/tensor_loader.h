@@ -37,12 +37,13 @@ class TensorLoader {
   // so one pass over the weights serves them all; each prefix's .weight (and .bias when
   // has_bias) is checked as linear() would. Always a copy into backend memory; layers ask
   // can_fuse() first where reading in place is an option.
-  WeightTensor fused_linear(const std::vector<std::string>& prefixes, const std::vector<int64_t>& n_outs,
-                            int64_t n_in, bool has_bias);
+  WeightTensor fused_linear(const std::vector<std::string>& prefixes,
+                            const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias);
   bool can_fuse() const { return placement_ == WeightPlacement::kCopy; }
   // A 3-D tensor [n_stack, n_out, n_in] (e.g. transformers 5's fused experts) as n_stack
   // matrices, slice i named "name[i]"; copied, or read in place when asked and aligned.
-  std::vector<WeightTensor> stacked_matrices(const std::string& name, int64_t n_stack, int64_t n_out, int64_t n_in);
+  std::vector<WeightTensor> stacked_matrices(const std::string& name, int64_t n_stack,
+                                             int64_t n_out, int64_t n_in);
   // Whether the checkpoint holds `name` (claims nothing).
   bool has(const std::string& name) const { return checkpoint_.find(name) != nullptr; }
   const Checkpoint& checkpoint() const { return checkpoint_; }

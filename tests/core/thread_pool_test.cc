@@ -103,7 +103,8 @@ TEST(ThreadPool, ReductionsAreDeterministic) {
 TEST(ThreadPool, DynamicPiecesCoverEveryIndexOnce) {
   for (int threads : {1, 2, 3, 7}) {
     ThreadPool pool(threads);
-    for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{17}, size_t{128}, size_t{1000}, size_t{4097}}) {
+    for (size_t n :
+         {size_t{0}, size_t{1}, size_t{2}, size_t{17}, size_t{128}, size_t{1000}, size_t{4097}}) {
       for (size_t grain : {size_t{1}, size_t{3}, size_t{64}, size_t{5000}}) {
         std::vector<std::atomic<int>> hits(n);
         pool.parallel_for_dynamic(n, grain, [&](size_t begin, size_t end, int t) {
@@ -116,7 +117,8 @@ TEST(ThreadPool, DynamicPiecesCoverEveryIndexOnce) {
           }
           for (size_t i = begin; i < end; ++i) hits[i].fetch_add(1);
         });
-        for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " grain=" << grain << " i=" << i;
+        for (size_t i = 0; i < n; ++i)
+          ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " grain=" << grain << " i=" << i;
       }
     }
   }

@@ -4,9 +4,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint_copy.h"
 #include "core/error.h"
 #include "engine/session.h"
-#include "checkpoint_copy.h"
 #include "fixture_util.h"
 #include "io/safetensors/writer.h"
 #include "support/test_support.h"
@@ -33,10 +33,13 @@ TEST(EngineBadInput, TokenIdOutOfRange) {
   Sequence s;
   const std::vector<int32_t> ids = {1, 2, 392};
   const std::string msg = error_of([&] { m->prefill(s, ids, logits); });
-  EXPECT_NE(msg.find("token id 392 at index 2 is outside the vocabulary [0, 392)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("token id 392 at index 2 is outside the vocabulary [0, 392)"),
+            std::string::npos)
+      << msg;
   EXPECT_TRUE(s.tokens.empty());
   const std::vector<int32_t> negative = {-1};
-  EXPECT_NE(error_of([&] { m->prefill(s, negative, logits); }).find("token id -1"), std::string::npos);
+  EXPECT_NE(error_of([&] { m->prefill(s, negative, logits); }).find("token id -1"),
+            std::string::npos);
 }
 
 TEST(EngineBadInput, PromptLongerThanContext) {
@@ -58,8 +61,10 @@ TEST(EngineBadInput, MissingTensor) {
   CheckpointCopy c("qwen3_f32");
   c.rewrite([](const std::string& n) { return n != "model.layers.1.mlp.up_proj.weight"; });
   const std::string msg = error_of([&] { Model::load(c.dir(), small()); });
-  EXPECT_NE(msg.find("missing tensor 'model.layers.1.mlp.up_proj.weight' (expected shape [160, 64])"),
-            std::string::npos) << msg;
+  EXPECT_NE(
+      msg.find("missing tensor 'model.layers.1.mlp.up_proj.weight' (expected shape [160, 64])"),
+      std::string::npos)
+      << msg;
 }
 
 TEST(EngineBadInput, UnexpectedTensor) {
@@ -79,9 +84,11 @@ TEST(EngineBadInput, ConfigContradictsTensors) {
 TEST(EngineBadInput, MissingFiles) {
   CheckpointCopy c("qwen3_f32");
   fs::remove(c.dir() / "model.safetensors");
-  EXPECT_NE(error_of([&] { Model::load(c.dir(), small()); }).find(c.dir().string()), std::string::npos);
+  EXPECT_NE(error_of([&] { Model::load(c.dir(), small()); }).find(c.dir().string()),
+            std::string::npos);
   fs::remove(c.dir() / "config.json");
-  EXPECT_NE(error_of([&] { Model::load(c.dir(), small()); }).find("config.json"), std::string::npos);
+  EXPECT_NE(error_of([&] { Model::load(c.dir(), small()); }).find("config.json"),
+            std::string::npos);
 }
 
 TEST(EngineBadInput, DecodeArguments) {
@@ -93,7 +100,8 @@ TEST(EngineBadInput, DecodeArguments) {
   m->prefill(s, p, std::span(logits).first(V));
   Sequence* twice[] = {&s, &s};
   const int32_t tokens[] = {3, 4};
-  EXPECT_NE(error_of([&] { m->decode(twice, tokens, logits); }).find("appears twice"), std::string::npos);
+  EXPECT_NE(error_of([&] { m->decode(twice, tokens, logits); }).find("appears twice"),
+            std::string::npos);
   m->release(s);
 }
 

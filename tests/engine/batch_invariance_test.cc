@@ -83,14 +83,16 @@ TEST_P(BatchInvariance, DecodeAloneEqualsCoBatched) {
     Sequence* batch[] = {&sb, &sa, &sc};
     const int32_t tokens[] = {7, steps[i], 11};
     m->decode(batch, tokens, logits);
-    const std::vector<float> row(logits.begin() + static_cast<long>(V), logits.begin() + static_cast<long>(2 * V));
+    const std::vector<float> row(logits.begin() + static_cast<long>(V),
+                                 logits.begin() + static_cast<long>(2 * V));
     EXPECT_EQ(row, alone[i]) << "step " << i;
   }
   for (Sequence* s : {&sa, &sb, &sc}) m->release(*s);
 }
 
 // Logits of decoding `tokens` one step at a time after prefilling `prompt`.
-std::vector<float> decode_one_by_one(Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& tokens) {
+std::vector<float> decode_one_by_one(Model& m, const std::vector<int32_t>& prompt,
+                                     const std::vector<int32_t>& tokens) {
   const auto V = static_cast<size_t>(m.vocab_size());
   std::vector<float> scratch(V), out;
   Sequence s;
@@ -125,7 +127,8 @@ TEST_P(BatchInvariance, VerifyRowsEqualSingleDecodes) {
 
 TEST_P(BatchInvariance, RaggedStepEqualsItsPartsAlone) {
   const Reference ref(fixture_of(GetParam()));
-  const std::vector<int32_t> a = ref.ids("input_ids"), b = ref.ids("input_ids_b"), g = ref.ids("greedy_ids");
+  const std::vector<int32_t> a = ref.ids("input_ids"), b = ref.ids("input_ids_b"),
+                             g = ref.ids("greedy_ids");
   auto m = load(GetParam(), 2, 64);
   const auto V = static_cast<size_t>(m->vocab_size());
   std::vector<float> scratch(V);
@@ -137,7 +140,8 @@ TEST_P(BatchInvariance, RaggedStepEqualsItsPartsAlone) {
     m->release(s);
   }
   const std::vector<float> a_alone = decode_one_by_one(*m, a, {g[0]});
-  const std::vector<float> v_alone = decode_one_by_one(*m, std::vector<int32_t>(a.begin(), a.begin() + 9), {g[3], g[4], g[5]});
+  const std::vector<float> v_alone =
+      decode_one_by_one(*m, std::vector<int32_t>(a.begin(), a.begin() + 9), {g[3], g[4], g[5]});
   // Together in one step: verify rows, a prefill chunk and a decode row, interleaved.
   Sequence sa, sv, sb;
   m->prefill(sa, a, scratch);
@@ -149,7 +153,9 @@ TEST_P(BatchInvariance, RaggedStepEqualsItsPartsAlone) {
   std::vector<float> got(5 * V);
   m->step(items, got);
   EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + static_cast<long>(3 * V)), v_alone);
-  EXPECT_EQ(std::vector<float>(got.begin() + static_cast<long>(3 * V), got.begin() + static_cast<long>(4 * V)), b_alone);
+  EXPECT_EQ(std::vector<float>(got.begin() + static_cast<long>(3 * V),
+                               got.begin() + static_cast<long>(4 * V)),
+            b_alone);
   EXPECT_EQ(std::vector<float>(got.begin() + static_cast<long>(4 * V), got.end()), a_alone);
   for (Sequence* s : {&sa, &sv, &sb}) m->release(*s);
 }
@@ -170,7 +176,8 @@ TEST_P(BatchInvariance, TruncateThenContinueEqualsFresh) {
   m->truncate(s, static_cast<int64_t>(a.size()) + 2);
   EXPECT_EQ(s.tokens.size(), a.size() + 2);
   EXPECT_EQ(static_cast<int64_t>(s.block_table.size()),
-            (static_cast<int64_t>(a.size()) + 2 + m->kv_pool().layout().page_size - 1) / m->kv_pool().layout().page_size);
+            (static_cast<int64_t>(a.size()) + 2 + m->kv_pool().layout().page_size - 1) /
+                m->kv_pool().layout().page_size);
   const std::vector<int32_t> next = {g[2], g[3], g[4]};
   std::vector<float> got;
   for (int32_t t : next) {
@@ -189,9 +196,10 @@ TEST_P(BatchInvariance, TruncateThenContinueEqualsFresh) {
   m->release(s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance, ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32", "qwen3_bf16@bf16",
-                                                                  "llama_bf16@bf16", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",
-                                                                  "qwen3_moe_bf16@bf16"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance,
+                         ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32",
+                                           "qwen3_bf16@bf16", "llama_bf16@bf16", "qwen3_moe_f32",
+                                           "qwen3_moe_nonorm_f32", "qwen3_moe_bf16@bf16"),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string name = p.param;
                            for (char& ch : name) ch = ch == '@' ? '_' : ch;

@@ -79,7 +79,8 @@ TEST_P(Bf16Compute, GreedyPrefixMatchesNativeBf16) {
     const auto top = static_cast<int32_t>(std::max_element(row, row + V) - row);
     if (top == want[i]) continue;
     ++ties;
-    EXPECT_LT(row[top] - row[want[i]], kTieGap) << "step " << i << ": picked " << top << ", HF bf16 picked " << want[i];
+    EXPECT_LT(row[top] - row[want[i]], kTieGap)
+        << "step " << i << ": picked " << top << ", HF bf16 picked " << want[i];
   }
   EXPECT_LE(ties, 1);
   if (ties == 0) {
@@ -91,8 +92,9 @@ TEST_P(Bf16Compute, GreedyPrefixMatchesNativeBf16) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16Compute, ::testing::Values("llama_bf16", "qwen2_bf16", "qwen3_bf16", "qwen3_moe_bf16",
-                                                                   "qwen3_moe_nonorm_bf16"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16Compute,
+                         ::testing::Values("llama_bf16", "qwen2_bf16", "qwen3_bf16",
+                                           "qwen3_moe_bf16", "qwen3_moe_nonorm_bf16"));
 
 TEST(Bf16ComputeOptions, InPlaceWeightsAreRejected) {
   LoadOptions o = bf16_options();

@@ -9,10 +9,10 @@
 #include <cstdlib>
 #include <new>
 
-#include "engine/model.h"
-#include "fixture_util.h"
 #include <string>
 #include <tuple>
+#include "engine/model.h"
+#include "fixture_util.h"
 
 namespace {
 std::atomic<long> g_allocations{0};
@@ -20,8 +20,9 @@ std::atomic<long> g_allocations{0};
 void* counted(std::size_t n, std::size_t align) {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   if (n == 0) n = 1;
-  void* p = align > alignof(std::max_align_t) ? std::aligned_alloc(align, (n + align - 1) / align * align)
-                                              : std::malloc(n);
+  void* p = align > alignof(std::max_align_t)
+                ? std::aligned_alloc(align, (n + align - 1) / align * align)
+                : std::malloc(n);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
@@ -29,8 +30,12 @@ void* counted(std::size_t n, std::size_t align) {
 
 void* operator new(std::size_t n) { return counted(n, 0); }
 void* operator new[](std::size_t n) { return counted(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a) { return counted(n, static_cast<std::size_t>(a)); }
-void* operator new[](std::size_t n, std::align_val_t a) { return counted(n, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  return counted(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return counted(n, static_cast<std::size_t>(a));
+}
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
   try {
     return counted(n, 0);
@@ -92,13 +97,16 @@ TEST_P(DecodeAllocations, StepsAllocateNothing) {
   std::vector<int32_t> tokens(kSeqs, 5);
   for (size_t width : {kSeqs, size_t{1}}) {  // batched steps, then one sequence alone
     const auto batch = std::span(ptrs).first(width);
-    m->decode(batch, std::span(tokens).first(width), std::span(logits).first(width * V));  // warm-up
+    m->decode(batch, std::span(tokens).first(width),
+              std::span(logits).first(width * V));  // warm-up
     const long before = g_allocations.load();
     for (int s = 0; s < kSteps; ++s) {
-      for (size_t i = 0; i < width; ++i) tokens[i] = static_cast<int32_t>(7 + 31 * s + 5 * i);  // other experts
+      for (size_t i = 0; i < width; ++i)
+        tokens[i] = static_cast<int32_t>(7 + 31 * s + 5 * i);  // other experts
       m->decode(batch, std::span(tokens).first(width), std::span(logits).first(width * V));
     }
-    EXPECT_EQ(g_allocations.load() - before, 0) << "decode steps at batch " << width << " allocated";
+    EXPECT_EQ(g_allocations.load() - before, 0)
+        << "decode steps at batch " << width << " allocated";
   }
   // The counter does see allocations (the test is not vacuous).
   const long before = g_allocations.load();
@@ -112,7 +120,8 @@ INSTANTIATE_TEST_SUITE_P(Models, DecodeAllocations,
                          ::testing::Combine(::testing::Values("qwen3_bf16", "qwen3_moe_bf16"),
                                             ::testing::Values(Compute::kF32, Compute::kBF16)),
                          [](const auto& p) {
-                           return std::get<0>(p.param) + (std::get<1>(p.param) == Compute::kF32 ? "_f32" : "_bf16");
+                           return std::get<0>(p.param) +
+                                  (std::get<1>(p.param) == Compute::kF32 ? "_f32" : "_bf16");
                          });
 
 }  // namespace

@@ -35,7 +35,8 @@ TEST(DemoCheckpoint, GreedyOutputEqualsTransformers) {
     std::vector<int32_t> got = r.tokens;
     if (r.stop == StopReason::kEos) got.push_back(eos);
     EXPECT_EQ(got, want) << prompt;
-    EXPECT_EQ(tok.decode(got, /*skip_special_tokens=*/false), c.at("text").get<std::string>()) << prompt;
+    EXPECT_EQ(tok.decode(got, /*skip_special_tokens=*/false), c.at("text").get<std::string>())
+        << prompt;
     EXPECT_FALSE(r.text.empty()) << prompt;
   }
 }

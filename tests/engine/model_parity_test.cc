@@ -38,7 +38,8 @@ TEST_P(ModelParity, HiddenStatesAndLogits) {
   HiddenSink sink = [&](int64_t index, ConstRows h) {
     ASSERT_EQ(static_cast<size_t>(index), hidden.size());
     std::vector<float> rows(n * H);
-    for (size_t r = 0; r < n; ++r) std::memcpy(rows.data() + r * H, h.row(static_cast<int64_t>(r)), H * 4);
+    for (size_t r = 0; r < n; ++r)
+      std::memcpy(rows.data() + r * H, h.row(static_cast<int64_t>(r)), H * 4);
     hidden.push_back(std::move(rows));
   };
   std::vector<float> logits(n * V);
@@ -62,8 +63,8 @@ TEST_P(ModelParity, GreedyContinuationsMatchExactly) {
   auto model = Model::load(testing::fixture_dir(GetParam()), options());
   for (const std::string suffix : {"", "_b"}) {
     Session session(*model);
-    const GenerateResult r = session.generate(ref.ids("input_ids" + suffix),
-                                              {.max_new_tokens = 16, .ignore_eos = true});
+    const GenerateResult r =
+        session.generate(ref.ids("input_ids" + suffix), {.max_new_tokens = 16, .ignore_eos = true});
     EXPECT_EQ(r.tokens, ref.ids("greedy_ids" + suffix)) << "prompt" << suffix;
     EXPECT_EQ(r.stop, StopReason::kMaxTokens);
   }
@@ -84,8 +85,9 @@ TEST_P(ModelParity, BatchedGenerationEqualsAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
                          ::testing::Values("llama_f32", "llama_bf16", "qwen2_f32", "qwen2_bf16",
-                                           "qwen3_f32", "qwen3_bf16", "qwen3_moe_f32", "qwen3_moe_bf16",
-                                           "qwen3_moe_nonorm_f32", "qwen3_moe_nonorm_bf16"));
+                                           "qwen3_f32", "qwen3_bf16", "qwen3_moe_f32",
+                                           "qwen3_moe_bf16", "qwen3_moe_nonorm_f32",
+                                           "qwen3_moe_nonorm_bf16"));
 
 }  // namespace
 }  // namespace metrale

@@ -15,9 +15,9 @@
 namespace metrale {
 namespace {
 
+using test::error_of;
 using testing::CheckpointCopy;
 using testing::Reference;
-using test::error_of;
 
 LoadOptions options() {
   LoadOptions o;
@@ -37,13 +37,15 @@ std::vector<float> prompt_logits(Model& m, const std::vector<int32_t>& ids) {
 TEST(Qwen3Moe, LayersAreComposedAsTheConfigSays) {
   // qwen3_moe_f32: mlp_only_layers [1]; qwen3_moe_nonorm: decoder_sparse_step 2 of 4 layers.
   for (const auto& [name, sparse] : std::vector<std::pair<std::string, std::vector<bool>>>{
-           {"qwen3_moe_f32", {true, false, true}}, {"qwen3_moe_nonorm_f32", {false, true, false, true}}}) {
+           {"qwen3_moe_f32", {true, false, true}},
+           {"qwen3_moe_nonorm_f32", {false, true, false, true}}}) {
     auto m = Model::load(testing::fixture_dir(name), options());
     const Architecture& a = m->architecture();
     ASSERT_EQ(a.layers.size(), sparse.size()) << name;
     for (size_t i = 0; i < sparse.size(); ++i) {
       const auto* moe = dynamic_cast<const MoeFfn*>(&a.layers[i].ffn());
-      EXPECT_EQ(moe != nullptr, sparse[i]) << name << " layer " << i << ": " << a.layers[i].ffn().describe();
+      EXPECT_EQ(moe != nullptr, sparse[i])
+          << name << " layer " << i << ": " << a.layers[i].ffn().describe();
       if (moe != nullptr) {
         EXPECT_EQ(moe->n_experts(), m->config().moe.n_experts);
         EXPECT_EQ(moe->top_k(), 2);
@@ -64,7 +66,8 @@ TEST(Qwen3Moe, StackedExpertLayoutLoadsToTheSameModel) {
   CheckpointCopy copy(name);
   copy.rewrite_all([&](SafetensorsWriter& w, const SafetensorsFile& f) {
     for (const auto& t : f.tensors()) {
-      if (t.name.find(".mlp.experts.") == std::string::npos) w.add(t.name, t.dtype, t.shape, f.bytes(t));
+      if (t.name.find(".mlp.experts.") == std::string::npos)
+        w.add(t.name, t.dtype, t.shape, f.bytes(t));
     }
   });
   // The experts, stacked, in a second file (a folder of *.safetensors without an index).
@@ -103,15 +106,21 @@ TEST(Qwen3Moe, ConfigThatContradictsTheExpertsIsRefused) {
   }
   {
     CheckpointCopy copy(name);  // an expert missing
-    copy.rewrite([](const std::string& n) { return n.find("layers.2.mlp.experts.5.up_proj") == std::string::npos; });
+    copy.rewrite([](const std::string& n) {
+      return n.find("layers.2.mlp.experts.5.up_proj") == std::string::npos;
+    });
     const std::string msg = error_of([&] { Model::load(copy.dir(), options()); });
-    EXPECT_NE(msg.find("missing tensor 'model.layers.2.mlp.experts.5.up_proj.weight'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("missing tensor 'model.layers.2.mlp.experts.5.up_proj.weight'"),
+              std::string::npos)
+        << msg;
   }
   {
     CheckpointCopy copy(name);  // expert width disagrees with the tensors
     copy.replace_in_config("\"moe_intermediate_size\": 48", "\"moe_intermediate_size\": 40");
     const std::string msg = error_of([&] { Model::load(copy.dir(), options()); });
-    EXPECT_NE(msg.find("experts.0.gate_proj.weight' has shape [48, 64], expected [40, 64]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("experts.0.gate_proj.weight' has shape [48, 64], expected [40, 64]"),
+              std::string::npos)
+        << msg;
   }
   {
     CheckpointCopy copy(name);  // the sparse step says layer 0 is dense, the tensors say MoE

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "layers/rope_table.h"
 #include "core/error.h"
+#include "layers/rope_table.h"
 
 namespace metrale {
 namespace {
@@ -23,7 +23,7 @@ RopeTableConfig config_of(const nlohmann::json& c) {
   const auto& r = c["rope"];
   RopeTableConfig cfg;
   const std::string type = r["rope_type"];
-  cfg.type = type == "linear" ? RopeType::kLinear
+  cfg.type = type == "linear"   ? RopeType::kLinear
              : type == "llama3" ? RopeType::kLlama3
              : type == "yarn"   ? RopeType::kYarn
                                 : RopeType::kDefault;
@@ -55,7 +55,8 @@ TEST(RopeTable, MatchesTransformers) {
     ASSERT_EQ(t.inv_freq().size(), inv.size());
     for (size_t i = 0; i < inv.size(); ++i) {
       // torch's powf may differ from a correctly rounded pow by an ulp.
-      EXPECT_NEAR(t.inv_freq()[i], from_bits(inv[i]), std::abs(from_bits(inv[i])) * 2.4e-7f) << "inv_freq " << i;
+      EXPECT_NEAR(t.inv_freq()[i], from_bits(inv[i]), std::abs(from_bits(inv[i])) * 2.4e-7f)
+          << "inv_freq " << i;
     }
     EXPECT_FLOAT_EQ(t.attention_scaling(), from_bits(c["attention_scaling"].get<uint32_t>()));
     const auto positions = c["positions"].get<std::vector<int64_t>>();
@@ -65,9 +66,12 @@ TEST(RopeTable, MatchesTransformers) {
     for (size_t p = 0; p < positions.size(); ++p) {
       for (size_t i = 0; i < half; ++i) {
         // Error budget: an ulp in inv_freq, times the position, moves the angle.
-        const float tol = 1e-6f + static_cast<float>(positions[p]) * std::abs(from_bits(inv[i])) * 2.4e-7f;
-        EXPECT_NEAR(t.cos(positions[p])[i], from_bits(cos[p * half + i]), tol) << "pos " << positions[p] << " i " << i;
-        EXPECT_NEAR(t.sin(positions[p])[i], from_bits(sin[p * half + i]), tol) << "pos " << positions[p] << " i " << i;
+        const float tol =
+            1e-6f + static_cast<float>(positions[p]) * std::abs(from_bits(inv[i])) * 2.4e-7f;
+        EXPECT_NEAR(t.cos(positions[p])[i], from_bits(cos[p * half + i]), tol)
+            << "pos " << positions[p] << " i " << i;
+        EXPECT_NEAR(t.sin(positions[p])[i], from_bits(sin[p * half + i]), tol)
+            << "pos " << positions[p] << " i " << i;
       }
     }
   }
@@ -76,9 +80,12 @@ TEST(RopeTable, MatchesTransformers) {
 TEST(RopeTable, RejectsInconsistentConfigs) {
   EXPECT_THROW(RopeTable::build({.head_dim = 0}, 8), Error);
   EXPECT_THROW(RopeTable::build({.head_dim = 64}, 0), Error);
-  EXPECT_THROW(RopeTable::build({.type = RopeType::kLlama3, .head_dim = 64, .factor = 8.0}, 8), Error);
-  EXPECT_THROW(RopeTable::build({.type = RopeType::kYarn, .head_dim = 64, .factor = 4.0}, 8), Error);
-  EXPECT_THROW(RopeTable::build({.type = RopeType::kLinear, .head_dim = 64, .factor = 0.0}, 8), Error);
+  EXPECT_THROW(RopeTable::build({.type = RopeType::kLlama3, .head_dim = 64, .factor = 8.0}, 8),
+               Error);
+  EXPECT_THROW(RopeTable::build({.type = RopeType::kYarn, .head_dim = 64, .factor = 4.0}, 8),
+               Error);
+  EXPECT_THROW(RopeTable::build({.type = RopeType::kLinear, .head_dim = 64, .factor = 0.0}, 8),
+               Error);
   EXPECT_THROW(RopeTable::build({.head_dim = 64, .partial_rotary_factor = 1.5}, 8), Error);
 }
 

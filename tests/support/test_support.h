@@ -45,8 +45,8 @@ class ScratchDir {
  public:
   ScratchDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = "metrale_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
-                       std::to_string(::getpid()) + "_" + std::to_string(counter_++);
+    std::string name = "metrale_" + std::string(info->test_suite_name()) + "_" + info->name() +
+                       "_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++);
     for (char& c : name) {
       if (c == '/') c = '_';  // parameterised test names contain '/'
     }

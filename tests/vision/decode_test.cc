@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "vision/decode.h"
 #include "support/test_support.h"
+#include "vision/decode.h"
 
 namespace metrale::vision {
 namespace {
@@ -127,9 +127,7 @@ TEST(SniffFormat, UsesMagicBytesOnly) {
   EXPECT_EQ(format_name(ImageFormat::kWebp), "WebP");
 }
 
-TEST(DecodeImage, EmptyInputIsAnError) {
-  EXPECT_THROW(decode_image({}), Error);
-}
+TEST(DecodeImage, EmptyInputIsAnError) { EXPECT_THROW(decode_image({}), Error); }
 
 }  // namespace
 }  // namespace metrale::vision

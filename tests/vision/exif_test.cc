@@ -13,20 +13,28 @@ std::vector<uint8_t> tiff(bool big_endian, uint16_t tag, uint16_t type, uint32_t
   std::vector<uint8_t> b;
   if (exif_prefix) b = {'E', 'x', 'i', 'f', 0, 0};
   auto u16 = [&](uint32_t v) {
-    if (big_endian) b.insert(b.end(), {uint8_t(v >> 8), uint8_t(v)});
-    else b.insert(b.end(), {uint8_t(v), uint8_t(v >> 8)});
+    if (big_endian)
+      b.insert(b.end(), {uint8_t(v >> 8), uint8_t(v)});
+    else
+      b.insert(b.end(), {uint8_t(v), uint8_t(v >> 8)});
   };
   auto u32 = [&](uint32_t v) {
-    if (big_endian) u16(v >> 16), u16(v & 0xFFFF);
-    else u16(v & 0xFFFF), u16(v >> 16);
+    if (big_endian)
+      u16(v >> 16), u16(v & 0xFFFF);
+    else
+      u16(v & 0xFFFF), u16(v >> 16);
   };
-  if (big_endian) b.insert(b.end(), {'M', 'M', 0, 42});
-  else b.insert(b.end(), {'I', 'I', 42, 0});
+  if (big_endian)
+    b.insert(b.end(), {'M', 'M', 0, 42});
+  else
+    b.insert(b.end(), {'I', 'I', 42, 0});
   u32(8);
   u16(1);
   u16(tag), u16(type), u32(count);
-  if (type == 3) u16(value), u16(0);
-  else u32(value);
+  if (type == 3)
+    u16(value), u16(0);
+  else
+    u32(value);
   u32(0);
   return b;
 }

@@ -23,12 +23,16 @@ class FfmpegEnv {
     const char* old = std::getenv("METRALE_FFMPEG");
     had_ = old != nullptr;
     if (had_) old_ = old;
-    if (value != nullptr) ::setenv("METRALE_FFMPEG", value, 1);
-    else ::unsetenv("METRALE_FFMPEG");
+    if (value != nullptr)
+      ::setenv("METRALE_FFMPEG", value, 1);
+    else
+      ::unsetenv("METRALE_FFMPEG");
   }
   ~FfmpegEnv() {
-    if (had_) ::setenv("METRALE_FFMPEG", old_.c_str(), 1);
-    else ::unsetenv("METRALE_FFMPEG");
+    if (had_)
+      ::setenv("METRALE_FFMPEG", old_.c_str(), 1);
+    else
+      ::unsetenv("METRALE_FFMPEG");
   }
 
  private:
@@ -118,9 +122,9 @@ TEST(Ffmpeg, FailingFfmpegReportsItsStderr) {
 }
 
 TEST(RunProcess, CapsOutputAndReportsExitCodes) {
-  EXPECT_THROW(run_process({"/bin/sh", "-c", "head -c 100000 /dev/zero"},
-                           {.max_stdout_bytes = 1000}),
-               Error);
+  EXPECT_THROW(
+      run_process({"/bin/sh", "-c", "head -c 100000 /dev/zero"}, {.max_stdout_bytes = 1000}),
+      Error);
   const ProcessResult ok = run_process({"/bin/sh", "-c", "printf abc; echo err >&2; exit 4"}, {});
   EXPECT_EQ(std::string(ok.out.begin(), ok.out.end()), "abc");
   EXPECT_EQ(ok.err, "err\n");

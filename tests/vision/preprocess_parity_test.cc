@@ -97,9 +97,11 @@ void expect_matches(const VisionItem& item, const json& c, const std::string& la
   const auto& tail = c["tail"];
   for (size_t i = 0; i < head.size(); ++i) {
     EXPECT_EQ(item.pixels[i], head[i].get<float>()) << label << " head[" << i << "]";
-    EXPECT_EQ(item.pixels[item.pixels.size() - tail.size() + i], tail[i].get<float>()) << label << " tail[" << i << "]";
+    EXPECT_EQ(item.pixels[item.pixels.size() - tail.size() + i], tail[i].get<float>())
+        << label << " tail[" << i << "]";
   }
-  EXPECT_EQ(checksum(item.pixels), c["checksum"].get<std::string>()) << label << ": some pixel value differs";
+  EXPECT_EQ(checksum(item.pixels), c["checksum"].get<std::string>())
+      << label << ": some pixel value differs";
 }
 
 TEST(PreprocessParity, ImagesMatchTransformers) {
@@ -136,7 +138,8 @@ TEST(PreprocessParity, VideosMatchTransformers) {
     const json& in = c["input"];
     std::vector<Image> frames;
     for (int i = 0; i < in["frames"].get<int>(); ++i) {
-      frames.push_back(pattern(in["width"].get<int>(), in["height"].get<int>(), in["seed0"].get<int>() + i));
+      frames.push_back(
+          pattern(in["width"].get<int>(), in["height"].get<int>(), in["seed0"].get<int>() + i));
     }
     const double fps = in["fps"].get<double>();
     if (c.contains("error")) {
@@ -162,11 +165,13 @@ TEST(PreprocessParity, FrameSamplingMatchesTransformers) {
         parse_video_processor_config(read_json(kRefDir + "configs/" + name + ".json"), name);
     const int64_t total = s["total"].get<int64_t>();
     const double fps = s["fps"].get<double>();
-    const std::string label = name + " total=" + std::to_string(total) + " fps=" + std::to_string(fps);
+    const std::string label =
+        name + " total=" + std::to_string(total) + " fps=" + std::to_string(fps);
     if (s.contains("error")) {
       EXPECT_THROW(sample_frame_indices(config, total, fps), Error) << label;
     } else {
-      EXPECT_EQ(sample_frame_indices(config, total, fps), s["indices"].get<std::vector<int64_t>>()) << label;
+      EXPECT_EQ(sample_frame_indices(config, total, fps), s["indices"].get<std::vector<int64_t>>())
+          << label;
     }
     ++checked;
   }
@@ -178,7 +183,8 @@ TEST(PreprocessParity, SmartResizeMatchesTransformers) {
   for (const json& r : reference()["smart_resize"]) {
     const int64_t factor = r[0], lo = r[1], hi = r[2], h = r[3], w = r[4];
     const std::string label = "factor=" + std::to_string(factor) + " [" + std::to_string(lo) + "," +
-                              std::to_string(hi) + "] " + std::to_string(w) + "x" + std::to_string(h);
+                              std::to_string(hi) + "] " + std::to_string(w) + "x" +
+                              std::to_string(h);
     auto check = [&](const json& expected, auto&& fn, const char* which) {
       if (expected.is_null()) {
         EXPECT_THROW(fn(), Error) << which << " " << label;
@@ -188,9 +194,12 @@ TEST(PreprocessParity, SmartResizeMatchesTransformers) {
         EXPECT_EQ(t.width, expected[1].get<int>()) << which << " " << label;
       }
     };
-    check(r[5], [&] { return qwen_smart_resize(h, w, factor, lo, hi); }, "qwen");
-    check(r[6], [&] { return temporal_smart_resize(2, h, w, 2, factor, lo, hi); }, "glm t=2");
-    check(r[7], [&] { return temporal_smart_resize(9, h, w, 2, factor, lo, hi); }, "glm t=9");
+    check(
+        r[5], [&] { return qwen_smart_resize(h, w, factor, lo, hi); }, "qwen");
+    check(
+        r[6], [&] { return temporal_smart_resize(2, h, w, 2, factor, lo, hi); }, "glm t=2");
+    check(
+        r[7], [&] { return temporal_smart_resize(9, h, w, 2, factor, lo, hi); }, "glm t=9");
     ++checked;
   }
   EXPECT_GT(checked, 1900);

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "support/test_support.h"
 #include "vision/gif_frames.h"
 #include "vision/video.h"
-#include "support/test_support.h"
 
 namespace metrale::vision {
 namespace {

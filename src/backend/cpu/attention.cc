@@ -14,12 +14,14 @@
 // group) that share one sequence and one kv head, so each K/V element read from the cache
 // serves all of them. Scores put keys on vector lanes: the cache stores K transposed
 // within each page (kv_cache.h), so a page's keys are contiguous for each (head, dim).
+// Highway re-includes this file once per target: these lines keep their order.
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu/attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
-
+// clang-format on
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -58,7 +60,8 @@ struct KeyColumns {
 
 // scores[j][i] = scale * sum_d q_j[d] * key_i[d] for NQ queries and one block of keys.
 template <int NQ>
-HWY_INLINE void BlockScores(const Query* qs, const KeyColumns& kc, int64_t hd, float scale, float* scores) {
+HWY_INLINE void BlockScores(const Query* qs, const KeyColumns& kc, int64_t hd, float scale,
+                            float* scores) {
   const DF df;
   VF acc[NQ][kVecs];
   for (int j = 0; j < NQ; ++j)
@@ -73,7 +76,8 @@ HWY_INLINE void BlockScores(const Query* qs, const KeyColumns& kc, int64_t hd, f
   }
   const VF vs = hn::Set(df, scale);
   for (int j = 0; j < NQ; ++j)
-    for (int64_t v = 0; v < kVecs; ++v) hn::Store(hn::Mul(acc[j][v], vs), df, scores + j * kAttentionBlock + v * kN);
+    for (int64_t v = 0; v < kVecs; ++v)
+      hn::Store(hn::Mul(acc[j][v], vs), df, scores + j * kAttentionBlock + v * kN);
 }
 
 void Scores(const Query* qs, int n, const KeyColumns& kc, int64_t hd, float scale, float* scores) {
@@ -81,14 +85,30 @@ void Scores(const Query* qs, int n, const KeyColumns& kc, int64_t hd, float scal
     const Query* q = qs + j0;
     float* s = scores + j0 * kAttentionBlock;
     switch (std::min(kScoreQueries, n - j0)) {
-      case 1: BlockScores<1>(q, kc, hd, scale, s); break;
-      case 2: BlockScores<2>(q, kc, hd, scale, s); break;
-      case 3: BlockScores<3>(q, kc, hd, scale, s); break;
-      case 4: BlockScores<4>(q, kc, hd, scale, s); break;
-      case 5: BlockScores<5>(q, kc, hd, scale, s); break;
-      case 6: BlockScores<6>(q, kc, hd, scale, s); break;
-      case 7: BlockScores<7>(q, kc, hd, scale, s); break;
-      default: BlockScores<8>(q, kc, hd, scale, s); break;
+      case 1:
+        BlockScores<1>(q, kc, hd, scale, s);
+        break;
+      case 2:
+        BlockScores<2>(q, kc, hd, scale, s);
+        break;
+      case 3:
+        BlockScores<3>(q, kc, hd, scale, s);
+        break;
+      case 4:
+        BlockScores<4>(q, kc, hd, scale, s);
+        break;
+      case 5:
+        BlockScores<5>(q, kc, hd, scale, s);
+        break;
+      case 6:
+        BlockScores<6>(q, kc, hd, scale, s);
+        break;
+      case 7:
+        BlockScores<7>(q, kc, hd, scale, s);
+        break;
+      default:
+        BlockScores<8>(q, kc, hd, scale, s);
+        break;
     }
   }
 }
@@ -97,7 +117,8 @@ void Scores(const Query* qs, int n, const KeyColumns& kc, int64_t hd, float scal
 // arithmetic per (query, d) is the same for every NQ and tiling: one MulAdd per key on the
 // vector part of the dims, one scalar multiply-add on the tail past the last whole vector.
 template <int NQ>
-HWY_INLINE void BlockPv(float* const* acc, const float* const* p, const float* const* v, int64_t n_keys, int64_t hd) {
+HWY_INLINE void BlockPv(float* const* acc, const float* const* p, const float* const* v,
+                        int64_t n_keys, int64_t hd) {
   const DF df;
   int64_t d0 = 0;
   for (; d0 + kPvVecs * kN <= hd; d0 += kPvVecs * kN) {
@@ -133,13 +154,22 @@ HWY_INLINE void BlockPv(float* const* acc, const float* const* p, const float* c
   }
 }
 
-void Pv(float* const* acc, const float* const* p, int n, const float* const* v, int64_t n_keys, int64_t hd) {
+void Pv(float* const* acc, const float* const* p, int n, const float* const* v, int64_t n_keys,
+        int64_t hd) {
   for (int j0 = 0; j0 < n; j0 += kPvQueries) {
     switch (std::min(kPvQueries, n - j0)) {
-      case 1: BlockPv<1>(acc + j0, p + j0, v, n_keys, hd); break;
-      case 2: BlockPv<2>(acc + j0, p + j0, v, n_keys, hd); break;
-      case 3: BlockPv<3>(acc + j0, p + j0, v, n_keys, hd); break;
-      default: BlockPv<4>(acc + j0, p + j0, v, n_keys, hd); break;
+      case 1:
+        BlockPv<1>(acc + j0, p + j0, v, n_keys, hd);
+        break;
+      case 2:
+        BlockPv<2>(acc + j0, p + j0, v, n_keys, hd);
+        break;
+      case 3:
+        BlockPv<3>(acc + j0, p + j0, v, n_keys, hd);
+        break;
+      default:
+        BlockPv<4>(acc + j0, p + j0, v, n_keys, hd);
+        break;
     }
   }
 }
@@ -147,8 +177,8 @@ void Pv(float* const* acc, const float* const* p, int n, const float* const* v, 
 // The K columns of keys [b0, b0 + kBlock) of kv head `kvh`, of which [first, last] are
 // read (the rest are masked off later). When a page holds whole vectors of keys they are
 // read in place; otherwise the keys are gathered into `scratch` ([hd][kBlock]).
-KeyColumns LocateKeys(const AttentionTask& t, const KvPageTable& table, int64_t kvh, int64_t b0, int64_t first,
-                      int64_t last, float* scratch) {
+KeyColumns LocateKeys(const AttentionTask& t, const KvPageTable& table, int64_t kvh, int64_t b0,
+                      int64_t first, int64_t last, float* scratch) {
   const KvLayout& kv = t.cache.layout;
   const int64_t hd = kv.head_dim;
   const int64_t ps = kv.page_size;
@@ -209,7 +239,8 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
   for (int64_t b0 = lo / kAttentionBlock * kAttentionBlock; b0 <= hi; b0 += kAttentionBlock) {
     const int64_t first = std::max(lo, b0);
     const int64_t last = std::min(hi, b0 + kAttentionBlock - 1);
-    Scores(qs, n, LocateKeys(t, table, kvh, b0, first, last, key_scratch), hd, t.shape.scale, scores);
+    Scores(qs, n, LocateKeys(t, table, kvh, b0, first, last, key_scratch), hd, t.shape.scale,
+           scores);
     for (int64_t k = first; k <= last; ++k) {
       v_rows[k - first] = t.cache.v_row(table.slot(k, ps)) + kvh * hd;
     }
@@ -229,7 +260,8 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
         const auto key = hn::Iota(di, static_cast<int32_t>(v * kN));
         const auto in = hn::And(hn::Gt(key, hn::Set(di, static_cast<int32_t>(a - 1))),
                                 hn::Lt(key, hn::Set(di, static_cast<int32_t>(b + 1))));
-        sv[v] = hn::IfThenElse(hn::RebindMask(df, in), hn::Load(df, s + v * kN), hn::Set(df, kNegInf));
+        sv[v] =
+            hn::IfThenElse(hn::RebindMask(df, in), hn::Load(df, s + v * kN), hn::Set(df, kNegInf));
         block_max = hn::Max(block_max, sv[v]);
       }
       const float m_new = std::max(m[j], hn::GetLane(hn::MaxOfLanes(df, block_max)));
@@ -238,7 +270,8 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
         const VF vc = hn::Set(df, c);
         l[j] = hn::Mul(l[j], vc);
         int64_t d = 0;
-        for (; d + kN <= hd; d += kN) hn::Store(hn::Mul(hn::Load(df, acc[j] + d), vc), df, acc[j] + d);
+        for (; d + kN <= hd; d += kN)
+          hn::Store(hn::Mul(hn::Load(df, acc[j] + d), vc), df, acc[j] + d);
         for (; d < hd; ++d) acc[j][d] *= c;
       }
       m[j] = m_new;
@@ -257,7 +290,8 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
     if (uniform) {
       Pv(acc_of, p_of, n_active, v_rows, last - first + 1, hd);
     } else {  // the diagonal block of a prefill tile, or a window edge: each query its own keys
-      for (int i = 0; i < n_active; ++i) Pv(&acc_of[i], &p_of[i], 1, v_rows + key_begin[i], n_keys[i], hd);
+      for (int i = 0; i < n_active; ++i)
+        Pv(&acc_of[i], &p_of[i], 1, v_rows + key_begin[i], n_keys[i], hd);
     }
   }
   for (int j = 0; j < n; ++j) {
@@ -266,7 +300,8 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
   }
 }
 
-void AttentionItems(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin, int64_t item_end) {
+void AttentionItems(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin,
+                    int64_t item_end) {
   const AttentionShape& sh = t.shape;
   const int64_t hd = sh.head_dim;
   const int64_t group = sh.n_heads / sh.n_kv_heads;
@@ -277,7 +312,8 @@ void AttentionItems(const AttentionTask& t, const AttentionPlan& plan, int64_t i
     int n = 0;
     for (int64_t row = tile.row_begin; row < tile.row_end; ++row) {
       const int64_t pos = t.position(row);
-      const int64_t lo = sh.sliding_window > 0 ? std::max<int64_t>(0, pos - sh.sliding_window + 1) : 0;
+      const int64_t lo =
+          sh.sliding_window > 0 ? std::max<int64_t>(0, pos - sh.sliding_window + 1) : 0;
       for (int64_t h = tile.head_begin; h < tile.head_end; ++h) {
         const int64_t col = (tile.kv_head * group + h) * hd;
         qs[n++] = {.q = t.q.row(row) + col, .out = t.out.row(row) + col, .lo = lo, .hi = pos};
@@ -330,7 +366,8 @@ AttentionPlan::Tile AttentionPlan::tile(int64_t item) const {
 }
 
 HWY_EXPORT(AttentionItems);
-void attention_items(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin, int64_t item_end) {
+void attention_items(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin,
+                     int64_t item_end) {
   HWY_DYNAMIC_DISPATCH(AttentionItems)(t, plan, item_begin, item_end);
 }
 

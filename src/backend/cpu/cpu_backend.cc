@@ -37,9 +37,11 @@ void for_output_pieces(ThreadPool& pool, int64_t n_out, int64_t unit_multiple, K
   const int64_t units = (n_out + cpu::kLinearUnit - 1) / cpu::kLinearUnit;
   int64_t grain = std::max<int64_t>(1, units / (pool.size() * kPiecesPerThread));
   grain = (grain + unit_multiple - 1) / unit_multiple * unit_multiple;
-  pool.parallel_for_dynamic(static_cast<size_t>(units), static_cast<size_t>(grain), [&](size_t b, size_t e, int) {
-    kernel(static_cast<int64_t>(b) * cpu::kLinearUnit, std::min(n_out, static_cast<int64_t>(e) * cpu::kLinearUnit));
-  });
+  pool.parallel_for_dynamic(static_cast<size_t>(units), static_cast<size_t>(grain),
+                            [&](size_t b, size_t e, int) {
+                              kernel(static_cast<int64_t>(b) * cpu::kLinearUnit,
+                                     std::min(n_out, static_cast<int64_t>(e) * cpu::kLinearUnit));
+                            });
 }
 
 }  // namespace
@@ -68,7 +70,8 @@ bool CpuBackend::supports(Op op, WeightFormat format, DType dtype) const {
 
 bool CpuBackend::knows_packing(const WeightTensor& w) const {
   return w.packing == 0 ||
-         ((w.packing == cpu::kPackingBf16x16 || w.packing == cpu::kPackingBf16Pairs) && w.format == WeightFormat::kBF16);
+         ((w.packing == cpu::kPackingBf16x16 || w.packing == cpu::kPackingBf16Pairs) &&
+          w.format == WeightFormat::kBF16);
 }
 
 std::pair<std::shared_ptr<const Buffer>, char*> CpuBackend::weight_memory(size_t bytes) {
@@ -101,20 +104,22 @@ WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
   const bool copy_bf16 = mode == PrepareMode::kCopy && w.format == WeightFormat::kBF16;
   const bool pairs = copy_bf16 && compute_ == Compute::kBF16 && cpu::pairs_packable(w.n_in);
   const bool pack = copy_bf16 && !pairs && cpu::packable_bf16(w.n_in) && cpu::packed_bf16_enabled();
-  const size_t data_bytes =
-      mode != PrepareMode::kCopy ? 0
-      : pairs                    ? cpu::pairs_bf16_bytes(w.n_out, w.n_in)
-      : pack                     ? cpu::packed_bf16_bytes(w.n_out, w.n_in)
-                                 : weight_row_bytes(w.format, w.n_in) * static_cast<size_t>(w.n_out);
+  const size_t data_bytes = mode != PrepareMode::kCopy ? 0
+                            : pairs                    ? cpu::pairs_bf16_bytes(w.n_out, w.n_in)
+                            : pack
+                                ? cpu::packed_bf16_bytes(w.n_out, w.n_in)
+                                : weight_row_bytes(w.format, w.n_in) * static_cast<size_t>(w.n_out);
   const size_t bias_offset = round_up(data_bytes, kSmallAlign);
   const size_t bias_bytes = w.bias != nullptr ? static_cast<size_t>(w.n_out) * sizeof(float) : 0;
   auto [buffer, base] = weight_memory(bias_offset + bias_bytes);
   if (pairs) {
-    cpu::pack_pairs_bf16(static_cast<const uint16_t*>(w.data), w.n_out, w.n_in, reinterpret_cast<uint16_t*>(base));
+    cpu::pack_pairs_bf16(static_cast<const uint16_t*>(w.data), w.n_out, w.n_in,
+                         reinterpret_cast<uint16_t*>(base));
     out.data = base;
     out.packing = cpu::kPackingBf16Pairs;
   } else if (pack) {
-    cpu::pack_bf16(static_cast<const uint16_t*>(w.data), w.n_out, w.n_in, reinterpret_cast<uint16_t*>(base));
+    cpu::pack_bf16(static_cast<const uint16_t*>(w.data), w.n_out, w.n_in,
+                   reinterpret_cast<uint16_t*>(base));
     out.data = base;
     out.packing = cpu::kPackingBf16x16;
   } else if (mode == PrepareMode::kCopy) {
@@ -139,10 +144,14 @@ namespace cpu {
 
 void LinearJob::run(int64_t o_begin, int64_t o_end) const {
   switch (kind) {
-    case Kind::kF32: return linear_f32(task, o_begin, o_end);
-    case Kind::kBf16: return linear_bf16(task, o_begin, o_end);
-    case Kind::kBf16Packed: return linear_bf16_packed(task, o_begin, o_end);
-    case Kind::kBf16Pairs: return linear_bf16_pairs(pairs, o_begin, o_end);
+    case Kind::kF32:
+      return linear_f32(task, o_begin, o_end);
+    case Kind::kBf16:
+      return linear_bf16(task, o_begin, o_end);
+    case Kind::kBf16Packed:
+      return linear_bf16_packed(task, o_begin, o_end);
+    case Kind::kBf16Pairs:
+      return linear_bf16_pairs(pairs, o_begin, o_end);
   }
 }
 
@@ -190,7 +199,8 @@ void CpuBackend::do_linear(ConstRows x, const WeightTensor& w, Rows y) {
     x_bf16 = x_bf16_.data();
   }
   const cpu::LinearJob job = cpu::make_linear_job(x, x_bf16, w, y);
-  for_output_pieces(*pool_, w.n_out, job.unit_multiple(), [&](int64_t o_begin, int64_t o_end) { job.run(o_begin, o_end); });
+  for_output_pieces(*pool_, w.n_out, job.unit_multiple(),
+                    [&](int64_t o_begin, int64_t o_end) { job.run(o_begin, o_end); });
 }
 
 void CpuBackend::do_embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) {

@@ -56,7 +56,7 @@ class CpuBackend final : public Backend {
   size_t weight_chunk_used_ = 0;
   std::vector<uint16_t> x_bf16_;  // input rows rounded to bf16 (Compute::kBF16)
   std::vector<cpu::AttentionRowSpan> attention_spans_;
-  struct MoeScratch {  // cpu_moe.cc: the rows of one call grouped by expert
+  struct MoeScratch {                         // cpu_moe.cc: the rows of one call grouped by expert
     std::vector<int32_t> count, start, fill;  // [n_experts]
     std::vector<int32_t> slot;                // [n * k] grouped row of each (row, choice)
     std::vector<int32_t> order;               // [n * k] choices of a row by ascending expert

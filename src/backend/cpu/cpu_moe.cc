@@ -74,14 +74,17 @@ void CpuBackend::do_moe(const MoeArgs& a) {
   grow(s.slot, unk);
   grow(s.order, unk);
   std::fill(s.count.begin(), s.count.begin() + n_experts, 0);
-  for (int64_t i = 0; i < nk; ++i) ++s.count[static_cast<size_t>(a.experts[static_cast<size_t>(i)])];
+  for (int64_t i = 0; i < nk; ++i)
+    ++s.count[static_cast<size_t>(a.experts[static_cast<size_t>(i)])];
   int32_t at = 0;
   for (size_t e = 0; e < ue; ++e) {
     s.start[e] = at;
     s.fill[e] = at;
     at += s.count[e];
   }
-  for (int64_t i = 0; i < nk; ++i) s.slot[static_cast<size_t>(i)] = s.fill[static_cast<size_t>(a.experts[static_cast<size_t>(i)])]++;
+  for (int64_t i = 0; i < nk; ++i)
+    s.slot[static_cast<size_t>(i)] =
+        s.fill[static_cast<size_t>(a.experts[static_cast<size_t>(i)])]++;
   // Per row, its choices by ascending expert (the order the weighted sum adds them in).
   for (int64_t r = 0; r < n; ++r) {
     int32_t* o = s.order.data() + r * k;
@@ -143,13 +146,14 @@ void CpuBackend::do_moe(const MoeArgs& a) {
       const MoeExpertWeights& w = a.expert_weights[e];
       const int64_t r0 = s.start[e], rn = s.count[e];
       if (gate_up) {
-        s.jobs.push_back(cpu::make_linear_job(
-            ConstRows{gx.row(r0), rn, hidden, hidden},
-            x_bf16 ? s.x_bf16.data() + r0 * hidden : nullptr, w.gate_up, Rows{gh.row(r0), rn, 2 * inter, 2 * inter}));
+        s.jobs.push_back(cpu::make_linear_job(ConstRows{gx.row(r0), rn, hidden, hidden},
+                                              x_bf16 ? s.x_bf16.data() + r0 * hidden : nullptr,
+                                              w.gate_up,
+                                              Rows{gh.row(r0), rn, 2 * inter, 2 * inter}));
       } else {
-        s.jobs.push_back(cpu::make_linear_job(
-            ConstRows{gh.row(r0), rn, inter, 2 * inter},
-            h_bf16 ? s.h_bf16.data() + r0 * inter : nullptr, w.down, Rows{gy.row(r0), rn, hidden, hidden}));
+        s.jobs.push_back(cpu::make_linear_job(ConstRows{gh.row(r0), rn, inter, 2 * inter},
+                                              h_bf16 ? s.h_bf16.data() + r0 * inter : nullptr,
+                                              w.down, Rows{gy.row(r0), rn, hidden, hidden}));
       }
       total_units += (s.jobs.back().n_out + cpu::kLinearUnit - 1) / cpu::kLinearUnit;
     }

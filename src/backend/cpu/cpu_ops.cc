@@ -45,7 +45,8 @@ void CpuBackend::do_attention(const AttentionArgs& a) {
                           .row_seq = a.row_seq.data(),
                           .positions = a.positions.data(),
                           .shape = a.shape};
-  if (task.shape.scale == 0.0f) task.shape.scale = 1.0f / std::sqrt(static_cast<float>(a.shape.head_dim));
+  if (task.shape.scale == 0.0f)
+    task.shape.scale = 1.0f / std::sqrt(static_cast<float>(a.shape.head_dim));
   cpu::AttentionPlan plan = cpu::plan_attention(task.shape);
   const auto n = static_cast<size_t>(a.q.n_rows);
   if (attention_spans_.size() < n) attention_spans_.resize(n);

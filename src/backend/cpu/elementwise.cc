@@ -2,12 +2,14 @@
 // bf16 -> f32 widening of embedding rows. Full vectors go through SIMD; the last partial
 // vector goes through the same formula in scalar code (or a zero-padded vector where a
 // transcendental is involved), so results never depend on a pointer's alignment.
+// Highway re-includes this file once per target: these lines keep their order.
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu/elementwise.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
-
+// clang-format on
 #include <cmath>
 #include <cstring>
 
@@ -46,7 +48,8 @@ void RmsNormRows(const RmsNormArgs& a, int64_t r_begin, int64_t r_end) {
     if (a.residual.data != nullptr) {
       float* h = a.residual.row(r);
       int64_t i = 0;
-      for (; i + nl <= n; i += nl) hn::StoreU(hn::Add(hn::LoadU(df, h + i), hn::LoadU(df, src + i)), df, h + i);
+      for (; i + nl <= n; i += nl)
+        hn::StoreU(hn::Add(hn::LoadU(df, h + i), hn::LoadU(df, src + i)), df, h + i);
       for (; i < n; ++i) h[i] += src[i];
       src = h;
     }
@@ -160,11 +163,15 @@ HWY_EXPORT(RopeRows);
 HWY_EXPORT(GatedActivationRows);
 HWY_EXPORT(WidenBf16);
 
-void rms_norm_rows(const RmsNormArgs& a, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(RmsNormRows)(a, b, e); }
+void rms_norm_rows(const RmsNormArgs& a, int64_t b, int64_t e) {
+  HWY_DYNAMIC_DISPATCH(RmsNormRows)(a, b, e);
+}
 void rope_rows(const RopeArgs& a, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(RopeRows)(a, b, e); }
 void gated_activation_rows(const GatedActivationArgs& a, int64_t b, int64_t e) {
   HWY_DYNAMIC_DISPATCH(GatedActivationRows)(a, b, e);
 }
-void widen_bf16(const uint16_t* src, int64_t n, float* dst) { HWY_DYNAMIC_DISPATCH(WidenBf16)(src, n, dst); }
+void widen_bf16(const uint16_t* src, int64_t n, float* dst) {
+  HWY_DYNAMIC_DISPATCH(WidenBf16)(src, n, dst);
+}
 }  // namespace metrale::cpu
 #endif

@@ -18,8 +18,8 @@ namespace metrale::cpu {
 // Under Compute::kBF16, prepare(kCopy) packs bf16 weights for the bf16-activation kernel
 // instead (cpu/linear_pairs.h, again one fixed order per output).
 struct LinearTask {
-  ConstRows x;                  // [rows, n_in]
-  const void* w = nullptr;      // [n_out, n_in] rows in the format of the kernel called
+  ConstRows x;              // [rows, n_in]
+  const void* w = nullptr;  // [n_out, n_in] rows in the format of the kernel called
   int64_t n_in = 0;
   const float* bias = nullptr;  // [n_out] or null
   Rows y;                       // [rows, n_out]
@@ -80,7 +80,8 @@ AttentionPlan plan_attention(const AttentionShape& shape);
 // Cuts the rows of `t` into spans of at most rows_per_tile rows of one sequence; `out` must
 // hold t.q.n_rows spans. Returns how many it wrote.
 int64_t attention_row_spans(const AttentionTask& t, int64_t rows_per_tile, AttentionRowSpan* out);
-void attention_items(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin, int64_t item_end);
+void attention_items(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin,
+                     int64_t item_end);
 
 // Largest head_dim the attention kernel accepts (its accumulators live on the stack).
 inline constexpr int64_t kMaxHeadDim = 512;

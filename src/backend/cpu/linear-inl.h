@@ -64,8 +64,10 @@ HWY_INLINE void TileFinish(const float* const* x, const WT* const* w, int64_t k0
   HWY_ALIGN float xt[R][kLinearMaxLanes] = {};
   HWY_ALIGN WT wt[C][kLinearMaxLanes] = {};
   if (rest > 0) {
-    for (int r = 0; r < R; ++r) std::memcpy(xt[r], x[r] + k0, static_cast<size_t>(rest) * sizeof(float));
-    for (int c = 0; c < C; ++c) std::memcpy(wt[c], w[c] + k0, static_cast<size_t>(rest) * sizeof(WT));
+    for (int r = 0; r < R; ++r)
+      std::memcpy(xt[r], x[r] + k0, static_cast<size_t>(rest) * sizeof(float));
+    for (int c = 0; c < C; ++c)
+      std::memcpy(wt[c], w[c] + k0, static_cast<size_t>(rest) * sizeof(WT));
   }
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) {
@@ -80,8 +82,8 @@ HWY_INLINE void TileFinish(const float* const* x, const WT* const* w, int64_t k0
 
 // Rows x[0..R) against weight rows [o, o + C): the whole K range at once.
 template <int R, int C, class WT>
-HWY_INLINE void Tile(const LinearTask& t, const WT* w_base, int64_t r0, int64_t o,
-                     int64_t k_full, float* HWY_RESTRICT acc) {
+HWY_INLINE void Tile(const LinearTask& t, const WT* w_base, int64_t r0, int64_t o, int64_t k_full,
+                     float* HWY_RESTRICT acc) {
   const DF df;
   const float* x[R];
   float* y[R];
@@ -91,7 +93,8 @@ HWY_INLINE void Tile(const LinearTask& t, const WT* w_base, int64_t r0, int64_t 
     y[r] = t.y.row(r0 + r) + o;
   }
   for (int c = 0; c < C; ++c) w[c] = w_base + (o + c) * t.n_in;
-  for (int i = 0; i < R * C; ++i) hn::Store(hn::Zero(df), df, acc + i * static_cast<int64_t>(hn::Lanes(df)));
+  for (int i = 0; i < R * C; ++i)
+    hn::Store(hn::Zero(df), df, acc + i * static_cast<int64_t>(hn::Lanes(df)));
   TileSteps<R, C>(x, w, 0, k_full, acc);
   TileFinish<R, C>(x, w, k_full, t.n_in, acc, t.bias != nullptr ? t.bias + o : nullptr, y);
 }
@@ -100,10 +103,18 @@ template <int C, class WT>
 HWY_INLINE void TileRows(int rows, const LinearTask& t, const WT* w, int64_t r0, int64_t o,
                          int64_t k_full, float* acc) {
   switch (rows) {
-    case 1: Tile<1, C>(t, w, r0, o, k_full, acc); break;
-    case 2: Tile<2, C>(t, w, r0, o, k_full, acc); break;
-    case 3: Tile<3, C>(t, w, r0, o, k_full, acc); break;
-    default: Tile<4, C>(t, w, r0, o, k_full, acc); break;
+    case 1:
+      Tile<1, C>(t, w, r0, o, k_full, acc);
+      break;
+    case 2:
+      Tile<2, C>(t, w, r0, o, k_full, acc);
+      break;
+    case 3:
+      Tile<3, C>(t, w, r0, o, k_full, acc);
+      break;
+    default:
+      Tile<4, C>(t, w, r0, o, k_full, acc);
+      break;
   }
 }
 
@@ -162,17 +173,33 @@ HWY_INLINE void LinearGemm(const LinearTask& t, const WT* w, int64_t o_begin, in
           for (int c = 0; c < cols; ++c) wr[c] = w + (ob + o + c) * t.n_in;
           if (cols == 4) {
             switch (rows) {
-              case 1: TileSteps<1, 4>(x, wr, k0, k1, acc); break;
-              case 2: TileSteps<2, 4>(x, wr, k0, k1, acc); break;
-              case 3: TileSteps<3, 4>(x, wr, k0, k1, acc); break;
-              default: TileSteps<4, 4>(x, wr, k0, k1, acc); break;
+              case 1:
+                TileSteps<1, 4>(x, wr, k0, k1, acc);
+                break;
+              case 2:
+                TileSteps<2, 4>(x, wr, k0, k1, acc);
+                break;
+              case 3:
+                TileSteps<3, 4>(x, wr, k0, k1, acc);
+                break;
+              default:
+                TileSteps<4, 4>(x, wr, k0, k1, acc);
+                break;
             }
           } else {
             switch (rows) {
-              case 1: TileSteps<1, 1>(x, wr, k0, k1, acc); break;
-              case 2: TileSteps<2, 1>(x, wr, k0, k1, acc); break;
-              case 3: TileSteps<3, 1>(x, wr, k0, k1, acc); break;
-              default: TileSteps<4, 1>(x, wr, k0, k1, acc); break;
+              case 1:
+                TileSteps<1, 1>(x, wr, k0, k1, acc);
+                break;
+              case 2:
+                TileSteps<2, 1>(x, wr, k0, k1, acc);
+                break;
+              case 3:
+                TileSteps<3, 1>(x, wr, k0, k1, acc);
+                break;
+              default:
+                TileSteps<4, 1>(x, wr, k0, k1, acc);
+                break;
             }
           }
         });
@@ -189,17 +216,33 @@ HWY_INLINE void LinearGemm(const LinearTask& t, const WT* w, int64_t o_begin, in
         const float* b = t.bias != nullptr ? t.bias + ob + o : nullptr;
         if (cols == 4) {
           switch (rows) {
-            case 1: TileFinish<1, 4>(x, wr, k_full, t.n_in, acc, b, y); break;
-            case 2: TileFinish<2, 4>(x, wr, k_full, t.n_in, acc, b, y); break;
-            case 3: TileFinish<3, 4>(x, wr, k_full, t.n_in, acc, b, y); break;
-            default: TileFinish<4, 4>(x, wr, k_full, t.n_in, acc, b, y); break;
+            case 1:
+              TileFinish<1, 4>(x, wr, k_full, t.n_in, acc, b, y);
+              break;
+            case 2:
+              TileFinish<2, 4>(x, wr, k_full, t.n_in, acc, b, y);
+              break;
+            case 3:
+              TileFinish<3, 4>(x, wr, k_full, t.n_in, acc, b, y);
+              break;
+            default:
+              TileFinish<4, 4>(x, wr, k_full, t.n_in, acc, b, y);
+              break;
           }
         } else {
           switch (rows) {
-            case 1: TileFinish<1, 1>(x, wr, k_full, t.n_in, acc, b, y); break;
-            case 2: TileFinish<2, 1>(x, wr, k_full, t.n_in, acc, b, y); break;
-            case 3: TileFinish<3, 1>(x, wr, k_full, t.n_in, acc, b, y); break;
-            default: TileFinish<4, 1>(x, wr, k_full, t.n_in, acc, b, y); break;
+            case 1:
+              TileFinish<1, 1>(x, wr, k_full, t.n_in, acc, b, y);
+              break;
+            case 2:
+              TileFinish<2, 1>(x, wr, k_full, t.n_in, acc, b, y);
+              break;
+            case 3:
+              TileFinish<3, 1>(x, wr, k_full, t.n_in, acc, b, y);
+              break;
+            default:
+              TileFinish<4, 1>(x, wr, k_full, t.n_in, acc, b, y);
+              break;
           }
         }
       });

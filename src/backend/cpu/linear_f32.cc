@@ -1,9 +1,12 @@
 // The f32 linear kernel: its own translation unit (one per weight format keeps builds
 // parallel and lets a format's kernel change without recompiling the others).
+// Highway re-includes this file once per target: these lines keep their order.
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu/linear_f32.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+// clang-format on
 #include "backend/cpu/linear-inl.h"
 
 HWY_BEFORE_NAMESPACE();

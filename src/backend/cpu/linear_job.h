@@ -18,8 +18,8 @@ inline constexpr int64_t kLinearUnit = 16;
 struct LinearJob {
   enum class Kind : uint8_t { kF32, kBf16, kBf16Packed, kBf16Pairs };
   Kind kind = Kind::kF32;
-  LinearTask task;   // f32-activation kernels
-  PairsTask pairs;   // bf16-activation kernel (input rounded to bf16 by the caller)
+  LinearTask task;  // f32-activation kernels
+  PairsTask pairs;  // bf16-activation kernel (input rounded to bf16 by the caller)
   int64_t n_out = 0;
 
   // Pieces of the output split are whole multiples of this many kLinearUnit units.

@@ -66,8 +66,8 @@ template <int R, int C>
 METRALE_AVX512 void Tile(const float* const* x, const uint16_t* group, int64_t c0, int64_t kb,
                          const float* bias, float* const* y, int64_t valid) {
   __m512 acc[R][C];
-  METRALE_UNROLL for (int r = 0; r < R; ++r)
-    METRALE_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  METRALE_UNROLL for (int r = 0; r < R; ++r) METRALE_UNROLL for (int c = 0; c < C; ++c) acc[r][c] =
+      _mm512_setzero_ps();
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t b = 0; b < kb; ++b) {
     const uint16_t* line = group + (b * kPackRows + c0) * kPackK;
@@ -114,7 +114,8 @@ METRALE_AVX512 void GroupRows(const LinearTask& t, const uint16_t* group, int64_
   if constexpr (R == 1) {
     Tile<1, 16>(x, group, 0, kb, bias, y, valid);
   } else {
-    for (int64_t c0 = 0; c0 < kPackRows && c0 < valid; c0 += 4) Tile<R, 4>(x, group, c0, kb, bias, y, valid);
+    for (int64_t c0 = 0; c0 < kPackRows && c0 < valid; c0 += 4)
+      Tile<R, 4>(x, group, c0, kb, bias, y, valid);
   }
 }
 
@@ -128,10 +129,17 @@ METRALE_AVX512 void LinearPacked(const LinearTask& t, int64_t o_begin, int64_t o
     int64_t r0 = 0;
     for (; r0 + 4 <= rows; r0 += 4) GroupRows<4>(t, group, g, kb, r0, valid);
     switch (rows - r0) {
-      case 1: GroupRows<1>(t, group, g, kb, r0, valid); break;
-      case 2: GroupRows<2>(t, group, g, kb, r0, valid); break;
-      case 3: GroupRows<3>(t, group, g, kb, r0, valid); break;
-      default: break;
+      case 1:
+        GroupRows<1>(t, group, g, kb, r0, valid);
+        break;
+      case 2:
+        GroupRows<2>(t, group, g, kb, r0, valid);
+        break;
+      case 3:
+        GroupRows<3>(t, group, g, kb, r0, valid);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -152,7 +160,9 @@ bool packed_bf16_enabled() {
   return enabled;
 }
 
-void linear_bf16_packed(const LinearTask& t, int64_t o_begin, int64_t o_end) { LinearPacked(t, o_begin, o_end); }
+void linear_bf16_packed(const LinearTask& t, int64_t o_begin, int64_t o_end) {
+  LinearPacked(t, o_begin, o_end);
+}
 
 #else  // not x86-64: never packed
 

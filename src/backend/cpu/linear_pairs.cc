@@ -85,8 +85,8 @@ template <int R, int C, bool kNative>
 METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_t o_end) {
   const int64_t n_pairs = t.n_in / 2;
   __m512 acc[R][C];
-  METRALE_UNROLL for (int r = 0; r < R; ++r)
-    METRALE_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  METRALE_UNROLL for (int r = 0; r < R; ++r) METRALE_UNROLL for (int c = 0; c < C; ++c) acc[r][c] =
+      _mm512_setzero_ps();
   const uint16_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = t.x + (r0 + r) * t.n_in;
   const uint16_t* w[C];
@@ -96,7 +96,8 @@ METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_
     METRALE_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm512_load_si512(w[c] + p * kGroup * 2);
     if constexpr (R <= kPrefetchRows) {
       METRALE_UNROLL for (int c = 0; c < C; ++c) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[c] + (p + kPrefetchLines) * kGroup * 2), _MM_HINT_NTA);
+        _mm_prefetch(reinterpret_cast<const char*>(w[c] + (p + kPrefetchLines) * kGroup * 2),
+                     _MM_HINT_NTA);
       }
     }
     METRALE_UNROLL for (int r = 0; r < R; ++r) {
@@ -110,7 +111,8 @@ METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_
     const int64_t o = (g0 + c) * kGroup;
     const int64_t valid = std::min(kGroup, o_end - o);
     const auto mask = static_cast<__mmask16>((1u << valid) - 1u);
-    const __m512 bias = t.bias != nullptr ? _mm512_maskz_loadu_ps(mask, t.bias + o) : _mm512_setzero_ps();
+    const __m512 bias =
+        t.bias != nullptr ? _mm512_maskz_loadu_ps(mask, t.bias + o) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const __m512 v = t.bias != nullptr ? _mm512_add_ps(acc[r][c], bias) : acc[r][c];
       _mm512_mask_storeu_ps(t.y.row(r0 + r) + o, mask, v);
@@ -184,8 +186,10 @@ METRALE_AVX2_TARGET void tile_avx2(const PairsTask& t, int64_t g, int64_t r0, in
       const __m256 x_hi = _mm256_castsi256_ps(_mm256_and_si256(xb, high));
       const __m256 x_lo = _mm256_castsi256_ps(_mm256_slli_epi32(xb, 16));
       METRALE_UNROLL for (int h = 0; h < 2; ++h) {
-        acc[r][h] = _mm256_fmadd_ps(x_hi, _mm256_castsi256_ps(_mm256_and_si256(wv[h], high)), acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(x_lo, _mm256_castsi256_ps(_mm256_slli_epi32(wv[h], 16)), acc[r][h]);
+        acc[r][h] =
+            _mm256_fmadd_ps(x_hi, _mm256_castsi256_ps(_mm256_and_si256(wv[h], high)), acc[r][h]);
+        acc[r][h] =
+            _mm256_fmadd_ps(x_lo, _mm256_castsi256_ps(_mm256_slli_epi32(wv[h], 16)), acc[r][h]);
       }
     }
   }
@@ -206,10 +210,17 @@ void linear_pairs_avx2(const PairsTask& t, int64_t o_begin, int64_t o_end) {
     int64_t r0 = 0;
     for (; r0 + 4 <= t.n_rows; r0 += 4) tile_avx2<4>(t, g, r0, o_end);
     switch (t.n_rows - r0) {
-      case 1: tile_avx2<1>(t, g, r0, o_end); break;
-      case 2: tile_avx2<2>(t, g, r0, o_end); break;
-      case 3: tile_avx2<3>(t, g, r0, o_end); break;
-      default: break;
+      case 1:
+        tile_avx2<1>(t, g, r0, o_end);
+        break;
+      case 2:
+        tile_avx2<2>(t, g, r0, o_end);
+        break;
+      case 3:
+        tile_avx2<3>(t, g, r0, o_end);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -309,8 +320,10 @@ void linear_bf16_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end, Pairs
 #if defined(__x86_64__)
   const bool any = path == PairsPath::kAuto;
   if (any && pairs_bf16_native()) return linear_pairs<true>(t, o_begin, o_end);
-  if ((any || path == PairsPath::kAvx512F) && pairs_bf16_simd()) return linear_pairs<false>(t, o_begin, o_end);
-  if ((any || path == PairsPath::kAvx2) && pairs_bf16_avx2()) return linear_pairs_avx2(t, o_begin, o_end);
+  if ((any || path == PairsPath::kAvx512F) && pairs_bf16_simd())
+    return linear_pairs<false>(t, o_begin, o_end);
+  if ((any || path == PairsPath::kAvx2) && pairs_bf16_avx2())
+    return linear_pairs_avx2(t, o_begin, o_end);
 #endif
   METRALE_CHECK(path != PairsPath::kAvx512F, "linear_bf16_pairs: this CPU has no AVX-512");
   METRALE_CHECK(path != PairsPath::kAvx2, "linear_bf16_pairs: this CPU has no AVX2/FMA");

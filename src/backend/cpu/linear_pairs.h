@@ -13,10 +13,10 @@
 // Summation order of one output, identical for every row count, tiling and thread split:
 // acc = 0; for p in order: acc += x[2p+1] * w[2p+1]; acc += x[2p] * w[2p] (each product of
 // two bf16 is exact in f32; each add rounds to nearest even), then + bias. That is vdpbf16ps's
-// documented order; the AVX-512F and AVX2 twins issue the same two FMAs, the scalar loop the same adds. vdpbf16ps also treats
-// subnormal inputs as zero and flushes subnormal results, which the twin does not: the two
-// agree bit for bit unless a subnormal shows up (activations and weights of real checkpoints
-// sit far above 1e-38; the tests check bit equality on normal data).
+// documented order; the AVX-512F and AVX2 twins issue the same two FMAs, the scalar loop the same
+// adds. vdpbf16ps also treats subnormal inputs as zero and flushes subnormal results, which the
+// twin does not: the two agree bit for bit unless a subnormal shows up (activations and weights of
+// real checkpoints sit far above 1e-38; the tests check bit equality on normal data).
 #include <cstddef>
 #include <cstdint>
 
@@ -59,6 +59,7 @@ enum class PairsPath : uint8_t { kAuto, kAvx512F, kAvx2, kScalar };
 // outputs over threads keep pieces a multiple of this many groups so tiles stay whole.
 inline constexpr int kPairsTileGroups = 3;
 // y rows for outputs [o_begin, o_end); o_begin a multiple of 16.
-void linear_bf16_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end, PairsPath path = PairsPath::kAuto);
+void linear_bf16_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end,
+                       PairsPath path = PairsPath::kAuto);
 
 }  // namespace metrale::cpu

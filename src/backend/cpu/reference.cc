@@ -12,10 +12,12 @@ void linear(ConstRows x, WeightFormat format, const void* w, int64_t n_out, int6
   std::vector<float> row(static_cast<size_t>(n_in));
   const size_t row_bytes = weight_row_bytes(format, n_in);
   for (int64_t o = 0; o < n_out; ++o) {
-    dequantize_row(format, static_cast<const char*>(w) + static_cast<size_t>(o) * row_bytes, n_in, row.data());
+    dequantize_row(format, static_cast<const char*>(w) + static_cast<size_t>(o) * row_bytes, n_in,
+                   row.data());
     for (int64_t r = 0; r < x.n_rows; ++r) {
       double s = 0.0;
-      for (int64_t i = 0; i < n_in; ++i) s += static_cast<double>(x.row(r)[i]) * row[static_cast<size_t>(i)];
+      for (int64_t i = 0; i < n_in; ++i)
+        s += static_cast<double>(x.row(r)[i]) * row[static_cast<size_t>(i)];
       if (bias != nullptr) s += bias[o];
       y.row(r)[o] = static_cast<float>(s);
     }
@@ -34,7 +36,8 @@ void rms_norm(const RmsNormArgs& a) {
     for (int64_t g0 = 0; g0 < n; g0 += group) {
       double ss = 0.0;
       for (int64_t i = 0; i < group; ++i) ss += static_cast<double>(src[g0 + i]) * src[g0 + i];
-      const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(group) + a.eps));
+      const float inv =
+          static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(group) + a.eps));
       for (int64_t i = 0; i < group; ++i) {
         const float w = a.style == NormStyle::kOnePlusWeight ? 1.0f + a.weight[i] : a.weight[i];
         a.out.row(r)[g0 + i] = (src[g0 + i] * inv) * w;
@@ -67,7 +70,8 @@ void gated_activation(const GatedActivationArgs& a) {
       if (a.act == Activation::kSilu) {
         act = g / (1.0 + std::exp(-g));
       } else {
-        act = 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
+        act = 0.5 * g *
+              (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
       }
       a.out.row(r)[i] = static_cast<float>(act * a.up.row(r)[i]);
     }
@@ -86,7 +90,8 @@ void attention_row(const float* q, const float* k, const float* v, int64_t pos,
     double mx = -INFINITY;
     for (int64_t t = start; t <= pos; ++t) {
       double d = 0.0;
-      for (int64_t i = 0; i < s.head_dim; ++i) d += static_cast<double>(qh[i]) * k[t * kv_row + kvh * s.head_dim + i];
+      for (int64_t i = 0; i < s.head_dim; ++i)
+        d += static_cast<double>(qh[i]) * k[t * kv_row + kvh * s.head_dim + i];
       p[static_cast<size_t>(t)] = d * s.scale;
       mx = std::max(mx, p[static_cast<size_t>(t)]);
     }
@@ -97,7 +102,8 @@ void attention_row(const float* q, const float* k, const float* v, int64_t pos,
     }
     for (int64_t i = 0; i < s.head_dim; ++i) {
       double o = 0.0;
-      for (int64_t t = start; t <= pos; ++t) o += p[static_cast<size_t>(t)] * v[t * kv_row + kvh * s.head_dim + i];
+      for (int64_t t = start; t <= pos; ++t)
+        o += p[static_cast<size_t>(t)] * v[t * kv_row + kvh * s.head_dim + i];
       out[h * s.head_dim + i] = static_cast<float>(o / sum);
     }
   }

@@ -36,17 +36,17 @@ std::string_view rope_type_name(RopeType type);  // "default", "linear", "llama3
 
 struct RopeConfig {
   RopeType type = RopeType::kDefault;
-  double theta = 10000.0;           // rope_theta (HF default_theta when absent)
+  double theta = 10000.0;  // rope_theta (HF default_theta when absent)
   double partial_rotary_factor = 1.0;
-  int64_t rotary_dim = 0;           // int(head_dim * partial_rotary_factor); MLA: qk_rope_head_dim
-  double factor = 1.0;              // linear / llama3 / yarn scaling factor
+  int64_t rotary_dim = 0;  // int(head_dim * partial_rotary_factor); MLA: qk_rope_head_dim
+  double factor = 1.0;     // linear / llama3 / yarn scaling factor
   // llama3 and yarn: the pre-extension context length; HF fills max_position_embeddings when
   // absent.
   int64_t original_max_position_embeddings = 0;
-  double low_freq_factor = 0.0;     // llama3
-  double high_freq_factor = 0.0;    // llama3
-  double beta_fast = 32.0;          // yarn
-  double beta_slow = 1.0;           // yarn
+  double low_freq_factor = 0.0;          // llama3
+  double high_freq_factor = 0.0;         // llama3
+  double beta_fast = 32.0;               // yarn
+  double beta_slow = 1.0;                // yarn
   std::optional<double> mscale;          // yarn (DeepSeek)
   std::optional<double> mscale_all_dim;  // yarn (DeepSeek)
   bool truncate = true;                  // yarn: floor/ceil the correction range
@@ -65,10 +65,11 @@ struct RopeConfig {
 enum class MoeScoring : uint8_t { kSoftmax, kSigmoid };
 
 struct MoeConfig {
-  int64_t n_experts = 0;               // num_experts / n_routed_experts
+  int64_t n_experts = 0;  // num_experts / n_routed_experts
   int64_t n_experts_per_tok = 0;
-  int64_t moe_intermediate_size = 0;   // width of one routed expert
-  // Qwen3-Next / Qwen3.5-MoE: one shared expert of this width, scaled by sigmoid(shared_expert_gate).
+  int64_t moe_intermediate_size = 0;  // width of one routed expert
+  // Qwen3-Next / Qwen3.5-MoE: one shared expert of this width, scaled by
+  // sigmoid(shared_expert_gate).
   int64_t shared_expert_intermediate_size = 0;
   // DeepSeek-V3 / GLM-4.5: shared MLP of width n_shared_experts * moe_intermediate_size, ungated.
   int64_t n_shared_experts = 0;
@@ -80,8 +81,8 @@ struct MoeConfig {
   bool has_e_score_correction_bias = false;  // sigmoid routers: bias added for selection only
   bool has_shared_expert_gate = false;
   // Which layers are MoE (the rest use the dense MLP of width intermediate_size):
-  int64_t first_k_dense_replace = 0;   // DeepSeek / GLM: layers [0, k) dense
-  int64_t decoder_sparse_step = 1;     // Qwen: MoE when (i + 1) % step == 0 ...
+  int64_t first_k_dense_replace = 0;     // DeepSeek / GLM: layers [0, k) dense
+  int64_t decoder_sparse_step = 1;       // Qwen: MoE when (i + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;  // ... and i is not listed here
 };
 
@@ -99,11 +100,11 @@ struct MlaConfig {
 
 // Gated delta net (linear attention) widths. n_key_heads == 0 means no linear layers.
 struct LinearAttentionConfig {
-  int64_t n_key_heads = 0;     // linear_num_key_heads
-  int64_t n_value_heads = 0;   // linear_num_value_heads
-  int64_t key_head_dim = 0;    // linear_key_head_dim
-  int64_t value_head_dim = 0;  // linear_value_head_dim
-  int64_t conv_kernel_dim = 0; // linear_conv_kernel_dim
+  int64_t n_key_heads = 0;      // linear_num_key_heads
+  int64_t n_value_heads = 0;    // linear_num_value_heads
+  int64_t key_head_dim = 0;     // linear_key_head_dim
+  int64_t value_head_dim = 0;   // linear_value_head_dim
+  int64_t conv_kernel_dim = 0;  // linear_conv_kernel_dim
 };
 
 struct ModelConfig {
@@ -125,15 +126,15 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   std::string hidden_act = "silu";
 
-  bool attention_qkv_bias = false;   // q/k/v projections carry a bias
-  bool attention_out_bias = false;   // o_proj carries a bias
-  bool mlp_bias = false;             // llama's mlp_bias
-  bool qk_norm = false;              // per-head RMSNorm on q and k before rope
+  bool attention_qkv_bias = false;     // q/k/v projections carry a bias
+  bool attention_out_bias = false;     // o_proj carries a bias
+  bool mlp_bias = false;               // llama's mlp_bias
+  bool qk_norm = false;                // per-head RMSNorm on q and k before rope
   bool attention_output_gate = false;  // q_proj emits [q, gate]; out *= sigmoid(gate)
-  double attention_scale = 0.0;      // softmax scale, as HF's attention module computes it
+  double attention_scale = 0.0;        // softmax scale, as HF's attention module computes it
 
-  std::optional<DType> dtype;        // dtype / torch_dtype, when given
-  std::string dtype_name;            // its spelling in the file ("bfloat16")
+  std::optional<DType> dtype;  // dtype / torch_dtype, when given
+  std::string dtype_name;      // its spelling in the file ("bfloat16")
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> pad_token_id;
   std::vector<int64_t> eos_token_ids;  // config.json's, then generation_config.json's, deduped
@@ -158,9 +159,10 @@ struct ModelConfig {
 // Parses config.json text. `source` names the file in messages. `generation_config_json`, when
 // given, is generation_config.json's text: its eos_token_id (int or list) is merged into
 // eos_token_ids and its bos/pad fill ids config.json lacks.
-ModelConfig parse_model_config(std::string_view config_json, std::string_view source,
-                               std::optional<std::string_view> generation_config_json = std::nullopt,
-                               std::string_view generation_source = "generation_config.json");
+ModelConfig parse_model_config(
+    std::string_view config_json, std::string_view source,
+    std::optional<std::string_view> generation_config_json = std::nullopt,
+    std::string_view generation_source = "generation_config.json");
 
 // Reads dir/config.json and, when present, dir/generation_config.json.
 ModelConfig load_model_config(const std::string& dir);

@@ -4,9 +4,9 @@
 // from the installed transformers so tests catch a drift.
 #include <string>
 
+#include "core/error.h"
 #include "io/config/model_config.h"
 #include "io/config/model_types.h"
-#include "core/error.h"
 
 namespace metrale {
 namespace config_detail {
@@ -110,7 +110,8 @@ const ModelTypeTraits* find_model_type(std::string_view model_type) {
 const ModelTypeTraits& model_type_traits(std::string_view model_type) {
   const ModelTypeTraits* t = find_model_type(model_type);
   if (t == nullptr) {
-    throw make_error("unsupported model_type \"", model_type, "\" (supported: ", supported_list(), ")");
+    throw make_error("unsupported model_type \"", model_type, "\" (supported: ", supported_list(),
+                     ")");
   }
   return *t;
 }
@@ -164,7 +165,8 @@ bool requires_single_chunk_prefill(std::string_view model_type, int64_t kv_lora_
   const config_detail::ModelTypeTraits& t = config_detail::model_type_traits(model_type);
   if (kv_lora_rank < 0) throw make_error("kv_lora_rank must be >= 0, found ", kv_lora_rank);
   if (t.head_dim_default == config_detail::HeadDimDefault::kQkRopeHeadDim && kv_lora_rank == 0) {
-    throw make_error("model_type \"", model_type, "\" is multi-head latent attention: kv_lora_rank must be > 0");
+    throw make_error("model_type \"", model_type,
+                     "\" is multi-head latent attention: kv_lora_rank must be > 0");
   }
   return false;
 }

@@ -17,10 +17,10 @@ enum class HeadDimDefault : uint8_t {
 
 // How HF decides which layers use a sliding window.
 enum class SlidingRule : uint8_t {
-  kNone,            // no sliding-window support in the modeling file
-  kAllIfWindow,     // Mistral: every layer, whenever sliding_window is not null
-  kAllIfUse,        // Qwen3-MoE: every layer, when use_sliding_window
-  kQwenMaxWindow,   // Qwen2/Qwen3: layer_types, else sliding for i >= max_window_layers
+  kNone,           // no sliding-window support in the modeling file
+  kAllIfWindow,    // Mistral: every layer, whenever sliding_window is not null
+  kAllIfUse,       // Qwen3-MoE: every layer, when use_sliding_window
+  kQwenMaxWindow,  // Qwen2/Qwen3: layer_types, else sliding for i >= max_window_layers
 };
 
 // Where an attention projection's bias comes from.
@@ -41,25 +41,25 @@ struct ModelTypeTraits {
   std::string_view model_type;
   std::string_view modeling_class;  // the HF decoder class, for messages
   Family family;
-  bool nested_text_config;          // VL checkpoint: text model under "text_config"
-  bool moe;                         // routed experts exist
+  bool nested_text_config;  // VL checkpoint: text model under "text_config"
+  bool moe;                 // routed experts exist
   HeadDimDefault head_dim_default;
-  int64_t head_dim_fixed;           // for kFixed
+  int64_t head_dim_fixed;  // for kFixed
   // num_key_value_heads absent: true -> = num_attention_heads (HF None default); false -> the
   // field is required (HF's numeric default would be some other model's).
   bool kv_heads_default_to_heads;
-  double partial_rotary_default;    // __post_init__ kwargs.setdefault("partial_rotary_factor", x)
+  double partial_rotary_default;  // __post_init__ kwargs.setdefault("partial_rotary_factor", x)
   double rms_norm_eps_default;
   int64_t max_position_default;
   std::optional<int64_t> bos_default;
   std::optional<int64_t> eos_default;
   SlidingRule sliding;
-  BiasRule qkv_bias;                // q/k/v (MLA: q_a_proj, kv_a_proj_with_mqa) bias
-  BiasRule out_bias;                // o_proj bias
-  bool qk_norm;                     // q_norm/k_norm built unconditionally (glm4_moe: use_qk_norm)
-  bool output_gate;                 // q_proj doubled and chunked into [q, gate]
-  bool vanilla_norm;                // decoder RMSNorm is x*w (true) or x*(1+w) (false)
-  bool has_mlp_bias_field;          // llama's mlp_bias
+  BiasRule qkv_bias;        // q/k/v (MLA: q_a_proj, kv_a_proj_with_mqa) bias
+  BiasRule out_bias;        // o_proj bias
+  bool qk_norm;             // q_norm/k_norm built unconditionally (glm4_moe: use_qk_norm)
+  bool output_gate;         // q_proj doubled and chunked into [q, gate]
+  bool vanilla_norm;        // decoder RMSNorm is x*w (true) or x*(1+w) (false)
+  bool has_mlp_bias_field;  // llama's mlp_bias
 };
 
 // The row for `model_type`, or nullptr when unknown.

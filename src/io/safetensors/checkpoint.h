@@ -60,7 +60,8 @@ class Checkpoint {
 
   // Streams one tensor's bytes into caller-owned memory; see SafetensorsFile::copy_to for
   // how this avoids holding two resident copies.
-  void copy_to(std::string_view name, std::span<std::byte> dst, const CopyOptions& options = {}) const;
+  void copy_to(std::string_view name, std::span<std::byte> dst,
+               const CopyOptions& options = {}) const;
 
  private:
   Checkpoint() = default;

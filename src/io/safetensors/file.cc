@@ -26,11 +26,12 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   if (f.size_ < 8) {
     std::byte buf[8];
     const ssize_t got = ::pread(f.fd_, buf, sizeof(buf), 0);
-    parse_safetensors_header(std::span<const std::byte>(buf, got > 0 ? static_cast<size_t>(got) : 0),
-                             f.path_);
+    parse_safetensors_header(
+        std::span<const std::byte>(buf, got > 0 ? static_cast<size_t>(got) : 0), f.path_);
   }
   void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, f.fd_, 0);
-  METRALE_CHECK(p != MAP_FAILED, f.path_, ": cannot mmap ", f.size_, " bytes: ", std::strerror(errno));
+  METRALE_CHECK(p != MAP_FAILED, f.path_, ": cannot mmap ", f.size_,
+                " bytes: ", std::strerror(errno));
   f.base_ = static_cast<std::byte*>(p);
   f.header_ = parse_safetensors_header(std::span<const std::byte>(f.base_, f.size_), f.path_);
   return f;

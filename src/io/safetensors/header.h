@@ -41,9 +41,9 @@ struct SafetensorsTensorInfo {
 };
 
 struct SafetensorsHeader {
-  uint64_t header_bytes = 0;  // N, the JSON length including its padding
-  uint64_t data_offset = 0;   // 8 + N: where the data section starts in the file
-  uint64_t data_bytes = 0;    // file size - data_offset
+  uint64_t header_bytes = 0;                   // N, the JSON length including its padding
+  uint64_t data_offset = 0;                    // 8 + N: where the data section starts in the file
+  uint64_t data_bytes = 0;                     // file size - data_offset
   std::vector<SafetensorsTensorInfo> tensors;  // sorted by name
   std::map<std::string, std::string> metadata;
 

@@ -17,20 +17,34 @@ namespace {
 // writes starts aligned. This is that enum's order for the dtypes metrale knows.
 int package_order(DType t) {
   switch (t) {
-    case DType::kBool: return 0;
-    case DType::kE2M1: return 1;
-    case DType::kU8: return 2;
-    case DType::kI8: return 3;
-    case DType::kF8E5M2: return 4;
-    case DType::kF8E4M3: return 5;
-    case DType::kE8M0: return 6;
-    case DType::kI16: return 7;
-    case DType::kF16: return 8;
-    case DType::kBF16: return 9;
-    case DType::kI32: return 10;
-    case DType::kF32: return 11;
-    case DType::kF64: return 12;
-    case DType::kI64: return 13;
+    case DType::kBool:
+      return 0;
+    case DType::kE2M1:
+      return 1;
+    case DType::kU8:
+      return 2;
+    case DType::kI8:
+      return 3;
+    case DType::kF8E5M2:
+      return 4;
+    case DType::kF8E4M3:
+      return 5;
+    case DType::kE8M0:
+      return 6;
+    case DType::kI16:
+      return 7;
+    case DType::kF16:
+      return 8;
+    case DType::kBF16:
+      return 9;
+    case DType::kI32:
+      return 10;
+    case DType::kF32:
+      return 11;
+    case DType::kF64:
+      return 12;
+    case DType::kI64:
+      return 13;
   }
   return 0;
 }
@@ -39,11 +53,12 @@ int package_order(DType t) {
 
 void SafetensorsWriter::add(std::string name, DType dtype, const Shape& shape,
                             std::span<const std::byte> bytes) {
-  METRALE_CHECK(name != "__metadata__", "safetensors writer: '__metadata__' is reserved, not a tensor name");
+  METRALE_CHECK(name != "__metadata__",
+                "safetensors writer: '__metadata__' is reserved, not a tensor name");
   METRALE_CHECK(!names_.count(name), "safetensors writer: tensor '", name, "' added twice");
   const auto expected = safetensors_nbytes(dtype, shape.dims());
-  METRALE_CHECK(expected.has_value(), "safetensors writer: tensor '", name, "': shape ", shape.str(),
-                " x ", dtype_name(dtype), " overflows or does not fill whole bytes");
+  METRALE_CHECK(expected.has_value(), "safetensors writer: tensor '", name, "': shape ",
+                shape.str(), " x ", dtype_name(dtype), " overflows or does not fill whole bytes");
   METRALE_CHECK(*expected == bytes.size(), "safetensors writer: tensor '", name, "': shape ",
                 shape.str(), " x ", dtype_name(dtype), " = ", *expected, " bytes, but ",
                 bytes.size(), " bytes were given");
@@ -93,7 +108,8 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
   const std::vector<std::byte> bytes = serialize();
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   METRALE_CHECK(out.good(), path.string(), ": cannot open for writing");
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   out.close();
   METRALE_CHECK(!out.fail(), path.string(), ": write failed");
 }

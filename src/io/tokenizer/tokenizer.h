@@ -32,7 +32,8 @@ class Tokenizer {
   // Loads tokenizer.json; also reads tokenizer_config.json from the same folder when present.
   static Tokenizer from_file(const std::string& path);
   // Parses tokenizer.json text; `origin` names it in errors.
-  static Tokenizer from_json(std::string_view json_text, std::string_view origin = "tokenizer.json");
+  static Tokenizer from_json(std::string_view json_text,
+                             std::string_view origin = "tokenizer.json");
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -11,7 +11,7 @@ namespace metrale {
 struct TokenizerConfig {
   std::optional<std::string> bos_token, eos_token, pad_token, unk_token;
   std::optional<bool> add_bos_token, add_eos_token;
-  std::optional<std::string> chat_template;           // the default template
+  std::optional<std::string> chat_template;            // the default template
   std::map<std::string, std::string> named_templates;  // when the file lists several
   std::optional<std::string> tokenizer_class;
 };

@@ -92,8 +92,20 @@ std::string utf8_lossy(std::string_view s) {
 
 bool is_white_space(char32_t c) {
   switch (c) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0x85: case 0xA0:
-    case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return c >= 0x2000 && c <= 0x200A;
@@ -107,13 +119,21 @@ bool is_numeric(char32_t c) {
 }
 
 bool is_word_char(char32_t c) {
-  if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  if (c < 0x80)
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
   if (c == 0x200C || c == 0x200D) return true;
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return false;
@@ -125,9 +145,12 @@ const std::array<char32_t, 256>& byte_to_char() {
     std::array<char32_t, 256> t{};
     // Printable Latin-1 bytes stand for themselves; the rest are shifted past U+0100 in
     // byte order, which is what makes every byte a visible character in the vocabulary.
-    auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; };
+    auto printable = [](int b) {
+      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    };
     char32_t n = 0;
-    for (int b = 0; b < 256; ++b) t[static_cast<size_t>(b)] = printable(b) ? static_cast<char32_t>(b) : 256 + n++;
+    for (int b = 0; b < 256; ++b)
+      t[static_cast<size_t>(b)] = printable(b) ? static_cast<char32_t>(b) : 256 + n++;
     return t;
   }();
   return table;
@@ -137,7 +160,8 @@ int char_to_byte(char32_t c) {
   static const std::array<int16_t, 512> table = [] {
     std::array<int16_t, 512> t{};
     t.fill(-1);
-    for (int b = 0; b < 256; ++b) t[byte_to_char()[static_cast<size_t>(b)]] = static_cast<int16_t>(b);
+    for (int b = 0; b < 256; ++b)
+      t[byte_to_char()[static_cast<size_t>(b)]] = static_cast<int16_t>(b);
     return t;
   }();
   return c < 512 ? table[c] : -1;

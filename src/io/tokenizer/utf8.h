@@ -16,7 +16,9 @@ inline size_t utf8_decode(std::string_view s, size_t i, char32_t* cp) {
     *cp = b0;
     return 1;
   }
-  auto cont = [&](size_t k) { return static_cast<char32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F); };
+  auto cont = [&](size_t k) {
+    return static_cast<char32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F);
+  };
   if (b0 < 0xE0) {
     *cp = (static_cast<char32_t>(b0 & 0x1F) << 6) | cont(1);
     return 2;
@@ -30,7 +32,9 @@ inline size_t utf8_decode(std::string_view s, size_t i, char32_t* cp) {
 }
 
 // Byte length of the code point whose lead byte is `b0` (valid UTF-8 assumed).
-inline size_t utf8_len(unsigned char b0) { return b0 < 0x80 ? 1 : b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4; }
+inline size_t utf8_len(unsigned char b0) {
+  return b0 < 0x80 ? 1 : b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4;
+}
 
 void utf8_append(std::string& out, char32_t cp);
 

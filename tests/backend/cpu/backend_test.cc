@@ -38,7 +38,8 @@ TEST(CpuBackend, RequireNamesOpFormatAndTensor) {
   EXPECT_FALSE(be.supports(Op::kLinear, WeightFormat::kBF16, DType::kBF16));
   EXPECT_NO_THROW(be.require(Op::kLinear, WeightFormat::kF32, DType::kF32, "x"));
   try {
-    be.require(Op::kLinear, WeightFormat::kBF16, DType::kF16, "model.layers.3.self_attn.o_proj.weight");
+    be.require(Op::kLinear, WeightFormat::kBF16, DType::kF16,
+               "model.layers.3.self_attn.o_proj.weight");
     FAIL();
   } catch (const Error& e) {
     for (const char* part : {"linear", "bf16", "f16", "o_proj"}) {

@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "layers/rope_table.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/reference.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "layers/rope_table.h"
 #include "test_util.h"
 
 namespace metrale {
@@ -25,16 +25,20 @@ TEST(RmsNorm, MatchesReferenceOnEveryTarget) {
     for (int64_t group : {int64_t{0}, int64_t{1}, n}) {
       for (NormStyle style : {NormStyle::kWeight, NormStyle::kOnePlusWeight}) {
         for (bool residual : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << "n=" << n << " group=" << group << " style=" << int(style)
-                                            << " residual=" << residual);
+          SCOPED_TRACE(::testing::Message() << "n=" << n << " group=" << group
+                                            << " style=" << int(style) << " residual=" << residual);
           const int64_t rows = 3, g = group > 0 ? group : n;
           const size_t total = static_cast<size_t>(rows * n);
           const auto x = testing::random_vector(total, 1, -3.0f, 3.0f);
           const auto h0 = testing::random_vector(total, 2);
           const auto w = testing::random_vector(static_cast<size_t>(g), 3);
           std::vector<float> ref_out(total), ref_h = h0;
-          RmsNormArgs ra{.x = rows_of(x.data(), rows, n), .out = rows_of(ref_out.data(), rows, n),
-                         .weight = w.data(), .eps = 1e-5f, .style = style, .group = group};
+          RmsNormArgs ra{.x = rows_of(x.data(), rows, n),
+                         .out = rows_of(ref_out.data(), rows, n),
+                         .weight = w.data(),
+                         .eps = 1e-5f,
+                         .style = style,
+                         .group = group};
           if (residual) ra.residual = rows_of(ref_h.data(), rows, n);
           cpu::reference::rms_norm(ra);
           testing::for_each_target([&] {
@@ -65,11 +69,14 @@ TEST(RmsNorm, InPlaceEqualsOutOfPlace) {
   auto x = testing::random_vector(5 * 48, 4);
   const auto w = testing::random_vector(48, 5);
   std::vector<float> out(x.size());
-  be.rms_norm({.x = rows_of(x.data(), 5, 48), .out = rows_of(out.data(), 5, 48), .weight = w.data()});
+  be.rms_norm(
+      {.x = rows_of(x.data(), 5, 48), .out = rows_of(out.data(), 5, 48), .weight = w.data()});
   be.rms_norm({.x = rows_of(x.data(), 5, 48), .out = rows_of(x.data(), 5, 48), .weight = w.data()});
   EXPECT_EQ(x, out);
-  EXPECT_THROW(be.rms_norm({.x = rows_of(x.data(), 5, 48), .out = rows_of(out.data(), 5, 48),
-                            .weight = w.data(), .group = 5}),
+  EXPECT_THROW(be.rms_norm({.x = rows_of(x.data(), 5, 48),
+                            .out = rows_of(out.data(), 5, 48),
+                            .weight = w.data(),
+                            .group = 5}),
                Error);
 }
 
@@ -88,13 +95,19 @@ TEST(Rope, BitExactWithReferenceOnEveryTarget) {
       const auto x = testing::random_vector(static_cast<size_t>(rows * n), 6);
       const std::vector<int32_t> pos = {0, 5, 63, 17};
       std::vector<float> ref = x;
-      cpu::reference::rope({.x = rows_of(ref.data(), rows, n), .n_heads = heads, .head_dim = head_dim,
-                            .positions = pos, .table = table.cache()});
+      cpu::reference::rope({.x = rows_of(ref.data(), rows, n),
+                            .n_heads = heads,
+                            .head_dim = head_dim,
+                            .positions = pos,
+                            .table = table.cache()});
       testing::for_each_target([&] {
         Floats xm(x.size(), 3);
         std::copy(x.begin(), x.end(), xm.data());
-        cpu::rope_rows({.x = rows_of(xm.data(), rows, n), .n_heads = heads, .head_dim = head_dim,
-                        .positions = pos, .table = table.cache()},
+        cpu::rope_rows({.x = rows_of(xm.data(), rows, n),
+                        .n_heads = heads,
+                        .head_dim = head_dim,
+                        .positions = pos,
+                        .table = table.cache()},
                        0, rows);
         for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(xm[i], ref[i]) << i;
       });
@@ -108,7 +121,11 @@ TEST(Rope, RejectsPositionsOutsideTheTable) {
   const RopeTable table = RopeTable::build({.head_dim = 4}, 8);
   std::vector<float> x(8);
   const std::vector<int32_t> pos = {3, 8};
-  EXPECT_THROW(be.rope({.x = rows_of(x.data(), 2, 4), .n_heads = 1, .head_dim = 4, .positions = pos, .table = table.cache()}),
+  EXPECT_THROW(be.rope({.x = rows_of(x.data(), 2, 4),
+                        .n_heads = 1,
+                        .head_dim = 4,
+                        .positions = pos,
+                        .table = table.cache()}),
                Error);
 }
 
@@ -120,14 +137,19 @@ TEST(GatedActivation, MatchesReferenceOnEveryTarget) {
       auto g = testing::random_vector(total, 7, -12.0f, 12.0f);
       const auto u = testing::random_vector(total, 8, -2.0f, 2.0f);
       std::vector<float> ref(total);
-      cpu::reference::gated_activation(
-          {.gate = rows_of(g.data(), rows, n), .up = rows_of(u.data(), rows, n), .out = rows_of(ref.data(), rows, n), .act = act});
+      cpu::reference::gated_activation({.gate = rows_of(g.data(), rows, n),
+                                        .up = rows_of(u.data(), rows, n),
+                                        .out = rows_of(ref.data(), rows, n),
+                                        .act = act});
       testing::for_each_target([&] {
         Floats out(total, 1);
-        cpu::gated_activation_rows({.gate = rows_of(g.data(), rows, n), .up = rows_of(u.data(), rows, n),
-                                    .out = rows_of(out.data(), rows, n), .act = act},
+        cpu::gated_activation_rows({.gate = rows_of(g.data(), rows, n),
+                                    .up = rows_of(u.data(), rows, n),
+                                    .out = rows_of(out.data(), rows, n),
+                                    .act = act},
                                    0, rows);
-        for (size_t i = 0; i < total; ++i) ASSERT_NEAR(out[i], ref[i], 1e-6f + 4e-6f * std::abs(ref[i])) << "n=" << n << " i=" << i;
+        for (size_t i = 0; i < total; ++i)
+          ASSERT_NEAR(out[i], ref[i], 1e-6f + 4e-6f * std::abs(ref[i])) << "n=" << n << " i=" << i;
       });
     }
   }
@@ -142,8 +164,12 @@ TEST(Embedding, GathersF32AndBf16RowsAndRejectsBadIds) {
   for (size_t i = 0; i < table.size(); ++i) table16[i] = f32_to_bf16(table[i]);
   const std::vector<int32_t> ids = {3, 0, 10, 3};
   for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBF16}) {
-    const WeightTensor t{.name = "model.embed_tokens.weight", .format = f, .n_out = vocab, .n_in = dim,
-                         .data = f == WeightFormat::kF32 ? static_cast<const void*>(table.data()) : table16.data()};
+    const WeightTensor t{
+        .name = "model.embed_tokens.weight",
+        .format = f,
+        .n_out = vocab,
+        .n_in = dim,
+        .data = f == WeightFormat::kF32 ? static_cast<const void*>(table.data()) : table16.data()};
     std::vector<float> out(ids.size() * dim);
     testing::for_each_target([&] {
       be.embedding(t, ids, rows_of(out.data(), 4, dim));

@@ -20,7 +20,12 @@ namespace {
 using testing::random_bf16_matrix;
 
 WeightTensor plain(const std::vector<uint16_t>& w, int64_t n_out, int64_t n_in, const float* bias) {
-  return {.name = "w", .format = WeightFormat::kBF16, .n_out = n_out, .n_in = n_in, .data = w.data(), .bias = bias};
+  return {.name = "w",
+          .format = WeightFormat::kBF16,
+          .n_out = n_out,
+          .n_in = n_in,
+          .data = w.data(),
+          .bias = bias};
 }
 
 TEST(LinearPacked, PackUnpackRoundTrip) {
@@ -73,12 +78,14 @@ TEST(LinearPacked, MatchesReferenceAndPlainKernel) {
         const WeightTensor packed = be.prepare(raw, PrepareMode::kCopy);
         const int64_t ys = n_out + 3;  // strided output: the padding must stay untouched
         const auto x = testing::random_vector(static_cast<size_t>(rows * n_in), 7);
-        std::vector<float> y(static_cast<size_t>(rows * ys), -777.0f), y_plain(static_cast<size_t>(rows * n_out));
+        std::vector<float> y(static_cast<size_t>(rows * ys), -777.0f),
+            y_plain(static_cast<size_t>(rows * n_out));
         std::vector<float> ref(static_cast<size_t>(rows * n_out));
         be.linear(rows_of(x.data(), rows, n_in), packed, Rows{y.data(), rows, n_out, ys});
         be.linear(rows_of(x.data(), rows, n_in), raw, rows_of(y_plain.data(), rows, n_out));
-        cpu::reference::linear(rows_of(x.data(), rows, n_in), WeightFormat::kBF16, w.data(), n_out, n_in,
-                               raw.bias == nullptr ? nullptr : bias.data(), rows_of(ref.data(), rows, n_out));
+        cpu::reference::linear(rows_of(x.data(), rows, n_in), WeightFormat::kBF16, w.data(), n_out,
+                               n_in, raw.bias == nullptr ? nullptr : bias.data(),
+                               rows_of(ref.data(), rows, n_out));
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t o = 0; o < n_out; ++o) {
             double mag = with_bias ? std::abs(bias[static_cast<size_t>(o)]) : 0.0;
@@ -88,10 +95,13 @@ TEST(LinearPacked, MatchesReferenceAndPlainKernel) {
             }
             const double bound = 1e-6 + mag * 4e-7 * std::sqrt(static_cast<double>(n_in) + 1.0);
             const float got = y[static_cast<size_t>(r * ys + o)];
-            ASSERT_NEAR(got, ref[static_cast<size_t>(r * n_out + o)], bound) << "r=" << r << " o=" << o;
-            ASSERT_NEAR(got, y_plain[static_cast<size_t>(r * n_out + o)], 2 * bound) << "r=" << r << " o=" << o;
+            ASSERT_NEAR(got, ref[static_cast<size_t>(r * n_out + o)], bound)
+                << "r=" << r << " o=" << o;
+            ASSERT_NEAR(got, y_plain[static_cast<size_t>(r * n_out + o)], 2 * bound)
+                << "r=" << r << " o=" << o;
           }
-          for (int64_t o = n_out; o < ys; ++o) ASSERT_EQ(y[static_cast<size_t>(r * ys + o)], -777.0f) << "pad written";
+          for (int64_t o = n_out; o < ys; ++o)
+            ASSERT_EQ(y[static_cast<size_t>(r * ys + o)], -777.0f) << "pad written";
         }
       }
     }

@@ -54,11 +54,11 @@ void run_kernel(WeightFormat f, const cpu::LinearTask& t, int64_t n_out) {
   }
 }
 
-void check_case(WeightFormat f, int64_t rows, int64_t n_out, int64_t n_in, bool with_bias, size_t misalign,
-                int64_t pad) {
-  SCOPED_TRACE(::testing::Message() << weight_format_name(f) << " rows=" << rows << " out=" << n_out
-                                    << " in=" << n_in << " bias=" << with_bias << " misalign=" << misalign
-                                    << " pad=" << pad);
+void check_case(WeightFormat f, int64_t rows, int64_t n_out, int64_t n_in, bool with_bias,
+                size_t misalign, int64_t pad) {
+  SCOPED_TRACE(::testing::Message()
+               << weight_format_name(f) << " rows=" << rows << " out=" << n_out << " in=" << n_in
+               << " bias=" << with_bias << " misalign=" << misalign << " pad=" << pad);
   const TestWeight w(f, n_out, n_in, misalign, 11);
   const int64_t xs = n_in + pad, ys = n_out + pad;
   Floats x(static_cast<size_t>(rows * xs), misalign);
@@ -72,24 +72,30 @@ void check_case(WeightFormat f, int64_t rows, int64_t n_out, int64_t n_in, bool 
   std::vector<float> wrow(static_cast<size_t>(n_in));
   std::vector<double> bound(static_cast<size_t>(rows * n_out));
   for (int64_t o = 0; o < n_out; ++o) {
-    dequantize_row(f, static_cast<const char*>(w.data()) + o * weight_row_bytes(f, n_in), n_in, wrow.data());
+    dequantize_row(f, static_cast<const char*>(w.data()) + o * weight_row_bytes(f, n_in), n_in,
+                   wrow.data());
     for (int64_t r = 0; r < rows; ++r) {
       double s = with_bias ? std::abs(bias[static_cast<size_t>(o)]) : 0.0;
-      for (int64_t i = 0; i < n_in; ++i) s += std::abs(static_cast<double>(xr.row(r)[i]) * wrow[static_cast<size_t>(i)]);
-      bound[static_cast<size_t>(r * n_out + o)] = 1e-6 + s * 4e-7 * std::sqrt(static_cast<double>(n_in) + 1.0);
+      for (int64_t i = 0; i < n_in; ++i)
+        s += std::abs(static_cast<double>(xr.row(r)[i]) * wrow[static_cast<size_t>(i)]);
+      bound[static_cast<size_t>(r * n_out + o)] =
+          1e-6 + s * 4e-7 * std::sqrt(static_cast<double>(n_in) + 1.0);
     }
   }
   testing::for_each_target([&] {
     Floats y(static_cast<size_t>(rows * ys), misalign);
     for (int64_t i = 0; i < rows * ys; ++i) y[static_cast<size_t>(i)] = -777.0f;
-    const cpu::LinearTask t{.x = xr, .w = w.data(), .n_in = n_in, .bias = b, .y = Rows{y.data(), rows, n_out, ys}};
+    const cpu::LinearTask t{
+        .x = xr, .w = w.data(), .n_in = n_in, .bias = b, .y = Rows{y.data(), rows, n_out, ys}};
     run_kernel(f, t, n_out);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t o = 0; o < n_out; ++o) {
         const size_t i = static_cast<size_t>(r * n_out + o);
-        ASSERT_NEAR(y[static_cast<size_t>(r * ys + o)], ref[i], bound[i]) << "r=" << r << " o=" << o;
+        ASSERT_NEAR(y[static_cast<size_t>(r * ys + o)], ref[i], bound[i])
+            << "r=" << r << " o=" << o;
       }
-      for (int64_t o = n_out; o < ys; ++o) ASSERT_EQ(y[static_cast<size_t>(r * ys + o)], -777.0f) << "pad written";
+      for (int64_t o = n_out; o < ys; ++o)
+        ASSERT_EQ(y[static_cast<size_t>(r * ys + o)], -777.0f) << "pad written";
     }
   });
 }
@@ -99,7 +105,8 @@ TEST(Linear, MatchesReferenceOnEveryTargetSmallShapes) {
     for (int64_t rows : {1, 2, 3, 4, 5, 9}) {
       for (int64_t n_in : {1, 3, 8, 15, 16, 17, 33, 64}) {
         for (int64_t n_out : {1, 3, 4, 6, 13}) {
-          check_case(f, rows, n_out, n_in, (n_in + n_out) % 2 == 0, static_cast<size_t>(n_in % 3), rows % 2);
+          check_case(f, rows, n_out, n_in, (n_in + n_out) % 2 == 0, static_cast<size_t>(n_in % 3),
+                     rows % 2);
         }
       }
     }
@@ -123,7 +130,12 @@ TEST(Linear, RowResultIndependentOfBatchAndThreads) {
     const TestWeight tw(f, n_out, n_in, 0, 3);
     const auto x = testing::random_vector(static_cast<size_t>(rows * n_in), 9);
     const auto bias = testing::random_vector(static_cast<size_t>(n_out), 10);
-    const WeightTensor w{.name = "w", .format = f, .n_out = n_out, .n_in = n_in, .data = tw.data(), .bias = bias.data()};
+    const WeightTensor w{.name = "w",
+                         .format = f,
+                         .n_out = n_out,
+                         .n_in = n_in,
+                         .data = tw.data(),
+                         .bias = bias.data()};
     std::vector<float> batch(static_cast<size_t>(rows * n_out));
     ThreadPool pool3(3);
     CpuBackend(pool3).linear(rows_of(x.data(), rows, n_in), w, rows_of(batch.data(), rows, n_out));
@@ -135,7 +147,8 @@ TEST(Linear, RowResultIndependentOfBatchAndThreads) {
         std::vector<float> alone(static_cast<size_t>(n * n_out));
         one.linear(rows_of(x.data() + r * n_in, n, n_in), w, rows_of(alone.data(), n, n_out));
         for (int64_t i = 0; i < n * n_out; ++i) {
-          ASSERT_EQ(testing::as_bits(alone[static_cast<size_t>(i)]), testing::as_bits(batch[static_cast<size_t>(r * n_out + i)]))
+          ASSERT_EQ(testing::as_bits(alone[static_cast<size_t>(i)]),
+                    testing::as_bits(batch[static_cast<size_t>(r * n_out + i)]))
               << weight_format_name(f) << " row " << r + i / n_out << " width " << width;
         }
       }
@@ -147,8 +160,11 @@ TEST(Linear, RejectsMismatchedShapesNamingTheWeight) {
   ThreadPool pool(1);
   CpuBackend be(pool);
   std::vector<float> wdata(12), x(8), y(8);
-  const WeightTensor w{.name = "model.layers.0.mlp.up_proj.weight", .format = WeightFormat::kF32, .n_out = 3,
-                       .n_in = 4, .data = wdata.data()};
+  const WeightTensor w{.name = "model.layers.0.mlp.up_proj.weight",
+                       .format = WeightFormat::kF32,
+                       .n_out = 3,
+                       .n_in = 4,
+                       .data = wdata.data()};
   try {
     be.linear(rows_of(x.data(), 2, 3), w, rows_of(y.data(), 2, 3));
     FAIL() << "expected an error";
@@ -179,7 +195,11 @@ TEST(Linear, PrepareCopyOwnsItsMemory) {
   auto wdata = testing::random_vector(static_cast<size_t>(n_out * n_in), 1);
   const auto x = testing::random_vector(static_cast<size_t>(2 * n_in), 2);
   std::vector<float> y1(10), y2(10);
-  const WeightTensor w{.name = "w", .format = WeightFormat::kF32, .n_out = n_out, .n_in = n_in, .data = wdata.data()};
+  const WeightTensor w{.name = "w",
+                       .format = WeightFormat::kF32,
+                       .n_out = n_out,
+                       .n_in = n_in,
+                       .data = wdata.data()};
   be.linear(rows_of(x.data(), 2, n_in), w, rows_of(y1.data(), 2, n_out));
   const WeightTensor copy = be.prepare(w, PrepareMode::kCopy);
   ASSERT_NE(copy.data, w.data);

@@ -33,9 +33,15 @@ Experts make_experts(Backend& be, uint32_t seed) {
   for (int64_t i = 0; i < kE; ++i) {
     e.raw.push_back(random_bf16_matrix(2 * kI, kH, seed + 2 * static_cast<uint32_t>(i)));
     e.raw.push_back(random_bf16_matrix(kH, kI, seed + 2 * static_cast<uint32_t>(i) + 1));
-    const WeightTensor gu{.name = "gate_up", .format = WeightFormat::kBF16, .n_out = 2 * kI, .n_in = kH,
+    const WeightTensor gu{.name = "gate_up",
+                          .format = WeightFormat::kBF16,
+                          .n_out = 2 * kI,
+                          .n_in = kH,
                           .data = e.raw[e.raw.size() - 2].data()};
-    const WeightTensor dn{.name = "down", .format = WeightFormat::kBF16, .n_out = kH, .n_in = kI,
+    const WeightTensor dn{.name = "down",
+                          .format = WeightFormat::kBF16,
+                          .n_out = kH,
+                          .n_in = kI,
                           .data = e.raw.back().data()};
     e.w.push_back({be.prepare(gu, PrepareMode::kCopy), be.prepare(dn, PrepareMode::kCopy)});
   }
@@ -57,29 +63,38 @@ void make_routes(int64_t n, uint32_t seed, std::vector<int32_t>& ids, std::vecto
 
 // out[r] = sum over the row's experts in ascending id of w * down(silu(gate) * up), through
 // the backend's linear and gated_activation one row at a time.
-std::vector<float> per_row(Backend& be, const Experts& e, const std::vector<float>& x, const std::vector<int32_t>& ids,
-                           const std::vector<float>& w, int64_t n) {
+std::vector<float> per_row(Backend& be, const Experts& e, const std::vector<float>& x,
+                           const std::vector<int32_t>& ids, const std::vector<float>& w,
+                           int64_t n) {
   std::vector<float> out(static_cast<size_t>(n * kH), 0.0f), gu(2 * kI), y(kH);
   for (int64_t r = 0; r < n; ++r) {
     std::vector<int64_t> order(kK);
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[r * kK + a] < ids[r * kK + b]; });
+    std::sort(order.begin(), order.end(),
+              [&](int64_t a, int64_t b) { return ids[r * kK + a] < ids[r * kK + b]; });
     for (int64_t j : order) {
       const MoeExpertWeights& ew = e.w[static_cast<size_t>(ids[static_cast<size_t>(r * kK + j)])];
       be.linear(rows_of(x.data() + r * kH, 1, kH), ew.gate_up, rows_of(gu.data(), 1, 2 * kI));
       const Rows g = rows_of(gu.data(), 1, kI);
       be.gated_activation({.gate = g, .up = rows_of(gu.data() + kI, 1, kI), .out = g});
       be.linear(g, ew.down, rows_of(y.data(), 1, kH));
-      for (int64_t d = 0; d < kH; ++d) out[static_cast<size_t>(r * kH + d)] += y[static_cast<size_t>(d)] * w[static_cast<size_t>(r * kK + j)];
+      for (int64_t d = 0; d < kH; ++d)
+        out[static_cast<size_t>(r * kH + d)] +=
+            y[static_cast<size_t>(d)] * w[static_cast<size_t>(r * kK + j)];
     }
   }
   return out;
 }
 
-std::vector<float> run_moe(Backend& be, const Experts& e, const std::vector<float>& x, const std::vector<int32_t>& ids,
-                           const std::vector<float>& w, int64_t n) {
+std::vector<float> run_moe(Backend& be, const Experts& e, const std::vector<float>& x,
+                           const std::vector<int32_t>& ids, const std::vector<float>& w,
+                           int64_t n) {
   std::vector<float> out(static_cast<size_t>(n * kH), NAN);
-  be.moe({.x = rows_of(x.data(), n, kH), .experts = ids, .weights = w, .top_k = kK, .expert_weights = e.w,
+  be.moe({.x = rows_of(x.data(), n, kH),
+          .experts = ids,
+          .weights = w,
+          .top_k = kK,
+          .expert_weights = e.w,
           .out = rows_of(out.data(), n, kH)});
   return out;
 }
@@ -117,21 +132,31 @@ TEST(Moe, RouteIsSoftmaxTopKWithOptionalRenormalisation) {
   for (bool normalize : {false, true}) {
     std::vector<int32_t> ids(static_cast<size_t>(n * kK));
     std::vector<float> w(ids.size());
-    be.route({.logits = rows_of(logits.data(), n, kE), .top_k = kK, .normalize = normalize, .experts = ids, .weights = w});
+    be.route({.logits = rows_of(logits.data(), n, kE),
+              .top_k = kK,
+              .normalize = normalize,
+              .experts = ids,
+              .weights = w});
     for (int64_t r = 0; r < n; ++r) {
       const float* l = logits.data() + r * kE;
       std::vector<double> p(kE);
       double sum = 0;
-      for (int64_t i = 0; i < kE; ++i) sum += p[static_cast<size_t>(i)] = std::exp(static_cast<double>(l[i]));
+      for (int64_t i = 0; i < kE; ++i)
+        sum += p[static_cast<size_t>(i)] = std::exp(static_cast<double>(l[i]));
       std::vector<int32_t> order(kE);
       std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return l[a] > l[b]; });
       double top = 0;
-      for (int64_t j = 0; j < kK; ++j) top += p[static_cast<size_t>(order[static_cast<size_t>(j)])] / sum;
+      for (int64_t j = 0; j < kK; ++j)
+        top += p[static_cast<size_t>(order[static_cast<size_t>(j)])] / sum;
       for (int64_t j = 0; j < kK; ++j) {
-        EXPECT_EQ(ids[static_cast<size_t>(r * kK + j)], order[static_cast<size_t>(j)]) << "row " << r << " choice " << j;
-        const double want = p[static_cast<size_t>(order[static_cast<size_t>(j)])] / sum / (normalize ? top : 1.0);
-        EXPECT_NEAR(w[static_cast<size_t>(r * kK + j)], want, 1e-6) << "row " << r << " choice " << j;
+        EXPECT_EQ(ids[static_cast<size_t>(r * kK + j)], order[static_cast<size_t>(j)])
+            << "row " << r << " choice " << j;
+        const double want =
+            p[static_cast<size_t>(order[static_cast<size_t>(j)])] / sum / (normalize ? top : 1.0);
+        EXPECT_NEAR(w[static_cast<size_t>(r * kK + j)], want, 1e-6)
+            << "row " << r << " choice " << j;
       }
     }
   }
@@ -144,18 +169,33 @@ TEST(Moe, RejectsBadRoutesAndShapes) {
   const auto x = random_vector(2 * kH, 1);
   std::vector<float> out(2 * kH), w(2 * kK, 0.5f);
   std::vector<int32_t> ids = {0, 1, 2, 3, 4, kE};  // expert kE does not exist
-  EXPECT_THROW(be.moe({.x = rows_of(x.data(), 2, kH), .experts = ids, .weights = w, .top_k = kK,
-                       .expert_weights = e.w, .out = rows_of(out.data(), 2, kH)}),
+  EXPECT_THROW(be.moe({.x = rows_of(x.data(), 2, kH),
+                       .experts = ids,
+                       .weights = w,
+                       .top_k = kK,
+                       .expert_weights = e.w,
+                       .out = rows_of(out.data(), 2, kH)}),
                Error);
   ids.back() = 5;
-  EXPECT_THROW(be.moe({.x = rows_of(x.data(), 2, kH), .experts = std::span(ids).first(5), .weights = w, .top_k = kK,
-                       .expert_weights = e.w, .out = rows_of(out.data(), 2, kH)}),
+  EXPECT_THROW(be.moe({.x = rows_of(x.data(), 2, kH),
+                       .experts = std::span(ids).first(5),
+                       .weights = w,
+                       .top_k = kK,
+                       .expert_weights = e.w,
+                       .out = rows_of(out.data(), 2, kH)}),
                Error);
-  EXPECT_THROW(be.moe({.x = rows_of(x.data(), 2, kH), .experts = ids, .weights = w, .top_k = kK,
-                       .expert_weights = std::span(e.w).first(2), .out = rows_of(out.data(), 2, kH)}),
+  EXPECT_THROW(be.moe({.x = rows_of(x.data(), 2, kH),
+                       .experts = ids,
+                       .weights = w,
+                       .top_k = kK,
+                       .expert_weights = std::span(e.w).first(2),
+                       .out = rows_of(out.data(), 2, kH)}),
                Error);  // top_k 3 of 2 experts
   std::vector<float> logits(2 * kE);
-  EXPECT_THROW(be.route({.logits = rows_of(logits.data(), 2, kE), .top_k = kE + 1, .experts = ids, .weights = w}), Error);
+  EXPECT_THROW(
+      be.route(
+          {.logits = rows_of(logits.data(), 2, kE), .top_k = kE + 1, .experts = ids, .weights = w}),
+      Error);
 }
 
 }  // namespace

@@ -47,7 +47,8 @@ inline void fill_uniform(float* p, size_t n, uint32_t seed, float lo = -1.0f, fl
   for (size_t i = 0; i < n; ++i) p[i] = dist(rng);
 }
 
-inline std::vector<float> random_vector(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+inline std::vector<float> random_vector(size_t n, uint32_t seed, float lo = -1.0f,
+                                        float hi = 1.0f) {
   std::vector<float> v(n);
   fill_uniform(v.data(), n, seed, lo, hi);
   return v;

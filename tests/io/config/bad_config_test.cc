@@ -9,7 +9,9 @@ namespace {
 
 using nlohmann::json;
 
-std::string bad_path(const std::string& name) { return std::string(test::kConfigsDir) + "/bad/" + name; }
+std::string bad_path(const std::string& name) {
+  return std::string(test::kConfigsDir) + "/bad/" + name;
+}
 
 TEST(BadConfig, EditedRealConfigsFailNamingTheField) {
   json cases = test::read_json(bad_path("cases.json"))["cases"];
@@ -23,7 +25,8 @@ TEST(BadConfig, EditedRealConfigsFailNamingTheField) {
     std::string msg = test::error_of([&] { parse_model_config(doc.dump(), source); });
     EXPECT_EQ(0u, msg.find(source)) << "message must start with the file: " << msg;
     for (const json& piece : c["expect"]) {
-      EXPECT_NE(msg.find(piece.get<std::string>()), std::string::npos) << "missing '" << piece << "' in: " << msg;
+      EXPECT_NE(msg.find(piece.get<std::string>()), std::string::npos)
+          << "missing '" << piece << "' in: " << msg;
     }
   }
 }
@@ -35,20 +38,25 @@ TEST(BadConfig, UnparseableFilesFailNamingTheFile) {
     std::string msg = test::error_of([&] { parse_model_config(text, bad_path(name)); });
     EXPECT_NE(msg.find(bad_path(name) + ": malformed JSON"), std::string::npos) << msg;
   }
-  std::string msg = test::error_of(
-      [&] { parse_model_config(test::read_text(bad_path("not_an_object.json")), "not_an_object.json"); });
-  EXPECT_NE(msg.find("not_an_object.json: expected a JSON object at the top level, found array"), std::string::npos)
+  std::string msg = test::error_of([&] {
+    parse_model_config(test::read_text(bad_path("not_an_object.json")), "not_an_object.json");
+  });
+  EXPECT_NE(msg.find("not_an_object.json: expected a JSON object at the top level, found array"),
+            std::string::npos)
       << msg;
 }
 
 TEST(BadConfig, BrokenGenerationConfigNamesThatFile) {
   std::string config = test::read_text(std::string(test::kConfigsDir) + "/qwen3/config.json");
-  std::string msg = test::error_of([&] { parse_model_config(config, "config.json", "{\"eos_token_id\": [1, -5]}", "g.json"); });
+  std::string msg = test::error_of(
+      [&] { parse_model_config(config, "config.json", "{\"eos_token_id\": [1, -5]}", "g.json"); });
   EXPECT_NE(msg.find("g.json: field 'eos_token_id'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("found -5"), std::string::npos) << msg;
-  msg = test::error_of([&] { parse_model_config(config, "config.json", "{\"eos_token_id\": 7", "g.json"); });
+  msg = test::error_of(
+      [&] { parse_model_config(config, "config.json", "{\"eos_token_id\": 7", "g.json"); });
   EXPECT_NE(msg.find("g.json: malformed JSON"), std::string::npos) << msg;
-  msg = test::error_of([&] { parse_model_config(config, "config.json", "{\"eos_token_id\": \"7\"}", "g.json"); });
+  msg = test::error_of(
+      [&] { parse_model_config(config, "config.json", "{\"eos_token_id\": \"7\"}", "g.json"); });
   EXPECT_NE(msg.find("expected an integer, found string \"7\""), std::string::npos) << msg;
 }
 
@@ -56,7 +64,8 @@ TEST(BadConfig, BrokenGenerationConfigNamesThatFile) {
 // nlohmann's recursive dump (fuzz/model_config_fuzz); nesting is now refused while parsing.
 TEST(BadConfig, DeepNestingIsAnErrorNotACrash) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  const std::string msg = test::error_of([&] { parse_model_config("{\"model_type\": " + deep + "}", "deep.json"); });
+  const std::string msg =
+      test::error_of([&] { parse_model_config("{\"model_type\": " + deep + "}", "deep.json"); });
   EXPECT_EQ(0u, msg.find("deep.json: JSON nesting deeper than")) << msg;
 }
 

@@ -24,7 +24,9 @@ inline std::string read_text(const std::string& path) {
   return os.str();
 }
 
-inline nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_text(path)); }
+inline nlohmann::json read_json(const std::string& path) {
+  return nlohmann::json::parse(read_text(path));
+}
 
 inline const nlohmann::json& expectations() {
   static const nlohmann::json kDoc = read_json(std::string(kConfigsDir) + "/expectations.json");
@@ -34,7 +36,8 @@ inline const nlohmann::json& expectations() {
 // variants.json: start from <base>/config.json, set JSON-pointer paths, remove others.
 inline nlohmann::json apply_variant(nlohmann::json doc, const nlohmann::json& variant) {
   if (variant.contains("set")) {
-    for (const auto& [pointer, value] : variant["set"].items()) doc[nlohmann::json::json_pointer(pointer)] = value;
+    for (const auto& [pointer, value] : variant["set"].items())
+      doc[nlohmann::json::json_pointer(pointer)] = value;
   }
   if (variant.contains("remove")) {
     for (const auto& pointer : variant["remove"]) {
@@ -44,6 +47,5 @@ inline nlohmann::json apply_variant(nlohmann::json doc, const nlohmann::json& va
   }
   return doc;
 }
-
 
 }  // namespace metrale::test

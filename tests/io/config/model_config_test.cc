@@ -15,8 +15,8 @@ using nlohmann::json;
 using test::expectations;
 using test::kConfigsDir;
 
-const char* const kTypes[] = {"llama",      "mistral",    "qwen2",   "qwen3",       "qwen3_moe",
-                              "qwen3_next", "qwen3_5",    "qwen3_5_moe", "deepseek_v3", "glm4_moe"};
+const char* const kTypes[] = {"llama",      "mistral", "qwen2",       "qwen3",       "qwen3_moe",
+                              "qwen3_next", "qwen3_5", "qwen3_5_moe", "deepseek_v3", "glm4_moe"};
 
 void expect_near_rel(double want, double got, const std::string& what) {
   EXPECT_NEAR(got, want, 1e-12 * std::max(1.0, std::abs(want))) << what;
@@ -25,12 +25,14 @@ void expect_near_rel(double want, double got, const std::string& what) {
 void expect_rope(const json& want, const RopeConfig& got) {
   EXPECT_EQ(want["type"].get<std::string>(), rope_type_name(got.type));
   expect_near_rel(want["theta"], got.theta, "rope theta");
-  expect_near_rel(want["partial_rotary_factor"], got.partial_rotary_factor, "partial_rotary_factor");
+  expect_near_rel(want["partial_rotary_factor"], got.partial_rotary_factor,
+                  "partial_rotary_factor");
   EXPECT_EQ(want["rotary_dim"].get<int64_t>(), got.rotary_dim);
   expect_near_rel(want["attention_factor"], got.attention_factor, "rope attention_factor");
   if (got.type != RopeType::kDefault) expect_near_rel(want["factor"], got.factor, "rope factor");
   if (want.contains("original_max_position_embeddings")) {
-    EXPECT_EQ(want["original_max_position_embeddings"].get<int64_t>(), got.original_max_position_embeddings);
+    EXPECT_EQ(want["original_max_position_embeddings"].get<int64_t>(),
+              got.original_max_position_embeddings);
   }
   if (got.type == RopeType::kLlama3) {
     expect_near_rel(want["low_freq_factor"], got.low_freq_factor, "low_freq_factor");
@@ -54,15 +56,18 @@ void expect_moe(const json& want, const ModelConfig& c) {
   EXPECT_EQ(want["n_experts"].get<int64_t>(), m.n_experts);
   EXPECT_EQ(want["n_experts_per_tok"].get<int64_t>(), m.n_experts_per_tok);
   EXPECT_EQ(want["moe_intermediate_size"].get<int64_t>(), m.moe_intermediate_size);
-  EXPECT_EQ(want["shared_expert_intermediate_size"].get<int64_t>(), m.shared_expert_intermediate_size);
-  EXPECT_EQ(want["shared_experts_width"].get<int64_t>(), m.n_shared_experts * m.moe_intermediate_size);
+  EXPECT_EQ(want["shared_expert_intermediate_size"].get<int64_t>(),
+            m.shared_expert_intermediate_size);
+  EXPECT_EQ(want["shared_experts_width"].get<int64_t>(),
+            m.n_shared_experts * m.moe_intermediate_size);
   EXPECT_EQ(want["has_shared_expert_gate"].get<bool>(), m.has_shared_expert_gate);
   EXPECT_EQ(want["has_e_score_correction_bias"].get<bool>(), m.has_e_score_correction_bias);
   EXPECT_EQ(want["norm_topk_prob"].get<bool>(), m.norm_topk_prob);
   expect_near_rel(want["routed_scaling_factor"], m.routed_scaling_factor, "routed_scaling_factor");
   EXPECT_EQ(want["n_group"].get<int64_t>(), m.n_group);
   EXPECT_EQ(want["topk_group"].get<int64_t>(), m.topk_group);
-  EXPECT_EQ(want["scoring"].get<std::string>(), m.scoring == MoeScoring::kSigmoid ? "sigmoid" : "softmax");
+  EXPECT_EQ(want["scoring"].get<std::string>(),
+            m.scoring == MoeScoring::kSigmoid ? "sigmoid" : "softmax");
 }
 
 void expect_matches(const json& want, const ModelConfig& c) {
@@ -89,7 +94,8 @@ void expect_matches(const json& want, const ModelConfig& c) {
   EXPECT_EQ(want["n_mtp_layers"].get<int64_t>(), c.n_mtp_layers);
   EXPECT_EQ(want["has_quantization_config"].get<bool>(), !c.quantization_config_json.empty());
   EXPECT_EQ(want["has_vision_config"].get<bool>(), !c.vision_config_json.empty());
-  EXPECT_EQ(want["sliding_window"].is_null() ? std::optional<int64_t>() : want["sliding_window"].get<int64_t>(),
+  EXPECT_EQ(want["sliding_window"].is_null() ? std::optional<int64_t>()
+                                             : want["sliding_window"].get<int64_t>(),
             c.sliding_window);
 
   std::vector<std::string> kinds;
@@ -116,8 +122,9 @@ void expect_matches(const json& want, const ModelConfig& c) {
   EXPECT_EQ(want.contains("mla"), c.is_mla());
   if (want.contains("mla")) {
     const json& m = want["mla"];
-    EXPECT_EQ(m["q_lora_rank"].is_null() ? std::optional<int64_t>() : m["q_lora_rank"].get<int64_t>(),
-              c.mla.q_lora_rank);
+    EXPECT_EQ(
+        m["q_lora_rank"].is_null() ? std::optional<int64_t>() : m["q_lora_rank"].get<int64_t>(),
+        c.mla.q_lora_rank);
     EXPECT_EQ(m["kv_lora_rank"].get<int64_t>(), c.mla.kv_lora_rank);
     EXPECT_EQ(m["qk_nope_head_dim"].get<int64_t>(), c.mla.qk_nope_head_dim);
     EXPECT_EQ(m["qk_rope_head_dim"].get<int64_t>(), c.mla.qk_rope_head_dim);
@@ -141,8 +148,11 @@ TEST_P(RealConfigTest, DescribeMentionsTheArchitecture) {
   std::string text = describe(c);
   EXPECT_NE(text.find("model_type: " + c.model_type), std::string::npos) << text;
   EXPECT_NE(text.find("head_dim " + std::to_string(c.head_dim)), std::string::npos) << text;
-  EXPECT_NE(text.find(std::string("rope: ") + std::string(rope_type_name(c.rope.type))), std::string::npos) << text;
-  EXPECT_EQ(c.moe.n_experts > 0, text.find("moe: " + std::to_string(c.moe.n_experts) + " experts") != std::string::npos)
+  EXPECT_NE(text.find(std::string("rope: ") + std::string(rope_type_name(c.rope.type))),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(c.moe.n_experts > 0,
+            text.find("moe: " + std::to_string(c.moe.n_experts) + " experts") != std::string::npos)
       << text;
   EXPECT_EQ(c.has_linear_attention(), text.find("linear attention:") != std::string::npos) << text;
   EXPECT_EQ(c.is_mla(), text.find("mla: ") != std::string::npos) << text;
@@ -163,15 +173,17 @@ TEST(ModelConfigVariants, EachMatchesTransformers) {
     std::string gen_path = base + "/generation_config.json";
     std::optional<std::string> gen;
     if (std::filesystem::exists(gen_path)) gen = test::read_text(gen_path);
-    ModelConfig c = gen ? parse_model_config(doc.dump(), name, *gen) : parse_model_config(doc.dump(), name);
+    ModelConfig c =
+        gen ? parse_model_config(doc.dump(), name, *gen) : parse_model_config(doc.dump(), name);
     expect_matches(expectations()["variants"][name], c);
   }
 }
 
 TEST(ModelConfig, GenerationConfigEosMergesWithoutDuplicates) {
   ModelConfig c = load_model_config(std::string(kConfigsDir) + "/qwen3");
-  EXPECT_EQ((std::vector<int64_t>{151645, 151643}), c.eos_token_ids);  // config 151645 + gen [151645, 151643]
-  EXPECT_EQ(std::optional<int64_t>(151643), c.pad_token_id);           // only generation_config has it
+  EXPECT_EQ((std::vector<int64_t>{151645, 151643}),
+            c.eos_token_ids);  // config 151645 + gen [151645, 151643]
+  EXPECT_EQ(std::optional<int64_t>(151643), c.pad_token_id);  // only generation_config has it
   std::string text = test::read_text(std::string(kConfigsDir) + "/qwen3/config.json");
   ModelConfig alone = parse_model_config(text, "config.json");
   EXPECT_EQ((std::vector<int64_t>{151645}), alone.eos_token_ids);
@@ -196,8 +208,10 @@ TEST(ModelConfig, LoadNamesTheMissingFile) {
 
 TEST(ModelConfig, LayerIndexOutOfRangeIsAnError) {
   ModelConfig c = load_model_config(std::string(kConfigsDir) + "/llama");
-  EXPECT_NE(test::error_of([&] { c.layer_kind(16); }).find("layer 16 is out of range"), std::string::npos);
-  EXPECT_NE(test::error_of([&] { c.is_moe_layer(-1); }).find("layer -1 is out of range"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { c.layer_kind(16); }).find("layer 16 is out of range"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { c.is_moe_layer(-1); }).find("layer -1 is out of range"),
+            std::string::npos);
 }
 
 }  // namespace

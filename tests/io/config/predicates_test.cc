@@ -34,7 +34,8 @@ TEST_P(PredicateTest, VanillaNormWeights) {
   const PredicateCase& p = GetParam();
   EXPECT_EQ(p.vanilla_norm, model_type_ships_vanilla_norm_weights(p.model_type)) << p.norm_class;
   // The committed expectation was measured by running the HF norm, not copied from this table.
-  EXPECT_EQ(test::expectations()[p.model_type]["ships_vanilla_norm_weights"].get<bool>(), p.vanilla_norm)
+  EXPECT_EQ(test::expectations()[p.model_type]["ships_vanilla_norm_weights"].get<bool>(),
+            p.vanilla_norm)
       << p.norm_class;
   ModelConfig c = load_model_config(std::string(test::kConfigsDir) + "/" + p.model_type);
   EXPECT_EQ(p.vanilla_norm, ships_vanilla_norm_weights(c));
@@ -58,7 +59,8 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, PredicateTest, ::testing::ValuesIn(kCases),
 
 TEST(Predicates, EveryListedTypeIsCovered) {
   EXPECT_EQ(std::size(kCases), supported_model_types().size());
-  for (const PredicateCase& p : kCases) EXPECT_TRUE(is_supported_model_type(p.model_type)) << p.model_type;
+  for (const PredicateCase& p : kCases)
+    EXPECT_TRUE(is_supported_model_type(p.model_type)) << p.model_type;
 }
 
 TEST(Predicates, UnknownTypeIsAnError) {
@@ -67,7 +69,8 @@ TEST(Predicates, UnknownTypeIsAnError) {
   EXPECT_NE(msg.find("qwen3_next"), std::string::npos) << msg;  // lists what is supported
   msg = test::error_of([] { requires_single_chunk_prefill("qwen3_vl", 0); });
   EXPECT_NE(msg.find("\"qwen3_vl\""), std::string::npos) << msg;
-  EXPECT_FALSE(is_supported_model_type("qwen3_5_text"));  // the nested name is not a checkpoint type
+  EXPECT_FALSE(
+      is_supported_model_type("qwen3_5_text"));  // the nested name is not a checkpoint type
 }
 
 TEST(Predicates, MlaNeedsALatentRank) {

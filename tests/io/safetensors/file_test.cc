@@ -17,7 +17,8 @@ using test::ScratchDir;
 
 std::vector<std::byte> pattern(size_t n, int seed) {
   std::vector<std::byte> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + static_cast<size_t>(seed)) & 0xff);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = static_cast<std::byte>((i * 131 + static_cast<size_t>(seed)) & 0xff);
   return v;
 }
 
@@ -129,7 +130,8 @@ TEST(SafetensorsFile, CopyToStreamsInChunksAndViewsSurvive) {
 
   std::vector<std::byte> wrong(12);
   const std::string msg = error_of([&] { f.copy_to(f.at("small"), wrong); });
-  EXPECT_NE(msg.find("tensor 'small' is 13 bytes, but the destination holds 12"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensor 'small' is 13 bytes, but the destination holds 12"), std::string::npos)
+      << msg;
 }
 
 }  // namespace

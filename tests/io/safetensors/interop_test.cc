@@ -46,26 +46,57 @@ double expected_value(const nlohmann::json& v) {
 double decode_float(DType t, const std::byte* p, size_t i) {
   auto u8 = [&](size_t k) { return std::to_integer<uint8_t>(p[k]); };
   switch (t) {
-    case DType::kF64: { double d; std::memcpy(&d, p + 8 * i, 8); return d; }
-    case DType::kF32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
-    case DType::kF16: return f16_to_f32(static_cast<uint16_t>(u8(2 * i) | (u8(2 * i + 1) << 8)));
-    case DType::kBF16: return bf16_to_f32(static_cast<uint16_t>(u8(2 * i) | (u8(2 * i + 1) << 8)));
-    case DType::kF8E4M3: return f8e4m3_to_f32(u8(i));
-    case DType::kF8E5M2: return f8e5m2_to_f32(u8(i));
-    case DType::kE8M0: return e8m0_to_f32(u8(i));
-    default: ADD_FAILURE() << "not a float dtype"; return 0;
+    case DType::kF64: {
+      double d;
+      std::memcpy(&d, p + 8 * i, 8);
+      return d;
+    }
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      return f;
+    }
+    case DType::kF16:
+      return f16_to_f32(static_cast<uint16_t>(u8(2 * i) | (u8(2 * i + 1) << 8)));
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<uint16_t>(u8(2 * i) | (u8(2 * i + 1) << 8)));
+    case DType::kF8E4M3:
+      return f8e4m3_to_f32(u8(i));
+    case DType::kF8E5M2:
+      return f8e5m2_to_f32(u8(i));
+    case DType::kE8M0:
+      return e8m0_to_f32(u8(i));
+    default:
+      ADD_FAILURE() << "not a float dtype";
+      return 0;
   }
 }
 
 int64_t decode_int(DType t, const std::byte* p, size_t i) {
   switch (t) {
-    case DType::kI64: { int64_t v; std::memcpy(&v, p + 8 * i, 8); return v; }
-    case DType::kI32: { int32_t v; std::memcpy(&v, p + 4 * i, 4); return v; }
-    case DType::kI16: { int16_t v; std::memcpy(&v, p + 2 * i, 2); return v; }
-    case DType::kI8: return static_cast<int8_t>(std::to_integer<uint8_t>(p[i]));
+    case DType::kI64: {
+      int64_t v;
+      std::memcpy(&v, p + 8 * i, 8);
+      return v;
+    }
+    case DType::kI32: {
+      int32_t v;
+      std::memcpy(&v, p + 4 * i, 4);
+      return v;
+    }
+    case DType::kI16: {
+      int16_t v;
+      std::memcpy(&v, p + 2 * i, 2);
+      return v;
+    }
+    case DType::kI8:
+      return static_cast<int8_t>(std::to_integer<uint8_t>(p[i]));
     case DType::kU8:
-    case DType::kBool: return std::to_integer<uint8_t>(p[i]);
-    default: ADD_FAILURE() << "not an integer dtype"; return 0;
+    case DType::kBool:
+      return std::to_integer<uint8_t>(p[i]);
+    default:
+      ADD_FAILURE() << "not an integer dtype";
+      return 0;
   }
 }
 
@@ -73,7 +104,8 @@ TEST(SafetensorsInterop, ReadsWhatThePythonPackageWrote) {
   const nlohmann::json exp = expected();
   const SafetensorsFile f = SafetensorsFile::open(kFile);
   EXPECT_EQ(f.metadata().size(), exp["metadata"].size());
-  for (const auto& [k, v] : exp["metadata"].items()) EXPECT_EQ(f.metadata().at(k), v.get<std::string>());
+  for (const auto& [k, v] : exp["metadata"].items())
+    EXPECT_EQ(f.metadata().at(k), v.get<std::string>());
 
   ASSERT_EQ(f.tensors().size(), exp["tensors"].size());
   std::set<DType> seen;
@@ -103,13 +135,15 @@ TEST(SafetensorsInterop, ReadsWhatThePythonPackageWrote) {
           EXPECT_EQ(std::signbit(got), std::signbit(want_v)) << "element " << i;
         }
       } else {
-        EXPECT_EQ(decode_int(t.dtype, bytes.data(), i), values[i].get<int64_t>()) << "element " << i;
+        EXPECT_EQ(decode_int(t.dtype, bytes.data(), i), values[i].get<int64_t>())
+            << "element " << i;
       }
     }
   }
   // The fixture covers every dtype metrale defines.
   EXPECT_EQ(seen.size(), 14u);
-  for (DType t : {DType::kF8E4M3, DType::kF8E5M2, DType::kE8M0, DType::kE2M1}) EXPECT_EQ(seen.count(t), 1u);
+  for (DType t : {DType::kF8E4M3, DType::kF8E5M2, DType::kE8M0, DType::kE2M1})
+    EXPECT_EQ(seen.count(t), 1u);
 }
 
 TEST(SafetensorsInterop, WriterReproducesThePackageByteForByte) {

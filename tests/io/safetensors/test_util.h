@@ -24,13 +24,15 @@ inline std::vector<std::byte> raw_file(std::string_view header, size_t data_byte
   const uint64_t n = n_override.value_or(header.size());
   for (size_t i = 0; i < 8; ++i) out[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
   for (size_t i = 0; i < header.size(); ++i) out[8 + i] = static_cast<std::byte>(header[i]);
-  for (size_t i = 0; i < data_bytes; ++i) out[8 + header.size() + i] = static_cast<std::byte>(i * 7 + 3);
+  for (size_t i = 0; i < data_bytes; ++i)
+    out[8 + header.size() + i] = static_cast<std::byte>(i * 7 + 3);
   return out;
 }
 
 inline void write_bytes(const std::filesystem::path& path, const std::vector<std::byte>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << path;
 }
 
@@ -47,6 +49,5 @@ inline std::vector<std::byte> read_bytes(const std::filesystem::path& path) {
   for (size_t i = 0; i < chars.size(); ++i) out[i] = static_cast<std::byte>(chars[i]);
   return out;
 }
-
 
 }  // namespace metrale::test

@@ -26,12 +26,14 @@ std::vector<std::byte> fill(size_t n, size_t seed) {
 
 TEST(SafetensorsWriter, RoundTripsEveryDtype) {
   const std::vector<Case> cases = {
-      {"f64", DType::kF64, {3}},        {"f32", DType::kF32, {2, 3}},     {"f16", DType::kF16, {5}},
-      {"bf16", DType::kBF16, {1, 1, 3}}, {"i64", DType::kI64, {2}},        {"i32", DType::kI32, {3}},
-      {"i16", DType::kI16, {7}},        {"i8", DType::kI8, {3}},          {"u8", DType::kU8, {4, 1}},
-      {"bool", DType::kBool, {2}},      {"e4m3", DType::kF8E4M3, {3, 3}}, {"e5m2", DType::kF8E5M2, {1}},
-      {"e8m0", DType::kE8M0, {5}},      {"fp4", DType::kE2M1, {2, 6}},    {"scalar", DType::kF32, {}},
-      {"empty", DType::kBF16, {0, 4}},
+      {"f64", DType::kF64, {3}},        {"f32", DType::kF32, {2, 3}},
+      {"f16", DType::kF16, {5}},        {"bf16", DType::kBF16, {1, 1, 3}},
+      {"i64", DType::kI64, {2}},        {"i32", DType::kI32, {3}},
+      {"i16", DType::kI16, {7}},        {"i8", DType::kI8, {3}},
+      {"u8", DType::kU8, {4, 1}},       {"bool", DType::kBool, {2}},
+      {"e4m3", DType::kF8E4M3, {3, 3}}, {"e5m2", DType::kF8E5M2, {1}},
+      {"e8m0", DType::kE8M0, {5}},      {"fp4", DType::kE2M1, {2, 6}},
+      {"scalar", DType::kF32, {}},      {"empty", DType::kBF16, {0, 4}},
   };
   SafetensorsWriter w;
   std::vector<std::vector<std::byte>> data;

@@ -60,7 +60,8 @@ std::string patched(const Json& base, const Json& patch) {
 
 std::string from_hex(const std::string& hex) {
   std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -70,7 +71,8 @@ const Tokenizer& variant(const std::string& name) {
   auto it = cache.find(name);
   if (it != cache.end()) return it->second;
   const Json& v = golden()["variants"][name];
-  return cache.emplace(name, Tokenizer::from_json(patched(base_json(v["base"]), v["patch"]), name)).first->second;
+  return cache.emplace(name, Tokenizer::from_json(patched(base_json(v["base"]), v["patch"]), name))
+      .first->second;
 }
 
 class Golden : public ::testing::TestWithParam<std::string> {};
@@ -98,7 +100,8 @@ TEST_P(Golden, MatchesTokenizersOnEveryCase) {
     const std::string decoded_skip = tok.decode(expected_special, true);
     EXPECT_EQ(decoded, results[i]["decoded"].get<std::string>()) << name;
     EXPECT_EQ(decoded_skip, results[i]["decoded_skip"].get<std::string>()) << name;
-    if (!ok || decoded != results[i]["decoded"] || decoded_skip != results[i]["decoded_skip"]) ++failures;
+    if (!ok || decoded != results[i]["decoded"] || decoded_skip != results[i]["decoded_skip"])
+      ++failures;
   }
   EXPECT_EQ(failures, 0);
 }
@@ -125,8 +128,8 @@ TEST_P(Golden, VocabularyFactsMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, Golden,
-                         ::testing::Values("qwen3", "deepseek_v3", "qwen3_gpt2", "qwen3_splits", "qwen3_contiguous",
-                                           "sp_bpe", "sp_llama", "sp_always"));
+                         ::testing::Values("qwen3", "deepseek_v3", "qwen3_gpt2", "qwen3_splits",
+                                           "qwen3_contiguous", "sp_bpe", "sp_llama", "sp_always"));
 
 }  // namespace
 }  // namespace metrale
