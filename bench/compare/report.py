@@ -32,6 +32,16 @@ def medians(samples: list[dict], prefill: list[int], batches: list[int]) -> dict
     return out
 
 
+def step_bytes(results: dict, engine: str | None, batch: str) -> float:
+    """Weight bytes one decode step of `batch` rows reads: the engine's own figure (a q8_0
+    GGUF), else the checkpoint's per-width figure (a mixture of experts reads more experts as
+    the batch grows), else the one figure older results.json files carry."""
+    wb = results["weight_bytes"]
+    if engine and engine != "bf16" and wb.get(engine):
+        return wb[engine]
+    return wb.get("per_step", {}).get(batch) or wb["bf16"]
+
+
 def summarize(results: dict) -> dict:
     """Adds per-(threads, engine) medians, ratios to llama.cpp and roofline fractions."""
     cfg = results["config"]
@@ -44,13 +54,14 @@ def summarize(results: dict) -> dict:
             if not samples:
                 continue
             row = medians(samples, prefill, batches)
-            weight_bytes = results["weight_bytes"].get(engine) or results["weight_bytes"]["bf16"]
             if bw:
-                # Decode reads every weight once per step, whatever the batch width, so B rows
-                # per step can reach B times the one-row roofline (KV reads ignored).
-                roof = bw * 1e9 / weight_bytes
-                row["roofline_tps_b1"] = roof
-                row["roofline_fraction"] = {b: v / (roof * int(b)) for b, v in row["decode"].items()}
+                # Decode reads every weight it needs once per step, whatever the batch width,
+                # so B rows per step can reach B x bandwidth / (bytes of that step) tokens/s
+                # (KV reads ignored). Dense: the same bytes at every width.
+                row["roofline_tps_b1"] = bw * 1e9 / step_bytes(results, engine, "1")
+                row["roofline_fraction"] = {
+                    b: v / (int(b) * bw * 1e9 / step_bytes(results, engine, b))
+                    for b, v in row["decode"].items()}
             rows[engine] = row
         base = rows.get(BASELINE)
         for engine, row in rows.items():
@@ -67,12 +78,44 @@ def fmt(v, spec=".1f") -> str:
     return "—" if v is None else format(v, spec)
 
 
+def command_block(results: dict) -> list[str]:
+    """The command that produced these results, as recorded by run.py."""
+    cmd = results.get("command")
+    if not cmd:
+        return ["(results.json records no command: it predates run.py recording it)", ""]
+    out = ["Produced by (from the repository root):", "", "```sh", cmd, "```", ""]
+    m = results["config"].get("metrale")
+    if m:
+        commit = (m.get("git") or {}).get("commit") or "unknown"
+        dirty = " with local changes" if (m.get("git") or {}).get("modified_files") else ""
+        out += [f"metrale at {commit[:12]}{dirty}, `metrale bench` with "
+                f"`--compute {m.get('compute')}` `--weights {m.get('weights')}` "
+                "(every flag: results.json, config.metrale.flags).", ""]
+    lc = results["config"].get("llama_cpp")
+    if lc:
+        out += [f"llama.cpp: {lc['package']} sdist, vendoring {lc['llama_cpp_repository']}@"
+                f"{lc['llama_cpp_commit']}.", ""]
+    return out
+
+
+def bytes_note(results: dict) -> str:
+    wb = results["weight_bytes"]
+    moe = wb.get("moe")
+    if not moe:
+        return f"Weight bytes per decode step: {wb['bf16'] / 1e9:.3f} GB (bf16)."
+    widths = ", ".join(f"batch {b}: {v / 1e9:.3f} GB" for b, v in wb["per_step"].items())
+    return (f"Active weight bytes per decode step (bf16; top-{moe['top_k']} of {moe['experts']} "
+            f"experts per token, uniform routing expected at batch > 1; "
+            f"{wb['total'] / 1e9:.2f} GB in all): {widths}.")
+
+
 def markdown(results: dict, summary: dict) -> str:
     cfg = results["config"]
     cols = metric_keys(cfg["prefill"], cfg["batch"])
     head = ["threads", "engine"] + [c[2] + " t/s" for c in cols] + \
            ["peak RSS MiB", "b1 % roofline"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = command_block(results)
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for threads, rows in summary.items():
         for engine in ENGINES:
             row = rows.get(engine)
@@ -85,24 +128,28 @@ def markdown(results: dict, summary: dict) -> str:
                 fmt(rss / 2**20 if rss else None, ".0f"),
                 fmt(frac * 100 if frac is not None else None, ".0f")]) + " |")
     lines.append("")
-    lines.append(f"Ratio to llama.cpp ({cfg['llama_outtype']}, same threads; > 1 is faster):")
-    lines.append("")
-    head = ["threads", "engine"] + [c[2] for c in cols]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for threads, rows in summary.items():
-        for engine in ENGINES:
-            row = rows.get(engine)
-            if not row or engine == BASELINE or "ratio_to_llama_cpp" not in row:
-                continue
-            r = row["ratio_to_llama_cpp"]
+    ratio_rows = [(threads, engine, row["ratio_to_llama_cpp"])
+                  for threads, rows in summary.items() for engine in ENGINES
+                  for row in [rows.get(engine)]
+                  if row and engine != BASELINE and "ratio_to_llama_cpp" in row]
+    if ratio_rows:
+        lines.append(f"Ratio to llama.cpp ({cfg['llama_outtype']}, same threads; > 1 is faster):")
+        lines.append("")
+        head = ["threads", "engine"] + [c[2] for c in cols]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for threads, engine, r in ratio_rows:
             lines.append("| " + " | ".join([threads, engine] + [
                 fmt(r.get(f"{s} {k}"), ".2f") for s, k, _ in cols]) + " |")
-    lines.append("")
+        lines.append("")
     bw = ", ".join(f"{t} thread(s) {fmt(v.get('median_gbs'))} GB/s"
                    for t, v in results["bandwidth"].items())
     lines.append(f"Read bandwidth (bench/bandwidth_probe, median of runs): {bw}. "
-                 f"Weight bytes per decode step: {results['weight_bytes']['bf16'] / 1e9:.3f} GB "
-                 f"(bf16). Medians of {cfg['reps']} interleaved repetitions.")
+                 f"{bytes_note(results)} Medians of {cfg['reps']} interleaved repetitions.")
+    won = sorted({r.get("strategy_text") for runs in results.get("bandwidth_runs", {}).values()
+                  for r in runs if r.get("strategy_text")})
+    if won:
+        lines.append("")
+        lines.append("Probe read strategies that won the sweep: " + "; ".join(won) + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -136,7 +183,7 @@ def chart(results: dict, summary: dict, path: Path) -> None:
             for j, t in enumerate(threads):
                 gbs = bw.get(t, {}).get("median_gbs")
                 if gbs:
-                    roof = int(key) * gbs * 1e9 / results["weight_bytes"]["bf16"]
+                    roof = int(key) * gbs * 1e9 / step_bytes(results, None, key)
                     ax.hlines(roof, j - 0.45, j + 0.45, colors="gray", linestyles="--",
                               label="bf16 roofline" if j == 0 else None)
         ax.set_xticks(range(len(threads)), [f"{t} thr" for t in threads])
@@ -150,17 +197,19 @@ def chart(results: dict, summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(results: dict, out_dir: Path) -> str:
+def write(results: dict, out_dir: Path, chart_png: bool = True) -> str:
     summary = summarize(results)
     results["summary"] = summary
     out_dir.mkdir(parents=True, exist_ok=True)
     md = markdown(results, summary)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
     (out_dir / "table.md").write_text(md)
-    try:
-        chart(results, summary, out_dir / "chart.png")
-    except ImportError:
-        print("report: matplotlib missing (pip install matplotlib); no chart.png", file=sys.stderr)
+    if chart_png:
+        try:
+            chart(results, summary, out_dir / "chart.png")
+        except ImportError:
+            print("report: matplotlib missing (python3 -m pip install matplotlib); no chart.png",
+                  file=sys.stderr)
     return md
 
 

@@ -3,9 +3,13 @@
 
     python3 bench/compare/run.py --model-shape qwen3-0.6b [--threads 1,2] [--reps 5] \
         [--out out/compare]
+    python3 bench/compare/run.py --model-shape qwen3-30b-a3b-L6 --engines metrale,llama.cpp
 
-Builds whatever is missing (metrale's release build, llama.cpp's bench tools from the
-llama-cpp-python sdist, the random-weight checkpoint, its GGUF), then runs the engines in
+First checks what the run needs (Python modules from tools/bench/requirements.txt, Debian
+packages) and installs what is missing, printing each command — or, with --no-install, stops
+naming the exact commands before doing anything. Then builds whatever is missing (metrale's
+release build, llama.cpp's bench tools from the pinned llama-cpp-python sdist, the
+random-weight checkpoint, its GGUF), then runs the engines in
 interleaved rounds — in each round, for each thread count: bandwidth probe, then every engine
 once (starting engine rotated per round) — so slow phases of a noisy VM hit all engines alike.
 Each engine run is a fresh process printing one JSON object; its peak RSS is taken from
@@ -16,6 +20,7 @@ wait4() (max over the process and the children it waited for). Medians over roun
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -30,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_cpp_peer  # noqa: E402
 import make_random_checkpoint  # noqa: E402
+import prereqs  # noqa: E402
 import report  # noqa: E402
 
 RELEASE = REPO / "build" / "release"
@@ -109,17 +115,19 @@ def build_release(targets: list[str]) -> bool:
 
 def ensure_probe(cache: Path) -> Path:
     """The release build's bandwidth_probe if it is up to date, else one compiled directly
-    (it is a single self-contained file), so the peers can run without a metrale build."""
-    src = REPO / "bench" / "bandwidth_probe.cc"
+    (one file plus the header-only read kernels of src/engine/bandwidth.h), so the peers can
+    run without a metrale build."""
+    srcs = [REPO / "bench" / "bandwidth_probe.cc", REPO / "src" / "engine" / "bandwidth.h"]
+    newest = max(p.stat().st_mtime for p in srcs)
     probe = RELEASE / "bench" / "bandwidth_probe"
-    if probe.is_file() and probe.stat().st_mtime >= src.stat().st_mtime:
+    if probe.is_file() and probe.stat().st_mtime >= newest:
         return probe
     fallback = cache / "bandwidth_probe"
-    if not fallback.is_file() or fallback.stat().st_mtime < src.stat().st_mtime:
-        log(f"building {fallback} directly from {src}")
+    if not fallback.is_file() or fallback.stat().st_mtime < newest:
+        log(f"building {fallback} directly from {srcs[0]}")
         cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["c++", "-std=c++20", "-O2", "-pthread", str(src), "-o", str(fallback)],
-                       check=True)
+        subprocess.run(["c++", "-std=c++20", "-O2", "-pthread", "-I", str(REPO / "src"),
+                        str(srcs[0]), "-o", str(fallback)], check=True)
     return fallback
 
 
@@ -137,13 +145,19 @@ def ensure_metrale(binary: Path) -> Path | None:
     return binary
 
 
-def checkpoint_weight_bytes(model_dir: Path) -> int:
-    """Bytes of weights one decode step reads: every tensor, except that an untied input
-    embedding is only gathered (a few rows), not streamed."""
+def checkpoint_weight_bytes(model_dir: Path, batches: list[int]) -> dict:
+    """Bytes of weights one decode step reads, per batch width: every tensor, except that an
+    untied input embedding is only gathered (a few rows), not streamed, and that a
+    mixture-of-experts layer reads only the experts its rows were routed to. With E experts,
+    k per token and uniform routing (what random weights give), a batch of B rows touches an
+    expected 1 - (1 - k/E)^B of each layer's experts: exactly k/E at batch 1.
+    Returns {"total": all tensor bytes, "dense": non-expert bytes read, "experts": expert
+    bytes, "per_step": {B: bytes}, "moe": {...} or None}."""
     import struct
     config = json.loads((model_dir / "config.json").read_text())
+    config = config.get("text_config", config)
     tied = config.get("tie_word_embeddings", False)
-    total = 0
+    total = dense = experts = 0
     for f in sorted(model_dir.glob("*.safetensors")):
         with open(f, "rb") as fh:
             n = struct.unpack("<Q", fh.read(8))[0]
@@ -152,10 +166,66 @@ def checkpoint_weight_bytes(model_dir: Path) -> int:
             if name == "__metadata__":
                 continue
             size = meta["data_offsets"][1] - meta["data_offsets"][0]
+            total += size
             if name.endswith("embed_tokens.weight") and not tied:
                 continue
-            total += size
-    return total
+            if ".mlp.experts." in name:  # routed experts (a shared expert is .shared_expert.)
+                experts += size
+            else:
+                dense += size
+    n_experts = config.get("num_experts") or config.get("n_routed_experts")
+    top_k = config.get("num_experts_per_tok")
+    moe = None
+    if experts and n_experts and top_k:
+        moe = {"experts": n_experts, "top_k": top_k}
+        frac = {b: 1 - (1 - top_k / n_experts) ** b for b in batches}
+    else:
+        frac = {b: 1.0 for b in batches}
+    return {"total": total, "dense": dense, "experts": experts, "moe": moe,
+            "per_step": {str(b): round(dense + experts * frac[b]) for b in batches}}
+
+
+def git_state() -> dict:
+    """The metrale commit the run measured, and whether the tree had local changes."""
+    def git(*a: str) -> str:
+        r = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "modified_files": changed.splitlines() if changed else []}
+
+
+def metrale_bench_options(binary: Path) -> list[str]:
+    """The long options `metrale bench --help` lists (so results.json can say which ones the
+    run left at metrale's defaults)."""
+    r = subprocess.run([str(binary), "bench", "--help"], capture_output=True, text=True)
+    return sorted(set(re.findall(r"(?m)^\s+(?:-\w,)?(--[a-z][a-z0-9-]*)", r.stdout)))
+
+
+def split_flags(argv: list[str]) -> dict[str, str | bool]:
+    """['--a', '1', '--b', '--c=2'] -> {'--a': '1', '--b': True, '--c': '2'}."""
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") and "=" in a:
+            k, v = a.split("=", 1)
+            out[k] = v
+        elif a.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out[a] = argv[i + 1]
+            i += 1
+        else:
+            out[a] = True
+        i += 1
+    return out
+
+
+def thp_setting() -> dict:
+    try:
+        return {"transparent_hugepage": Path(
+            "/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()}
+    except OSError:
+        return {}
 
 
 def lscpu_summary() -> dict:
@@ -164,7 +234,8 @@ def lscpu_summary() -> dict:
         text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     except FileNotFoundError:
         return out
-    keep = ("Model name", "CPU(s)", "Thread(s) per core", "L2 cache", "L3 cache", "Flags")
+    keep = ("Model name", "CPU family", "Model", "CPU(s)", "Thread(s) per core", "L1d cache",
+            "L2 cache", "L3 cache", "Flags")
     for line in text.splitlines():
         k, _, v = line.partition(":")
         if k.strip() in keep:
@@ -175,11 +246,51 @@ def lscpu_summary() -> dict:
     return out
 
 
+def shape_arg(text: str) -> str:
+    try:
+        return make_random_checkpoint.canonical_shape(text)
+    except SystemExit as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def plan_prerequisites(args, engines: list[str], build: bool) -> tuple[list[str], list[str]]:
+    """(Python modules, Debian packages) that the steps this run will take need. Steps whose
+    output is cached (checkpoint, GGUF, llama.cpp build, probe) need nothing."""
+    modules, debian = [], []
+    if not args.no_chart:
+        modules += prereqs.CHART
+    ckpt_ready = True
+    if args.model_shape:
+        ckpt_ready = make_random_checkpoint.is_ready(args.model_shape, args.cache_dir / "checkpoints")
+        if not ckpt_ready:
+            modules += make_random_checkpoint.python_needs(args.model_shape)
+    if "hf" in engines:
+        modules += prereqs.HF_PEER
+    if "llama.cpp" in engines:
+        if not llama_cpp_peer.sdist_path(args.cache_dir).is_file():
+            modules.append("pip")
+        if not llama_cpp_peer.is_built(args.cache_dir):
+            debian += list(prereqs.BUILD_TOOLS.values())
+        model_dir = (args.cache_dir / "checkpoints" / args.model_shape if args.model_shape
+                     else args.model)
+        if not ckpt_ready or not llama_cpp_peer.gguf_path(args.cache_dir, model_dir,
+                                                          args.llama_outtype).is_file():
+            modules += prereqs.GGUF_CONVERSION
+    if "metrale" in engines and build and args.metrale_bin == RELEASE / "src" / "metrale":
+        debian += prereqs.metrale_debian_packages()
+    if not (RELEASE / "bench" / "bandwidth_probe").is_file():
+        debian += ["g++"]
+    return modules, debian
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model-shape", choices=sorted(make_random_checkpoint.SHAPES),
-                     help="random-weight checkpoint with this model's shapes (made on demand)")
+    src.add_argument("--model-shape", type=shape_arg, metavar="SHAPE",
+                     help="random-weight checkpoint with this model's shapes (made on demand): "
+                          f"one of {sorted(make_random_checkpoint.SHAPES)}, or "
+                          f"{make_random_checkpoint.QWEN3_MOE_BASE}-L<layers> (Qwen3-30B-A3B "
+                          "with that many of its 48 layers)")
     src.add_argument("--model", type=Path, help="an existing HF checkpoint directory (bf16)")
     ap.add_argument("--threads", type=int_list, default=[1, 2])
     ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (medians reported)")
@@ -194,14 +305,26 @@ def main() -> None:
                          "when torch is slow, without changing its per-step cost")
     ap.add_argument("--llama-outtype", choices=["bf16", "q8_0"], default="bf16",
                     help="GGUF precision for llama.cpp (q8_0 beside metrale's 8-bit path)")
+    ap.add_argument("--compute", choices=["bf16", "f32"], default="bf16",
+                    help="metrale's --compute: bf16 (default; the precision of llama.cpp's BF16 "
+                         "and HF's bf16 run) or f32 (metrale's HF-parity path)")
+    ap.add_argument("--weights", choices=["copy", "mmap"], default="copy",
+                    help="metrale's --weights (llama.cpp always runs with -lm none, i.e. copied)")
     ap.add_argument("--metrale-bin", type=Path, default=RELEASE / "src" / "metrale")
     ap.add_argument("--metrale-args", default="",
-                    help="extra flags for `metrale bench` (split on spaces); write it with '=': "
-                         "--metrale-args='--compute bf16'")
+                    help="further flags for `metrale bench` (split on spaces); write it with "
+                         "'=': --metrale-args='--max-rows 64'. A --compute or --weights here "
+                         "replaces the option of the same name above")
     ap.add_argument("--cache-dir", type=Path, default=llama_cpp_peer.DEFAULT_CACHE)
     ap.add_argument("--no-build", action="store_true", help="never build; use what exists")
+    ap.add_argument("--no-install", action="store_true",
+                    help="do not install missing Python/Debian packages: name them and stop")
+    ap.add_argument("--no-chart", action="store_true", help="skip chart.png (no matplotlib)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
     args = ap.parse_args()
+    # The command exactly as typed (run from the repository root), for results.json and the
+    # table; `args` in results.json spells out every default it relied on.
+    invoked = ["python3", os.path.relpath(Path(__file__).resolve(), Path.cwd()), *sys.argv[1:]]
 
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(report.ENGINES))
@@ -209,7 +332,21 @@ def main() -> None:
         sys.exit(f"--engines: unknown {unknown}; expected a subset of {list(report.ENGINES)}")
     if args.reps < 1:
         sys.exit("--reps: expected >= 1")
+    if args.model and not (args.model.resolve() / "config.json").is_file():
+        sys.exit(f"--model: {args.model.resolve()}/config.json not found")
     build = not args.no_build
+    extra = shlex.split(args.metrale_args)
+    extra_flags = split_flags(extra)
+    metrale_flags = {"--compute": args.compute, "--weights": args.weights}
+    for k in list(metrale_flags):
+        if k in extra_flags:
+            log(f"--metrale-args sets {k} {extra_flags[k]}; it replaces {k} {metrale_flags[k]}")
+            del metrale_flags[k]
+    metrale_fixed = [a for k, v in metrale_flags.items() for a in (k, v)] + extra
+
+    # --- prerequisites: checked (and installed, or named) before any work ---
+    modules, debian = plan_prerequisites(args, engines, build)
+    prereqs.ensure(modules, debian, install=not args.no_install)
 
     # --- prepare everything before the first timed run ---
     if args.model_shape:
@@ -217,8 +354,6 @@ def main() -> None:
                                                   args.cache_dir / "checkpoints")
     else:
         model_dir = args.model.resolve()
-        if not (model_dir / "config.json").is_file():
-            sys.exit(f"--model: {model_dir}/config.json not found")
     metrale = None
     if "metrale" in engines:
         if build and args.metrale_bin == RELEASE / "src" / "metrale":
@@ -246,7 +381,7 @@ def main() -> None:
             return [str(metrale), "bench", "--model", str(model_dir), "--threads", str(threads),
                     "--prefill", prefill, "--batch", batch, "--decode-tokens",
                     str(args.decode_tokens), "--reps", "1", "--json", "--no-bandwidth",
-                    *args.metrale_args.split()]  # the round's probe measures bandwidth
+                    *metrale_fixed]  # the round's probe measures bandwidth
         if engine == "llama.cpp":
             return [sys.executable, str(REPO / "tools/bench/llama_cpp_peer.py"), "--model",
                     str(model_dir), "--threads", str(threads), "--prefill", prefill, "--batch",
@@ -256,18 +391,50 @@ def main() -> None:
                 "--threads", str(threads), "--prefill", prefill, "--batch", batch,
                 "--decode-tokens", str(hf_steps), "--reps", "1", "--json"]
 
+    def probe_command(threads: int) -> list[str]:
+        return [str(probe), "--threads", str(threads), "--reps", "5", "--json"]
+
+    metrale_info = None
+    if metrale:
+        flags = split_flags(command("metrale", args.threads[0])[2:])
+        flags["--threads"] = "per row of the table"
+        known = metrale_bench_options(metrale)
+        metrale_info = {
+            "binary": str(metrale), "git": git_state(),
+            # every option of `metrale bench`: the value passed, or metrale's own default
+            "flags": {k: flags.get(k, "(metrale default)") for k in sorted(set(known) | set(flags))
+                      if k not in ("--help",)},
+            "compute": flags.get("--compute", "(metrale default)"),
+            "weights": flags.get("--weights", "(metrale default)")}
+    weight_bytes = checkpoint_weight_bytes(model_dir, sorted(set(args.batch) | {1}))
     results = {
+        "command": shlex.join(invoked),
         "config": {"model": args.model_shape or str(model_dir), "model_dir": str(model_dir),
-                   "precision": f"bf16 (llama.cpp GGUF {args.llama_outtype})",
+                   "precision": f"bf16 weights; metrale --compute "
+                                f"{metrale_info['compute'] if metrale_info else args.compute}; "
+                                f"llama.cpp GGUF {args.llama_outtype}",
                    "llama_outtype": args.llama_outtype, "threads": args.threads,
                    "reps": args.reps, "prefill": args.prefill, "batch": args.batch,
                    "decode_tokens": args.decode_tokens, "hf_decode_tokens": hf_steps,
                    "engines": engines, "gguf": str(gguf) if gguf else None,
+                   "args": {k: (str(v) if isinstance(v, Path) else v)
+                            for k, v in vars(args).items()},
+                   "argv": [sys.executable, *sys.argv], "cwd": str(Path.cwd()),
+                   "engine_commands": {str(t): {e: command(e, t) for e in engines}
+                                       for t in args.threads},
+                   "probe_command": {str(t): probe_command(t) for t in args.threads},
+                   "metrale": metrale_info,
+                   "llama_cpp": llama_cpp_peer.source_info(args.cache_dir)
+                   if "llama.cpp" in engines else None,
+                   "python": {"executable": sys.executable, "version": sys.version.split()[0],
+                              "packages": prereqs.installed_versions()},
                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                    "loadavg_start": os.getloadavg()},
-        "machine": lscpu_summary(),
-        "weight_bytes": {"bf16": checkpoint_weight_bytes(model_dir)},
+        "machine": lscpu_summary() | thp_setting(),
+        # "bf16": batch-1 bytes (what the b1 roofline divides by); per_step: every width.
+        "weight_bytes": {"bf16": weight_bytes["per_step"]["1"], **weight_bytes},
         "bandwidth_samples": {str(t): [] for t in args.threads},
+        "bandwidth_runs": {str(t): [] for t in args.threads},
         "samples": {str(t): {e: [] for e in engines} for t in args.threads},
         "failures": [],
     }
@@ -278,9 +445,10 @@ def main() -> None:
     for rnd in range(args.reps):
         for threads in args.threads:
             t = str(threads)
-            bw, _, err = run_json([str(probe), "--threads", t, "--reps", "5", "--json"], 600)
+            bw, _, err = run_json(probe_command(threads), 600)
             if bw:
                 results["bandwidth_samples"][t].append(bw["threads"][t]["median_gbs"])
+                results["bandwidth_runs"][t].append(bw["threads"][t])
             else:
                 results["failures"].append({"round": rnd, "threads": threads,
                                             "engine": "bandwidth_probe", "error": err})
@@ -296,14 +464,15 @@ def main() -> None:
                 out["peak_rss_bytes"] = rss or out.get("peak_rss_bytes")
                 results["samples"][t][engine].append(out)
     results["config"]["loadavg_end"] = os.getloadavg()
+    results["config"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     results["bandwidth"] = {
         t: {"median_gbs": statistics.median(v), "samples_gbs": v} if v else {}
         for t, v in results["bandwidth_samples"].items()}
-    md = report.write(results, args.out)
+    md = report.write(results, args.out, chart_png=not args.no_chart)
     print(md)
     if results["failures"]:
         log(f"{len(results['failures'])} run(s) failed; see failures in {args.out}/results.json")
-    log(f"wrote {args.out}/table.md, results.json, chart.png")
+    log(f"wrote {args.out}/table.md, results.json" + ("" if args.no_chart else ", chart.png"))
 
 
 if __name__ == "__main__":

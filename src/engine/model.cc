@@ -69,6 +69,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     m->ids_.resize(ur);
     m->positions_.resize(ur);
     m->row_seq_.resize(ur);
+    m->lora_slots_.resize(ur);
     m->want_.resize(ur);
     m->slots_.resize(ur);
     m->tables_.resize(ur);
@@ -143,6 +144,8 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     METRALE_CHECK(have + len <= context_, "a sequence of ", have + len, " tokens (", have,
                   " cached + ", len, " new) exceeds the context of ", context_, " tokens");
     check_ids(it.ids);
+    METRALE_CHECK(it.lora_slot == -1, "step: item ", i, " asks for LoRA slot ", it.lora_slot,
+                  ", but no adapters are loaded (use -1)");
     n += len;
     n_want += it.logits == LogitRows::kAll ? len : it.logits == LogitRows::kLast ? 1 : 0;
   }
@@ -167,6 +170,7 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
       ids_[ur] = it.ids[static_cast<size_t>(j)];
       positions_[ur] = static_cast<int32_t>(start + j);
       row_seq_[ur] = static_cast<int32_t>(i);
+      lora_slots_[ur] = it.lora_slot;
       slots_[ur] = tables_[i].slot(start + j, page);
       if (it.logits == LogitRows::kAll || (it.logits == LogitRows::kLast && j == len - 1)) {
         want_[static_cast<size_t>(w++)] = static_cast<int32_t>(row);
@@ -179,6 +183,7 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
                            .positions = std::span(positions_).first(un),
                            .row_seq = std::span(row_seq_).first(un),
                            .slots = std::span(slots_).first(un),
+                           .lora_slots = std::span(lora_slots_).first(un),
                            .seqs = std::span(tables_).first(items.size()),
                            .rope = rope_.cache()};
   run(ctx, n_want, logits.data(), sink);

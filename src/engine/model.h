@@ -125,7 +125,7 @@ class Model {
   Rows h_, delta_;
   float* workspace_ = nullptr;
   size_t workspace_floats_ = 0;
-  std::vector<int32_t> ids_, positions_, row_seq_, want_;
+  std::vector<int32_t> ids_, positions_, row_seq_, lora_slots_, want_;
   std::vector<int64_t> slots_;
   std::vector<KvPageTable> tables_;
   std::vector<StepItem> items_;  // decode()'s items

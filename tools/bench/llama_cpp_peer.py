@@ -3,11 +3,15 @@
 
     python3 tools/bench/llama_cpp_peer.py --model HF_DIR --threads 2 [--outtype bf16] [--json]
 
-* Source: `pip download llama-cpp-python --no-binary :all: --no-deps` (the sdist vendors
+* Source: `pip download llama-cpp-python==VERSION --no-binary :all: --no-deps`, pinned below
+  (VERSION, the sdist's sha256 and the llama.cpp commit it vendors; the sdist carries
   llama.cpp with its convert_hf_to_gguf.py and the llama-bench / llama-batched-bench sources).
-* Build: Release, -DGGML_NATIVE=ON, CPU only, static, into <cache>/llama.cpp-build.
+  To move the pin: change the three constants together (the commit is the sdist CHANGELOG's
+  "update llama.cpp to ggml-org/llama.cpp@..." line of that version; ensure_source checks it).
+* Build: Release, -DGGML_NATIVE=ON, CPU only, static, into <cache>/llama.cpp-VERSION-build.
 * Weights: the HF checkpoint converted by the vendored converter to GGUF at the matching
-  precision (bf16, or q8_0 beside an 8-bit metrale path), cached per checkpoint + outtype.
+  precision (bf16, or q8_0 beside an 8-bit metrale path), cached per checkpoint + outtype +
+  llama-cpp-python version.
 * Timing: llama-bench for prefill (pp128, pp512) and one-sequence decode (tg64), with the
   weights in anonymous memory (`-lm none`, this version's spelling of the older `-mmp 0`;
   with mmap decode was 2-4x slower on our VMs); llama-batched-bench for decode at batch 4 and
@@ -23,6 +27,7 @@ Nothing from the sdist is copied into the repository.
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -30,51 +35,107 @@ from pathlib import Path
 
 DEFAULT_CACHE = Path("/tmp/metrale-bench")
 PACKAGE = "llama-cpp-python"
+# The pin: the sdist version, its sha256, and the llama.cpp commit it vendors.
+VERSION = "0.3.36"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+LLAMA_CPP_COMMIT = "0c1e57098"  # ggml-org/llama.cpp, per the sdist's CHANGELOG for VERSION
 TOOLS = ("llama-bench", "llama-batched-bench")
+CMAKE_FLAGS = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF"]
 
 
 def log(msg: str) -> None:
     print(f"[llama.cpp] {msg}", file=sys.stderr, flush=True)
 
 
+def sdist_path(cache: Path) -> Path:
+    return cache / "dl" / f"llama_cpp_python-{VERSION}.tar.gz"
+
+
+def build_dir(cache: Path) -> Path:
+    return cache / f"llama.cpp-{VERSION}-build"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def vendored_commit(root: Path) -> str | None:
+    """The llama.cpp commit the sdist's CHANGELOG names for VERSION (the first
+    "update llama.cpp to ggml-org/llama.cpp@<sha>" line of its section)."""
+    text = (root / "CHANGELOG.md").read_text(encoding="utf-8")
+    m = re.search(r"^## \[" + re.escape(VERSION) + r"\](.*?)(?=^## \[|\Z)", text, re.M | re.S)
+    if not m:
+        return None
+    c = re.search(r"llama\.cpp@([0-9a-f]{7,40})", m.group(1))
+    return c.group(1) if c else None
+
+
 def ensure_source(cache: Path) -> Path:
-    """Returns vendor/llama.cpp of the newest llama-cpp-python sdist, downloading it once."""
+    """Returns vendor/llama.cpp of the pinned llama-cpp-python sdist, downloading it once and
+    checking its sha256 and vendored commit."""
     dl = cache / "dl"
     dl.mkdir(parents=True, exist_ok=True)
-    sdists = sorted(dl.glob("llama_cpp_python-*.tar.gz"))
-    if not sdists:
-        log(f"pip download {PACKAGE} (sdist) -> {dl}")
-        subprocess.run([sys.executable, "-m", "pip", "download", PACKAGE, "--no-binary", ":all:",
-                        "--no-deps", "-d", str(dl)], check=True, stdout=sys.stderr)
-        sdists = sorted(dl.glob("llama_cpp_python-*.tar.gz"))
-        if not sdists:
-            sys.exit(f"llama.cpp peer: pip download left no llama_cpp_python-*.tar.gz in {dl}")
-    sdist = sdists[-1]
+    sdist = sdist_path(cache)
+    if not sdist.is_file():
+        log(f"pip download {PACKAGE}=={VERSION} (sdist) -> {dl}")
+        subprocess.run([sys.executable, "-m", "pip", "download", f"{PACKAGE}=={VERSION}",
+                        "--no-binary", ":all:", "--no-deps", "-d", str(dl)], check=True,
+                       stdout=sys.stderr)
+        if not sdist.is_file():
+            sys.exit(f"llama.cpp peer: pip download left no {sdist.name} in {dl}")
     root = dl / sdist.name[: -len(".tar.gz")]
     src = root / "vendor" / "llama.cpp"
     if not (src / "CMakeLists.txt").is_file():
+        digest = sha256(sdist)
+        if digest != SDIST_SHA256:
+            sys.exit(f"llama.cpp peer: {sdist} has sha256 {digest}, the pin says {SDIST_SHA256}")
         log(f"extracting {sdist.name}")
         with tarfile.open(sdist) as tar:
             tar.extractall(dl, filter="data")
     if not (src / "convert_hf_to_gguf.py").is_file():
         sys.exit(f"llama.cpp peer: {src} lacks convert_hf_to_gguf.py; sdist layout changed?")
+    commit = vendored_commit(root)
+    if commit is None or not (commit.startswith(LLAMA_CPP_COMMIT) or
+                              LLAMA_CPP_COMMIT.startswith(commit)):
+        sys.exit(f"llama.cpp peer: {root}/CHANGELOG.md names llama.cpp@{commit} for {VERSION}, "
+                 f"the pin says {LLAMA_CPP_COMMIT}")
     return src
 
 
+def source_info(cache: Path) -> dict:
+    """What results.json records about the llama.cpp peer's origin and build."""
+    return {"package": f"{PACKAGE}=={VERSION}", "sdist_sha256": SDIST_SHA256,
+            "llama_cpp_commit": LLAMA_CPP_COMMIT,
+            "llama_cpp_repository": "ggml-org/llama.cpp",
+            "build_dir": str(build_dir(cache)), "cmake_flags": CMAKE_FLAGS,
+            "targets": list(TOOLS)}
+
+
+def is_built(cache: Path) -> bool:
+    bin_dir = build_dir(cache) / "bin"
+    stamp = build_dir(cache) / "metrale-build-stamp.json"
+    return all((bin_dir / t).is_file() for t in TOOLS) and stamp.is_file() and \
+        json.loads(stamp.read_text()) == source_info(cache)
+
+
 def ensure_build(cache: Path, src: Path) -> Path:
-    """Builds llama-bench and llama-batched-bench once; returns the bin directory."""
-    build = cache / "llama.cpp-build"
+    """Builds llama-bench and llama-batched-bench once per pin; returns the bin directory."""
+    build = build_dir(cache)
     bin_dir = build / "bin"
-    if all((bin_dir / t).is_file() for t in TOOLS):
+    if is_built(cache):
         return bin_dir
     log(f"building {', '.join(TOOLS)} in {build} (once; takes a while on 2 cores)")
-    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
-                    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF"],
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS],
                    check=True, stdout=sys.stderr)
     subprocess.run(["cmake", "--build", str(build), "--target", *TOOLS, "-j2"],
                    check=True, stdout=sys.stderr)
+    (build / "metrale-build-stamp.json").write_text(json.dumps(source_info(cache), indent=2))
     return bin_dir
 
 
@@ -87,10 +148,14 @@ def checkpoint_key(model_dir: Path) -> str:
     return h.hexdigest()[:12]
 
 
+def gguf_path(cache: Path, model_dir: Path, outtype: str) -> Path:
+    """Where the GGUF of this checkpoint, precision and converter version is cached."""
+    return cache / "gguf" / f"{model_dir.name}-{checkpoint_key(model_dir)}-{outtype}-lcp{VERSION}.gguf"
+
+
 def ensure_gguf(cache: Path, src: Path, model_dir: Path, outtype: str) -> Path:
-    out_dir = cache / "gguf"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{model_dir.name}-{checkpoint_key(model_dir)}-{outtype}.gguf"
+    out = gguf_path(cache, model_dir, outtype)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if out.is_file():
         return out
     partial = out.with_suffix(".gguf.partial")
@@ -162,6 +227,8 @@ def bench(model_dir: Path, threads: int, prefill: list[int], batches: list[int],
                                                batched_prompt))
     out["weight_bytes"] = gguf.stat().st_size  # upper bound: includes the vocabulary
     out["gguf"] = str(gguf)
+    out["llama_cpp_python"] = VERSION
+    out["llama_cpp_commit"] = LLAMA_CPP_COMMIT
     return out
 
 

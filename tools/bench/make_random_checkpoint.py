@@ -2,20 +2,34 @@
 """Random-weight bf16 checkpoints with real models' shapes, for benchmarks only.
 
     python3 tools/bench/make_random_checkpoint.py --shape qwen3-0.6b [--cache-dir DIR]
+    python3 tools/bench/make_random_checkpoint.py --shape qwen3-30b-a3b [--layers 6]
 
-Builds the model with transformers' own config/model classes and writes it with
-save_pretrained, so the directory is exactly what an HF checkpoint of that architecture looks
-like. Weights are N(0, 0.02) (norm weights 1): logits stay in a sane range, which matters
-because a degenerate model (NaNs, saturated softmax) can take different kernel paths.
+Dense shapes (qwen3-0.6b, llama-3.2-1b) are built with transformers' own config/model classes
+and written with save_pretrained, so the directory is exactly what an HF checkpoint of that
+architecture looks like. Weights are N(0, 0.02) (norm weights 1): logits stay in a sane range,
+which matters because a degenerate model (NaNs, saturated softmax) can take different kernel
+paths.
 
-Nothing here is committed: the checkpoints are 1.2-2.5 GB. They go to
-<cache-dir>/<shape>/ (default /tmp/metrale-bench/checkpoints) and are reused when the marker
-file says they were made with the same shape and seed. Prints the directory on stdout.
+The MoE shape qwen3-30b-a3b-L<N> is Qwen3-30B-A3B (hidden 2048, 128 experts, top-8, expert
+intermediate 768, 32 heads / 4 KV heads, head_dim 128, untied lm_head) with only N of its 48
+layers. It is streamed to disk tensor by tensor with numpy (no torch, never more than one
+chunk in RAM) in the published layout: the published config.json, sharded
+model-0000K-of-0000M.safetensors + model.safetensors.index.json, per-expert tensors
+model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight and the router model.layers.N.mlp.gate.
+Each tensor's values depend only on (seed, tensor name), not on chunking or sharding.
+The default N=6 makes an 8.7 GB bf16 checkpoint (1.25 GB per layer + 1.24 GB of embedding and
+lm_head), so the file in the page cache plus an engine's copy fit 23 GiB of RAM.
+
+Nothing here is committed: the checkpoints are 1.2-9 GB. They go to <cache-dir>/<shape>/
+(default /tmp/metrale-bench/checkpoints) and are reused when the marker file says they were
+made with the same shape and seed. Prints the directory on stdout.
 """
 
 import argparse
 import gzip
+import hashlib
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -56,6 +70,193 @@ SHAPES = {
     },
 }
 
+# Qwen3-30B-A3B's published config.json; `ensure("qwen3-30b-a3b-L<N>")` keeps N of its 48
+# layers (num_hidden_layers and max_window_layers = N). Streamed, not built with transformers.
+QWEN3_MOE_BASE = "qwen3-30b-a3b"
+QWEN3_MOE_DEFAULT_LAYERS = 6
+QWEN3_MOE_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+SHAPES[f"{QWEN3_MOE_BASE}-L{QWEN3_MOE_DEFAULT_LAYERS}"] = {"class": "Qwen3Moe", "streamed": True,
+                                                          "tokenizer": "qwen3"}
+SHARD_BYTES = 4 * 10**9  # published checkpoints use ~4-5 GB shards
+
+
+def canonical_shape(shape: str, layers: int | None = None) -> str:
+    """'qwen3-30b-a3b' (+ layers) or 'qwen3-30b-a3b-L<N>' -> 'qwen3-30b-a3b-L<N>'; dense names
+    pass through. Exits on an unknown name."""
+    m = re.fullmatch(re.escape(QWEN3_MOE_BASE) + r"(?:-L(\d+))?", shape)
+    if m:
+        n = int(m.group(1)) if m.group(1) else (layers or QWEN3_MOE_DEFAULT_LAYERS)
+        if layers is not None and m.group(1) and layers != n:
+            sys.exit(f"--shape {shape} and --layers {layers} disagree")
+        if not 1 <= n <= 48:
+            sys.exit(f"{QWEN3_MOE_BASE}: layers must be 1..48 (the real model has 48), found {n}")
+        return f"{QWEN3_MOE_BASE}-L{n}"
+    if shape not in SHAPES:
+        sys.exit(f"unknown shape {shape!r}; expected one of {sorted(SHAPES)} or "
+                 f"{QWEN3_MOE_BASE}-L<layers>")
+    if layers is not None:
+        sys.exit(f"--layers applies to {QWEN3_MOE_BASE} only, not {shape}")
+    return shape
+
+
+def shape_spec(shape: str) -> dict:
+    """SHAPES entry of a canonical shape name (any qwen3-30b-a3b-L<N>)."""
+    if shape.startswith(QWEN3_MOE_BASE + "-L"):
+        return {"class": "Qwen3Moe", "streamed": True, "tokenizer": "qwen3"}
+    return SHAPES[shape]
+
+
+def qwen3_moe_config(layers: int) -> dict:
+    config = dict(QWEN3_MOE_CONFIG)
+    config["num_hidden_layers"] = layers
+    config["max_window_layers"] = layers
+    return config
+
+
+def qwen3_moe_tensors(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, init) of every tensor of a Qwen3-MoE checkpoint, in the published names;
+    init is "normal" (N(0, 0.02)) or "ones" (RMSNorm weights)."""
+    h, v = config["hidden_size"], config["vocab_size"]
+    d, nq, nkv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
+    e, f = config["num_experts"], config["moe_intermediate_size"]
+    out = [("model.embed_tokens.weight", (v, h), "normal")]
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [
+            (p + "input_layernorm.weight", (h,), "ones"),
+            (p + "self_attn.q_proj.weight", (nq * d, h), "normal"),
+            (p + "self_attn.k_proj.weight", (nkv * d, h), "normal"),
+            (p + "self_attn.v_proj.weight", (nkv * d, h), "normal"),
+            (p + "self_attn.o_proj.weight", (h, nq * d), "normal"),
+            (p + "self_attn.q_norm.weight", (d,), "ones"),
+            (p + "self_attn.k_norm.weight", (d,), "ones"),
+            (p + "post_attention_layernorm.weight", (h,), "ones"),
+            (p + "mlp.gate.weight", (e, h), "normal"),  # router
+        ]
+        for j in range(e):
+            q = f"{p}mlp.experts.{j}."
+            out += [(q + "gate_proj.weight", (f, h), "normal"),
+                    (q + "up_proj.weight", (f, h), "normal"),
+                    (q + "down_proj.weight", (h, f), "normal")]
+    out += [("model.norm.weight", (h,), "ones"), ("lm_head.weight", (v, h), "normal")]
+    return out
+
+
+def write_bf16_values(fh, name: str, numel: int, init: str, seed: int,
+                      chunk: int = 1 << 24) -> None:
+    """Writes numel bf16 values of `init` to fh, `chunk` at a time. The stream is seeded by
+    (seed, name) alone, so the values do not depend on the chunk size or the shard layout."""
+    import numpy as np
+
+    if init == "ones":
+        np.full(numel, 0x3F80, dtype="<u2").tofile(fh)  # bf16 1.0
+        return
+    name_key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    rng = np.random.Generator(np.random.PCG64([seed, name_key]))
+    left = numel
+    while left:
+        n = min(chunk, left)
+        x = rng.standard_normal(n, dtype=np.float32)
+        x *= np.float32(0.02)
+        u = x.view(np.uint32)
+        u += np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))  # round to nearest even
+        (u >> np.uint32(16)).astype("<u2").tofile(fh)
+        left -= n
+
+
+def write_streamed_safetensors(out: Path, tensors: list[tuple[str, tuple[int, ...], str]],
+                               seed: int, shard_bytes: int = SHARD_BYTES) -> int:
+    """Writes bf16 `tensors` as HF-style shards + model.safetensors.index.json, one chunk in
+    memory at a time; returns the total tensor bytes."""
+    shards: list[list[tuple[str, tuple[int, ...], str]]] = [[]]
+    size = 0
+    for t in tensors:
+        nbytes = 2 * _numel(t[1])
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += nbytes
+    weight_map, total = {}, 0
+    for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, shape, _ in shard:
+            nbytes = 2 * _numel(shape)
+            header[name] = {"dtype": "BF16", "shape": list(shape),
+                            "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+            weight_map[name] = fname
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
+        with open(out / fname, "wb") as fh:
+            fh.write(len(blob).to_bytes(8, "little"))
+            fh.write(blob)
+            for name, shape, init in shard:
+                write_bf16_values(fh, name, _numel(shape), init, seed)
+        total += offset
+        print(f"make_random_checkpoint: wrote {fname} ({offset / 1e9:.2f} GB)", file=sys.stderr,
+              flush=True)
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    return total
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def make_streamed(shape: str, out: Path, seed: int) -> None:
+    layers = int(shape.rsplit("-L", 1)[1])
+    config = qwen3_moe_config(layers)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = qwen3_moe_tensors(config)
+    total = write_streamed_safetensors(out, tensors, seed)
+    write_qwen3_tokenizer(out)
+    import numpy as np
+    (out / MARKER).write_text(json.dumps({
+        "shape": shape, "seed": seed, "params": total // 2, "bytes": total,
+        "writer": "streamed numpy (make_random_checkpoint.write_streamed_safetensors)",
+        "numpy": np.__version__}, indent=2))
+
 
 def write_qwen3_tokenizer(out: Path) -> None:
     with gzip.open(QWEN3_TOKENIZER / "tokenizer.json.gz", "rb") as f:
@@ -93,10 +294,13 @@ def write_llama3_like_tokenizer(out: Path, n_base: int = 128000, n_special: int 
 
 
 def make(shape: str, out: Path, seed: int) -> None:
+    spec = shape_spec(shape)
+    if spec.get("streamed"):
+        make_streamed(shape, out, seed)
+        return
     import torch
     import transformers
 
-    spec = SHAPES[shape]
     config_cls = getattr(transformers, spec["class"] + "Config")
     model_cls = getattr(transformers, spec["class"] + "ForCausalLM")
     config = config_cls(**spec["config"])
@@ -121,16 +325,27 @@ def make(shape: str, out: Path, seed: int) -> None:
                                           "transformers": transformers.__version__}, indent=2))
 
 
+def is_ready(shape: str, cache_dir: Path = DEFAULT_CACHE, seed: int = 0) -> bool:
+    """Whether ensure() would reuse a cached checkpoint (so making one needs nothing)."""
+    marker = cache_dir / canonical_shape(shape) / MARKER
+    if not marker.exists():
+        return False
+    m = json.loads(marker.read_text())
+    return m.get("shape") == canonical_shape(shape) and m.get("seed") == seed
+
+
+def python_needs(shape: str) -> list[str]:
+    """Python modules making this shape's checkpoint imports."""
+    return ["numpy"] if shape_spec(canonical_shape(shape)).get("streamed") else [
+        "torch", "transformers"]
+
+
 def ensure(shape: str, cache_dir: Path = DEFAULT_CACHE, seed: int = 0, force: bool = False) -> Path:
     """Returns the checkpoint directory, making it first when missing or stale."""
-    if shape not in SHAPES:
-        sys.exit(f"unknown --shape {shape!r}; expected one of {sorted(SHAPES)}")
+    shape = canonical_shape(shape)
     out = cache_dir / shape
-    marker = out / MARKER
-    if not force and marker.exists():
-        m = json.loads(marker.read_text())
-        if m.get("shape") == shape and m.get("seed") == seed:
-            return out
+    if not force and is_ready(shape, cache_dir, seed):
+        return out
     if out.exists():
         shutil.rmtree(out)
     tmp = cache_dir / (shape + ".partial")
@@ -144,12 +359,16 @@ def ensure(shape: str, cache_dir: Path = DEFAULT_CACHE, seed: int = 0, force: bo
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--shape", required=True,
+                    help=f"one of {sorted(SHAPES)}, or {QWEN3_MOE_BASE}[-L<layers>]")
+    ap.add_argument("--layers", type=int, default=None,
+                    help=f"{QWEN3_MOE_BASE} only: decoder layers to keep "
+                         f"(default {QWEN3_MOE_DEFAULT_LAYERS}; the real model has 48)")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="regenerate even if cached")
     args = ap.parse_args()
-    print(ensure(args.shape, args.cache_dir, args.seed, args.force))
+    print(ensure(canonical_shape(args.shape, args.layers), args.cache_dir, args.seed, args.force))
 
 
 if __name__ == "__main__":
