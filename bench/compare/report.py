@@ -88,7 +88,10 @@ def command_block(results: dict) -> list[str]:
     if m:
         commit = (m.get("git") or {}).get("commit") or "unknown"
         dirty = " with local changes" if (m.get("git") or {}).get("modified_files") else ""
-        out += [f"metrale at {commit[:12]}{dirty}, `metrale bench` with "
+        where = (f"metrale at {commit[:12]}{dirty}" if m.get("built_from_this_tree", True)
+                 else f"metrale binary {m['binary']} (not built by this run; tree at "
+                      f"{commit[:12]}{dirty})")
+        out += [f"{where}, `metrale bench` with "
                 f"`--compute {m.get('compute')}` `--weights {m.get('weights')}` "
                 "(every flag: results.json, config.metrale.flags).", ""]
     lc = results["config"].get("llama_cpp")

@@ -189,9 +189,9 @@ def git_state() -> dict:
     """The metrale commit the run measured, and whether the tree had local changes."""
     def git(*a: str) -> str:
         r = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True)
-        return r.stdout.strip() if r.returncode == 0 else ""
+        return r.stdout.rstrip("\n") if r.returncode == 0 else ""
     changed = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": git("rev-parse", "HEAD") or None,
+    return {"commit": git("rev-parse", "HEAD").strip() or None,
             "modified_files": changed.splitlines() if changed else []}
 
 
@@ -400,7 +400,12 @@ def main() -> None:
         flags["--threads"] = "per row of the table"
         known = metrale_bench_options(metrale)
         metrale_info = {
-            "binary": str(metrale), "git": git_state(),
+            "binary": str(metrale),
+            "binary_mtime": time.strftime("%Y-%m-%d %H:%M:%S",
+                                          time.localtime(metrale.stat().st_mtime)),
+            # The tree run.py ran from; it built the binary unless --metrale-bin named another.
+            "git": git_state(),
+            "built_from_this_tree": args.metrale_bin == RELEASE / "src" / "metrale" and build,
             # every option of `metrale bench`: the value passed, or metrale's own default
             "flags": {k: flags.get(k, "(metrale default)") for k in sorted(set(known) | set(flags))
                       if k not in ("--help",)},

@@ -46,12 +46,25 @@ BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps)
       for (int r = 0; r < reps + 1; ++r) {  // the first pass settles pages and frequencies
         std::fill(read.begin(), read.end(), 0);
         const auto t0 = std::chrono::steady_clock::now();
-        pool.parallel_for(n_threads, [&](size_t b, size_t e, int) {
-          for (size_t t = b; t < e; ++t) {
-            sinks[t * 8] += read_slice(buffer.data() + t * per_thread, per_thread, s, &read[t * 8]);
-          }
-        });
-        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (s.chunk_bytes != 0) {  // threads claim chunks, as the linear kernels' pieces
+          const size_t chunk = s.chunk_bytes / bandwidth_detail::kLine * bandwidth_detail::kLine;
+          pool.parallel_for_dynamic(
+              per_thread * n_threads / chunk, 1, [&](size_t b, size_t e, int t) {
+                const auto i = static_cast<size_t>(t);
+                for (size_t c = b; c < e; ++c) {
+                  sinks[i * 8] += read_slice(buffer.data() + c * chunk, chunk, s, &read[i * 8]);
+                }
+              });
+        } else {
+          pool.parallel_for(n_threads, [&](size_t b, size_t e, int) {
+            for (size_t t = b; t < e; ++t) {
+              sinks[t * 8] +=
+                  read_slice(buffer.data() + t * per_thread, per_thread, s, &read[t * 8]);
+            }
+          });
+        }
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         size_t total = 0;
         for (size_t t = 0; t < n_threads; ++t) total += read[t * 8];
         const double gbs = static_cast<double>(total) / sec / 1e9;

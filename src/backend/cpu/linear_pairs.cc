@@ -24,18 +24,26 @@
 namespace metrale::cpu {
 
 inline constexpr int64_t kGroup = 16;
+inline constexpr int64_t kTile = kPairsTileGroups;
+// Values from one line of a group to its next (the tile's other groups sit between).
+inline constexpr int64_t kLineStride = kTile * kGroup * 2;
 
 size_t pairs_bf16_bytes(int64_t n_out, int64_t n_in) {
-  const int64_t groups = (n_out + kGroup - 1) / kGroup;
-  return static_cast<size_t>(groups * kGroup * n_in) * sizeof(uint16_t);
+  const int64_t tiles = (n_out + kTile * kGroup - 1) / (kTile * kGroup);
+  return static_cast<size_t>(tiles * kTile * kGroup * n_in) * sizeof(uint16_t);
 }
 
 namespace {
 
+// Value offset of line(g, p) (linear_pairs.h): tiles of kTile groups, lines interleaved by p.
+inline int64_t line_offset(int64_t n_pairs, int64_t g, int64_t p) {
+  return ((g / kTile * n_pairs + p) * kTile + g % kTile) * kGroup * 2;
+}
+
 // Index of w[row][k] inside the pair-packed array.
 inline size_t pairs_index(int64_t n_in, int64_t row, int64_t k) {
-  const int64_t g = row / kGroup, o = row % kGroup, p = k / 2;
-  return static_cast<size_t>(((g * (n_in / 2) + p) * kGroup + o) * 2 + k % 2);
+  return static_cast<size_t>(line_offset(n_in / 2, row / kGroup, k / 2) + (row % kGroup) * 2 +
+                             k % 2);
 }
 
 }  // namespace
@@ -69,15 +77,12 @@ METRALE_BF16_TARGET inline __m512 dot2(__m512 acc, __m512i w, __m512i x) {
   }
 }
 
-// Decode-sized calls (<= kPrefetchRows rows) are bound by reading the weights: one thread
-// alone keeps too few lines in flight on the C streams for the hardware prefetcher to
-// saturate memory, so each stream is also prefetched kPrefetchLines lines (3 KiB) ahead,
-// non-temporal (each weight line is read once per step). Measured at batch 1, Qwen3-0.6B
-// shapes, interleaved A/B rounds: one thread +17-23% over no prefetch (16, 24, 32 lines ahead:
-// +0, +8, +15%; 96 lines: slower); two threads +3-5%, where the hint mattered more than the
-// distance. Prefetches past a stream's end are harmless hints.
-constexpr int kPrefetchRows = 4;
-constexpr int64_t kPrefetchLines = 48;
+// Decode-sized calls are bound by reading the weights. With the tile's groups interleaved
+// (linear_pairs.h) a tile is one sequential stream, which the hardware prefetchers follow
+// without help: no software prefetch. (When each group was its own stream, prefetching each
+// 3 KiB ahead, non-temporal, gained 17-23% on one Zen 5 thread but lost ~25% on a Zen 4 VM,
+// where llama.cpp's plain row reads then out-read it; one stream unprefetched was fastest on
+// the Zen 4 VM by ~25-30% over the old 3-stream prefetched kernel.)
 
 // x rows [r0, r0 + R) against groups [g0, g0 + C): R x C accumulators of 16 outputs each,
 // one weight line per group and one broadcast pair per row for each k pair.
@@ -90,16 +95,10 @@ METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_
   const uint16_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = t.x + (r0 + r) * t.n_in;
   const uint16_t* w[C];
-  for (int c = 0; c < C; ++c) w[c] = t.w + (g0 + c) * n_pairs * kGroup * 2;
+  for (int c = 0; c < C; ++c) w[c] = t.w + line_offset(n_pairs, g0 + c, 0);
   for (int64_t p = 0; p < n_pairs; ++p) {
     __m512i wv[C];
-    METRALE_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm512_load_si512(w[c] + p * kGroup * 2);
-    if constexpr (R <= kPrefetchRows) {
-      METRALE_UNROLL for (int c = 0; c < C; ++c) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[c] + (p + kPrefetchLines) * kGroup * 2),
-                     _MM_HINT_NTA);
-      }
-    }
+    METRALE_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm512_load_si512(w[c] + p * kLineStride);
     METRALE_UNROLL for (int r = 0; r < R; ++r) {
       uint32_t pair;
       std::memcpy(&pair, x[r] + 2 * p, sizeof(pair));
@@ -122,7 +121,8 @@ METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_
 
 // Rows per tile and groups per tile: 8 x 3 keeps 24 accumulators + 3 weight lines + one
 // broadcast in the 32 zmm registers. (Decode calls of <= 4 rows are bound by reading the
-// weights; 6 groups there, i.e. 6 streams, measured no faster than 3.)
+// weights; 3 groups give 3 independent accumulator chains per row, enough to cover
+// vdpbf16ps's latency at a core's memory bandwidth.)
 constexpr int kTileRows = 8;
 constexpr int kTileGroups = kPairsTileGroups;
 using TileFn = void (*)(const PairsTask&, int64_t, int64_t, int64_t);
@@ -154,13 +154,15 @@ void linear_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end) {
   static constexpr Tiles<kNative> kTiles;
   const int64_t g_end = (o_end + kGroup - 1) / kGroup;
   // Group tiles outside, row tiles inside: a tile's weights (3 x 16 x n_in bf16, <= 288 KiB at
-  // n_in 3072) stay in L2 while every row block passes over them.
-  for (int64_t g = o_begin / kGroup; g < g_end; g += kTileGroups) {
-    const int64_t nc = std::min<int64_t>(kTileGroups, g_end - g);
+  // n_in 3072) stay in L2 while every row block passes over them. A range starting inside a
+  // layout tile first finishes that tile, so the tiles after it are whole.
+  for (int64_t g = o_begin / kGroup; g < g_end;) {
+    const int64_t nc = std::min<int64_t>(kTileGroups - g % kTileGroups, g_end - g);
     for (int64_t r0 = 0; r0 < t.n_rows; r0 += kTileRows) {
       const int64_t nr = std::min<int64_t>(kTileRows, t.n_rows - r0);
       kTiles.fn[nr - 1][nc - 1](t, g, r0, o_end);
     }
+    g += nc;
   }
 }
 
@@ -175,9 +177,9 @@ METRALE_AVX2_TARGET void tile_avx2(const PairsTask& t, int64_t g, int64_t r0, in
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   __m256 acc[R][2];
   METRALE_UNROLL for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const uint16_t* w = t.w + g * n_pairs * kGroup * 2;
+  const uint16_t* w = t.w + line_offset(n_pairs, g, 0);
   for (int64_t p = 0; p < n_pairs; ++p) {
-    const auto* line = reinterpret_cast<const __m256i*>(w + p * kGroup * 2);
+    const auto* line = reinterpret_cast<const __m256i*>(w + p * kLineStride);
     const __m256i wv[2] = {_mm256_load_si256(line), _mm256_load_si256(line + 1)};
     METRALE_UNROLL for (int r = 0; r < R; ++r) {
       uint32_t pair;
@@ -204,24 +206,85 @@ METRALE_AVX2_TARGET void tile_avx2(const PairsTask& t, int64_t g, int64_t r0, in
   }
 }
 
+// One row against C groups of a layout tile at once (decode): the tile's interleaved lines
+// are then read as one sequential stream, as the AVX-512 kernel reads them. Per group and
+// lane the same two FMAs in the same order as tile_avx2, so the same bits.
+template <int C>
+METRALE_AVX2_TARGET void tile_avx2_row(const PairsTask& t, int64_t g0, int64_t r, int64_t o_end) {
+  const int64_t n_pairs = t.n_in / 2;
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m256 acc[C][2];
+  METRALE_UNROLL for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+  const uint16_t* w[C];
+  for (int c = 0; c < C; ++c) w[c] = t.w + line_offset(n_pairs, g0 + c, 0);
+  const uint16_t* x = t.x + r * t.n_in;
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    uint32_t pair;
+    std::memcpy(&pair, x + 2 * p, sizeof(pair));
+    const __m256i xb = _mm256_set1_epi32(static_cast<int>(pair));
+    const __m256 x_hi = _mm256_castsi256_ps(_mm256_and_si256(xb, high));
+    const __m256 x_lo = _mm256_castsi256_ps(_mm256_slli_epi32(xb, 16));
+    METRALE_UNROLL for (int c = 0; c < C; ++c) {
+      const auto* line = reinterpret_cast<const __m256i*>(w[c] + p * kLineStride);
+      METRALE_UNROLL for (int h = 0; h < 2; ++h) {
+        const __m256i wv = _mm256_load_si256(line + h);
+        acc[c][h] =
+            _mm256_fmadd_ps(x_hi, _mm256_castsi256_ps(_mm256_and_si256(wv, high)), acc[c][h]);
+        acc[c][h] =
+            _mm256_fmadd_ps(x_lo, _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)), acc[c][h]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    const int64_t o = (g0 + c) * kGroup;
+    const int64_t valid = std::min(kGroup, o_end - o);
+    alignas(32) float out[kGroup];
+    _mm256_store_ps(out, acc[c][0]);
+    _mm256_store_ps(out + 8, acc[c][1]);
+    float* y = t.y.row(r) + o;
+    for (int64_t i = 0; i < valid; ++i) y[i] = t.bias != nullptr ? out[i] + t.bias[o + i] : out[i];
+  }
+}
+
 void linear_pairs_avx2(const PairsTask& t, int64_t o_begin, int64_t o_end) {
   const int64_t g_end = (o_end + kGroup - 1) / kGroup;
-  for (int64_t g = o_begin / kGroup; g < g_end; ++g) {
-    int64_t r0 = 0;
-    for (; r0 + 4 <= t.n_rows; r0 += 4) tile_avx2<4>(t, g, r0, o_end);
-    switch (t.n_rows - r0) {
-      case 1:
-        tile_avx2<1>(t, g, r0, o_end);
-        break;
-      case 2:
-        tile_avx2<2>(t, g, r0, o_end);
-        break;
-      case 3:
-        tile_avx2<3>(t, g, r0, o_end);
-        break;
-      default:
-        break;
+  for (int64_t g0 = o_begin / kGroup; g0 < g_end;) {
+    const int64_t nc = std::min<int64_t>(kTileGroups - g0 % kTileGroups, g_end - g0);
+    if (t.n_rows <= 4) {
+      // Decode: every row reads the tile as one stream (rows after the first from cache).
+      for (int64_t r = 0; r < t.n_rows; ++r) {
+        switch (nc) {
+          case 1:
+            tile_avx2_row<1>(t, g0, r, o_end);
+            break;
+          case 2:
+            tile_avx2_row<2>(t, g0, r, o_end);
+            break;
+          default:
+            tile_avx2_row<3>(t, g0, r, o_end);
+            break;
+        }
+      }
+    } else {
+      for (int64_t g = g0; g < g0 + nc; ++g) {
+        int64_t r0 = 0;
+        for (; r0 + 4 <= t.n_rows; r0 += 4) tile_avx2<4>(t, g, r0, o_end);
+        switch (t.n_rows - r0) {
+          case 1:
+            tile_avx2<1>(t, g, r0, o_end);
+            break;
+          case 2:
+            tile_avx2<2>(t, g, r0, o_end);
+            break;
+          case 3:
+            tile_avx2<3>(t, g, r0, o_end);
+            break;
+          default:
+            break;
+        }
+      }
     }
+    g0 += nc;
   }
 }
 
@@ -296,9 +359,9 @@ void linear_pairs_scalar(const PairsTask& t, int64_t o_begin, int64_t o_end) {
     const uint16_t* x = t.x + r * t.n_in;
     float* y = t.y.row(r);
     for (int64_t o = o_begin; o < o_end; ++o) {
-      const uint16_t* w = t.w + ((o / kGroup) * n_pairs * kGroup + o % kGroup) * 2;
+      const uint16_t* w = t.w + line_offset(n_pairs, o / kGroup, 0) + (o % kGroup) * 2;
       float acc = 0.0f;
-      for (int64_t p = 0; p < n_pairs; ++p, w += kGroup * 2) {
+      for (int64_t p = 0; p < n_pairs; ++p, w += kLineStride) {
         acc += bf16_to_f32(x[2 * p + 1]) * bf16_to_f32(w[1]);
         acc += bf16_to_f32(x[2 * p]) * bf16_to_f32(w[0]);
       }
