@@ -30,7 +30,8 @@ const std::vector<std::string>& corpus_lines() {
       if (name.rfind("invalid", 0) == 0) continue;
       const std::string hex = c["hex"];
       std::string s;
-      for (size_t i = 0; i + 1 < hex.size(); i += 2) s.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+      for (size_t i = 0; i + 1 < hex.size(); i += 2)
+        s.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
       base.push_back(s);
     }
     size_t total = 0;
@@ -49,7 +50,8 @@ const metrale::Tokenizer& tokenizer(const std::string& name) {
   static std::map<std::string, metrale::Tokenizer> cache;
   auto it = cache.find(name);
   if (it != cache.end()) return it->second;
-  const std::string text = metrale::testing::read_gzip_file(root() + "tests/data/tokenizers/" + name + "/tokenizer.json.gz");
+  const std::string text = metrale::testing::read_gzip_file(root() + "tests/data/tokenizers/" +
+                                                            name + "/tokenizer.json.gz");
   return cache.emplace(name, metrale::Tokenizer::from_json(text, name)).first->second;
 }
 
@@ -67,7 +69,8 @@ void BM_EncodeLines(benchmark::State& state, const std::string& name) {
     }
   }
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
-  state.counters["ids_per_iter"] = static_cast<double>(ids) / static_cast<double>(state.iterations());
+  state.counters["ids_per_iter"] =
+      static_cast<double>(ids) / static_cast<double>(state.iterations());
 }
 
 // The whole ~1 MB joined by newlines in one call (the shape of a long document).
@@ -82,10 +85,18 @@ void BM_EncodeDocument(benchmark::State& state, const std::string& name) {
   state.SetBytesProcessed(static_cast<int64_t>(doc.size() * state.iterations()));
 }
 
-BENCHMARK_CAPTURE(BM_EncodeLines, qwen3, std::string("qwen3"))->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK_CAPTURE(BM_EncodeLines, deepseek_v3, std::string("deepseek_v3"))->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK_CAPTURE(BM_EncodeDocument, qwen3, std::string("qwen3"))->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK_CAPTURE(BM_EncodeDocument, deepseek_v3, std::string("deepseek_v3"))->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_EncodeLines, qwen3, std::string("qwen3"))
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_EncodeLines, deepseek_v3, std::string("deepseek_v3"))
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_EncodeDocument, qwen3, std::string("qwen3"))
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_EncodeDocument, deepseek_v3, std::string("deepseek_v3"))
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
 
 }  // namespace
 

@@ -28,7 +28,8 @@ const std::vector<Image>& photos() {
     for (const char* name : kPhotos) {
       std::ifstream in(std::string("tests/data/vision/images/") + name, std::ios::binary);
       if (!in) continue;
-      const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in),
+                                       std::istreambuf_iterator<char>()};
       out.push_back(decode_image(bytes));
     }
     return out;
@@ -39,10 +40,11 @@ const std::vector<Image>& photos() {
 // Qwen2-VL's shipped preprocessor_config.json, with a max_pixels that forces a real
 // downscale on these photos (as large inputs do with the default limits).
 ImageProcessorConfig qwen_config(ResizeKernel kernel, int64_t max_pixels) {
-  ImageProcessorConfig c = parse_image_processor_config(
-      nlohmann::json{{"image_processor_type", "Qwen2VLImageProcessor"}, {"min_pixels", 3136},
-                     {"max_pixels", max_pixels}},
-      "bench");
+  ImageProcessorConfig c =
+      parse_image_processor_config(nlohmann::json{{"image_processor_type", "Qwen2VLImageProcessor"},
+                                                  {"min_pixels", 3136},
+                                                  {"max_pixels", max_pixels}},
+                                   "bench");
   c.geometry.resize_kernel = kernel;
   return c;
 }
@@ -59,13 +61,17 @@ void run(benchmark::State& state, ResizeKernel kernel) {
     VisionItem item = preprocess_image(images[i++ % images.size()], config);
     benchmark::DoNotOptimize(item.pixels.data());
   }
-  state.counters["images/s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["images/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 void BM_QwenImageTorchvision(benchmark::State& state) { run(state, ResizeKernel::kTorchvision); }
 void BM_QwenImagePil(benchmark::State& state) { run(state, ResizeKernel::kPil); }
 
-BENCHMARK(BM_QwenImageTorchvision)->Arg(28 * 28 * 64)->Arg(28 * 28 * 1280)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_QwenImageTorchvision)
+    ->Arg(28 * 28 * 64)
+    ->Arg(28 * 28 * 1280)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_QwenImagePil)->Arg(28 * 28 * 64)->Arg(28 * 28 * 1280)->Unit(benchmark::kMicrosecond);
 
 }  // namespace

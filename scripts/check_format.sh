@@ -6,7 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 fmt="$(command -v clang-format-14 || command -v clang-format || true)"
 [[ -n "$fmt" ]] || { echo "metrale: clang-format not found (Debian package clang-format)" >&2; exit 1; }
 mapfile -t files < <(git ls-files 'src/*.cc' 'src/*.h' 'tests/*.cc' 'tests/*.h' 'fuzz/*.cc' 'fuzz/*.h' \
-)
+  'bench/*.cc' 'bench/*.h')
 if [[ "${1:-}" == "--fix" ]]; then
   "$fmt" -i --style=file "${files[@]}"
   exit 0
