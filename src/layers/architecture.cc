@@ -14,9 +14,7 @@ uint64_t Architecture::active_bytes_per_token() const {
   uint64_t b = 0;
   for (const DecoderLayer& l : layers)
     b += l.mixer().active_bytes_per_token() + l.ffn().active_bytes_per_token();
-  for (const WeightTensor& w : lm_head.tensors())
-    b += weight_row_bytes(w.format, w.n_in) * static_cast<uint64_t>(w.n_out);
-  return b;
+  return b + lm_head.bytes();
 }
 
 }  // namespace metrale

@@ -83,14 +83,6 @@ std::string GqaAttention::describe() const {
   return os.str();
 }
 
-uint64_t GqaAttention::active_bytes_per_token() const {
-  uint64_t b = 0;
-  for (const Linear* l : {&qkv_, &o_}) {
-    for (const WeightTensor& w : l->tensors()) {
-      b += weight_row_bytes(w.format, w.n_in) * static_cast<uint64_t>(w.n_out);
-    }
-  }
-  return b;
-}
+uint64_t GqaAttention::active_bytes_per_token() const { return qkv_.bytes() + o_.bytes(); }
 
 }  // namespace metrale

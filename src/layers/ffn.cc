@@ -5,18 +5,6 @@
 #include "core/error.h"
 
 namespace metrale {
-namespace {
-
-uint64_t bytes_of(const WeightTensor& w) {
-  return weight_row_bytes(w.format, w.n_in) * static_cast<uint64_t>(w.n_out);
-}
-uint64_t bytes_of(const Linear& l) {
-  uint64_t b = 0;
-  for (const WeightTensor& w : l.tensors()) b += bytes_of(w);
-  return b;
-}
-
-}  // namespace
 
 Activation activation_for(const ModelConfig& c) {
   if (c.hidden_act == "silu" || c.hidden_act == "swish") return Activation::kSilu;
@@ -55,7 +43,7 @@ std::string DenseFfn::describe() const {
   return os.str();
 }
 
-uint64_t DenseFfn::active_bytes_per_token() const { return bytes_of(gate_up_) + bytes_of(down_); }
+uint64_t DenseFfn::active_bytes_per_token() const { return gate_up_.bytes() + down_.bytes(); }
 
 std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, const std::string& p) {
   const MoeConfig& m = c.moe;
@@ -130,8 +118,8 @@ std::string MoeFfn::describe() const {
 }
 
 uint64_t MoeFfn::active_bytes_per_token() const {
-  return bytes_of(router_) + static_cast<uint64_t>(top_k_) *
-                                 (bytes_of(experts_[0].gate_up) + bytes_of(experts_[0].down));
+  return router_.bytes() + static_cast<uint64_t>(top_k_) *
+                               (weight_bytes(experts_[0].gate_up) + weight_bytes(experts_[0].down));
 }
 
 }  // namespace metrale

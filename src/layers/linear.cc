@@ -40,6 +40,16 @@ Linear Linear::separate(std::vector<WeightTensor> tensors, std::vector<Part> par
   return l;
 }
 
+uint64_t weight_bytes(const WeightTensor& w) {
+  return weight_row_bytes(w.format, w.n_in) * static_cast<uint64_t>(w.n_out);
+}
+
+uint64_t Linear::bytes() const {
+  uint64_t b = 0;
+  for (const WeightTensor& w : tensors_) b += weight_bytes(w);
+  return b;
+}
+
 void Linear::forward(Backend& backend, ConstRows x, Rows y) const {
   if (tensors_.size() == 1) return backend.linear(x, tensors_[0], y);
   METRALE_CHECK(y.n_cols == n_out_, "linear '", parts_[0].name, "': output has ", y.n_cols,

@@ -36,12 +36,17 @@ class Linear {
   bool is_fused() const { return tensors_.size() == 1 && parts_.size() > 1; }
   std::span<const Part> parts() const { return parts_; }
   std::span<const WeightTensor> tensors() const { return tensors_; }
+  // Bytes of the stored weights (what one pass over them reads).
+  uint64_t bytes() const;
 
  private:
   std::vector<WeightTensor> tensors_;
   std::vector<Part> parts_;
   int64_t n_in_ = 0, n_out_ = 0;
 };
+
+// Bytes of one weight's stored rows.
+uint64_t weight_bytes(const WeightTensor& w);
 
 // Loads `prefixes[i]`.weight ([n_outs[i], n_in], plus .bias when has_bias) as one Linear:
 // fused into one matrix when the loader copies weights (one pass over the weights and one

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fixture_util.h"
@@ -46,19 +47,16 @@ class CheckpointCopy {
 
   // Rewrites model.safetensors through `edit(name) -> keep?`, optionally adding a tensor.
   void rewrite(const std::function<bool(const std::string&)>& keep, bool add_extra = false) {
-    SafetensorsWriter w;
-    {
-      const SafetensorsFile f = SafetensorsFile::open(dir_ / "model.safetensors");
+    rewrite_all([&](SafetensorsWriter& w, const SafetensorsFile& f) {
       for (const auto& t : f.tensors()) {
         if (keep(t.name)) w.add(t.name, t.dtype, t.shape, f.bytes(t));
       }
-    }
-    if (add_extra) {
-      const float x[2] = {1, 2};
-      w.add("model.layers.0.mlp.extra.weight", DType::kF32, Shape{2},
-            {reinterpret_cast<const std::byte*>(x), sizeof(x)});
-    }
-    w.write(dir_ / "model.safetensors");
+      if (std::exchange(add_extra, false)) {
+        const float x[2] = {1, 2};
+        w.add("model.layers.0.mlp.extra.weight", DType::kF32, Shape{2},
+              {reinterpret_cast<const std::byte*>(x), sizeof(x)});
+      }
+    });
   }
   void replace_in_config(const std::string& from, const std::string& to) {
     std::ifstream in(dir_ / "config.json");
