@@ -107,9 +107,19 @@ def bytes_note(results: dict) -> str:
     if not moe:
         return f"Weight bytes per decode step: {wb['bf16'] / 1e9:.3f} GB (bf16)."
     widths = ", ".join(f"batch {b}: {v / 1e9:.3f} GB" for b, v in wb["per_step"].items())
+    parts = ""
+    comps = wb.get("components")
+    if comps:  # results.json from before the breakdown has none
+        names = {"experts_b1": f"top-{moe['top_k']} experts", "lm_head": "lm_head",
+                 "attention": "attention", "linear_attention": "linear attention",
+                 "shared_expert": "shared expert", "router": "router", "norms": "norms",
+                 "other": "other"}
+        parts = "; batch 1 = " + " + ".join(
+            f"{names.get(k, k)} {v / 1e9:.3f}" for k, v in
+            sorted(comps.items(), key=lambda kv: -kv[1]) if v) + " GB"
     return (f"Active weight bytes per decode step (bf16; top-{moe['top_k']} of {moe['experts']} "
             f"experts per token, uniform routing expected at batch > 1; "
-            f"{wb['total'] / 1e9:.2f} GB in all): {widths}.")
+            f"{wb['total'] / 1e9:.2f} GB in all): {widths}{parts}.")
 
 
 def markdown(results: dict, summary: dict) -> str:

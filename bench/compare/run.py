@@ -4,6 +4,8 @@
     python3 bench/compare/run.py --model-shape qwen3-0.6b [--threads 1,2] [--reps 5] \
         [--out out/compare]
     python3 bench/compare/run.py --model-shape qwen3-30b-a3b-L6 --engines metrale,llama.cpp
+    python3 bench/compare/run.py --model-shape qwen3-next-L2 --engines metrale,llama.cpp \
+        --prefill 128,512,2048 --batch 1,4,16
 
 First checks what the run needs (Python modules from tools/bench/requirements.txt, Debian
 packages) and installs what is missing, printing each command — or, with --no-install, stops
@@ -145,19 +147,44 @@ def ensure_metrale(binary: Path) -> Path | None:
     return binary
 
 
+# Where each non-expert tensor's bytes go in weight_bytes["components"] (first match wins).
+WEIGHT_COMPONENTS = (
+    ("lm_head", ("lm_head.weight", "embed_tokens.weight")),  # the latter only when tied
+    ("router", (".mlp.gate.weight",)),
+    ("shared_expert", (".mlp.shared_expert.", ".mlp.shared_expert_gate.")),
+    ("attention", (".self_attn.",)),
+    ("linear_attention", (".linear_attn.",)),
+    ("norms", ("norm.weight",)),
+)
+
+
+def weight_component(name: str) -> str:
+    for comp, keys in WEIGHT_COMPONENTS:
+        if any(k in name for k in keys):
+            return comp
+    return "other"  # dense MLPs of dense models
+
+
 def checkpoint_weight_bytes(model_dir: Path, batches: list[int]) -> dict:
     """Bytes of weights one decode step reads, per batch width: every tensor, except that an
-    untied input embedding is only gathered (a few rows), not streamed, and that a
-    mixture-of-experts layer reads only the experts its rows were routed to. With E experts,
-    k per token and uniform routing (what random weights give), a batch of B rows touches an
-    expected 1 - (1 - k/E)^B of each layer's experts: exactly k/E at batch 1.
+    untied input embedding is only gathered (a few rows), not streamed, that a multi-token-
+    prediction head (mtp.*) is not run by a plain decode step, and that a mixture-of-experts
+    layer reads only the experts its rows were routed to. With E experts, k per token and
+    uniform routing (what random weights give), a batch of B rows touches an expected
+    1 - (1 - k/E)^B of each layer's experts: exactly k/E at batch 1. Shared experts
+    (Qwen3-Next's mlp.shared_expert.*), routers, attention and linear-attention projections,
+    norms and the lm_head are read whole every step.
     Returns {"total": all tensor bytes, "dense": non-expert bytes read, "experts": expert
-    bytes, "per_step": {B: bytes}, "moe": {...} or None}."""
+    bytes, "per_step": {B: bytes}, "moe": {...} or None, "components": dense bytes by kind
+    (lm_head, router, shared_expert, attention, linear_attention, norms, other) plus
+    "experts_b1" (routed-expert bytes one token reads), "unread": {...}}."""
     import struct
     config = json.loads((model_dir / "config.json").read_text())
     config = config.get("text_config", config)
     tied = config.get("tie_word_embeddings", False)
     total = dense = experts = 0
+    components: dict[str, int] = {}
+    unread = {"embed_tokens": 0, "mtp": 0}
     for f in sorted(model_dir.glob("*.safetensors")):
         with open(f, "rb") as fh:
             n = struct.unpack("<Q", fh.read(8))[0]
@@ -167,21 +194,29 @@ def checkpoint_weight_bytes(model_dir: Path, batches: list[int]) -> dict:
                 continue
             size = meta["data_offsets"][1] - meta["data_offsets"][0]
             total += size
+            if name.startswith(("mtp.", "model.mtp.")):
+                unread["mtp"] += size
+                continue
             if name.endswith("embed_tokens.weight") and not tied:
+                unread["embed_tokens"] += size
                 continue
             if ".mlp.experts." in name:  # routed experts (a shared expert is .shared_expert.)
                 experts += size
             else:
                 dense += size
+                comp = weight_component(name)
+                components[comp] = components.get(comp, 0) + size
     n_experts = config.get("num_experts") or config.get("n_routed_experts")
     top_k = config.get("num_experts_per_tok")
     moe = None
     if experts and n_experts and top_k:
         moe = {"experts": n_experts, "top_k": top_k}
         frac = {b: 1 - (1 - top_k / n_experts) ** b for b in batches}
+        components["experts_b1"] = round(experts * top_k / n_experts)
     else:
         frac = {b: 1.0 for b in batches}
     return {"total": total, "dense": dense, "experts": experts, "moe": moe,
+            "components": components, "unread": unread,
             "per_step": {str(b): round(dense + experts * frac[b]) for b in batches}}
 
 
@@ -290,7 +325,9 @@ def main() -> None:
                      help="random-weight checkpoint with this model's shapes (made on demand): "
                           f"one of {sorted(make_random_checkpoint.SHAPES)}, or "
                           f"{make_random_checkpoint.QWEN3_MOE_BASE}-L<layers> (Qwen3-30B-A3B "
-                          "with that many of its 48 layers)")
+                          "with that many of its 48 layers), or "
+                          f"{make_random_checkpoint.QWEN3_NEXT_BASE}-L<layers> "
+                          "(Qwen3-Next-80B-A3B with that many of its 48 layers, >= 2)")
     src.add_argument("--model", type=Path, help="an existing HF checkpoint directory (bf16)")
     ap.add_argument("--threads", type=int_list, default=[1, 2])
     ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (medians reported)")
@@ -415,6 +452,8 @@ def main() -> None:
     results = {
         "command": shlex.join(invoked),
         "config": {"model": args.model_shape or str(model_dir), "model_dir": str(model_dir),
+                   "model_description": make_random_checkpoint.shape_spec(
+                       args.model_shape).get("description") if args.model_shape else None,
                    "precision": f"bf16 weights; metrale --compute "
                                 f"{metrale_info['compute'] if metrale_info else args.compute}; "
                                 f"llama.cpp GGUF {args.llama_outtype}",

@@ -4,7 +4,9 @@
 // which must not allocate.
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <ostream>
 
 #include "core/error.h"
@@ -33,6 +35,12 @@ std::string_view op_name(Op op) {
       return "moe";
     case Op::kAdd:
       return "add";
+    case Op::kCausalConv:
+      return "causal_conv";
+    case Op::kDeltaRule:
+      return "delta_rule";
+    case Op::kSigmoidMul:
+      return "sigmoid_mul";
   }
   return "unknown-op";
 }
@@ -122,6 +130,62 @@ void check_weight(std::string_view op, const WeightTensor& w) {
                 dtype_name(w.bias_dtype), "; pass the weight through prepare() first");
 }
 
+// The recurrent-state slice of a causal_conv / delta_rule call: row_seq indexes s.runs, each
+// sequence's rows are consecutive and as many as its run's out blocks, every run with rows
+// has an in block and a non-null last out, and runs without rows have no out blocks.
+void check_state(std::string_view op, const StateSlice& s, std::span<const int32_t> row_seq,
+                 int64_t n_rows) {
+  METRALE_CHECK(s.dtype == DType::kF32 || s.dtype == DType::kF16, op, ": state.dtype ",
+                dtype_name(s.dtype), " must be f32 or f16");
+  const size_t elem = s.dtype == DType::kF32 ? sizeof(float) : sizeof(uint16_t);
+  METRALE_CHECK(s.offset % elem == 0, op, ": state.offset ", s.offset,
+                " is not a multiple of its element size ", elem);
+  check_span({op, "", "row_seq"}, row_seq, n_rows);
+  const size_t n_seqs = s.runs.size();
+  // Sequences seen so far (a sequence may own one block of consecutive rows only): a bitset
+  // on the stack, or past its size a scan of the earlier rows.
+  constexpr size_t kBitsetSeqs = size_t{1} << 14;
+  uint64_t seen[kBitsetSeqs / 64];
+  const bool bitset = n_seqs <= kBitsetSeqs;
+  if (bitset) std::fill(seen, seen + (n_seqs + 63) / 64, uint64_t{0});
+  for (int64_t r = 0; r < n_rows;) {
+    const int32_t q = row_seq[static_cast<size_t>(r)];
+    METRALE_CHECK(q >= 0 && static_cast<size_t>(q) < n_seqs, op, ": row_seq[", r,
+                  "] names sequence ", q, ", outside the ", n_seqs, " state.runs");
+    int64_t e = r + 1;
+    while (e < n_rows && row_seq[static_cast<size_t>(e)] == q) ++e;
+    const auto uq = static_cast<size_t>(q);
+    bool before = false;
+    if (bitset) {
+      before = ((seen[uq / 64] >> (uq % 64)) & 1) != 0;
+      seen[uq / 64] |= uint64_t{1} << (uq % 64);
+    } else {
+      before = std::find(row_seq.begin(), row_seq.begin() + r, q) != row_seq.begin() + r;
+    }
+    METRALE_CHECK(!before, op, ": row_seq: the rows of sequence ", q, " are not consecutive (row ",
+                  r, " returns to it)");
+    const StateRun& run = s.runs[uq];
+    METRALE_CHECK(static_cast<int64_t>(run.out.size()) == e - r, op, ": state.runs[", q,
+                  "].out has ", run.out.size(), " blocks for the sequence's ", e - r, " rows");
+    METRALE_CHECK(run.in != nullptr, op, ": state.runs[", q, "].in is null");
+    METRALE_CHECK(run.out.back() != nullptr, op, ": state.runs[", q, "].out: the last block (row ",
+                  e - 1, ") is null");
+    r = e;
+  }
+  // Every sequence with rows matched its out count above, so any excess is a run whose
+  // sequence has no rows in this call.
+  size_t total = 0;
+  for (const StateRun& run : s.runs) total += run.out.size();
+  if (total != static_cast<size_t>(n_rows)) {
+    for (size_t i = 0; i < n_seqs; ++i) {
+      METRALE_CHECK(s.runs[i].out.empty() || std::find(row_seq.begin(), row_seq.end(),
+                                                       static_cast<int32_t>(i)) != row_seq.end(),
+                    op, ": state.runs[", i, "].out has ", s.runs[i].out.size(),
+                    " blocks, but the sequence has no rows");
+    }
+  }
+}
+
 }  // namespace
 
 WeightTensor Backend::prepare(const WeightTensor& w, PrepareMode mode) {
@@ -179,6 +243,10 @@ void Backend::rms_norm(const RmsNormArgs& a) {
   check_rows({"rms_norm", "", "output"}, a.out, a.x.n_rows, n);
   if (a.residual.data != nullptr)
     check_rows({"rms_norm", "", "residual"}, a.residual, a.x.n_rows, n);
+  if (a.gate.data != nullptr) {
+    METRALE_CHECK(a.residual.data == nullptr, "rms_norm: gate and residual cannot be combined");
+    check_rows({"rms_norm", "", "gate"}, a.gate, a.x.n_rows, n);
+  }
   if (a.x.n_rows == 0) return;
   const ObservedOp observe(*this, Op::kRmsNorm, nullptr);
   do_rms_norm(a);
@@ -310,6 +378,55 @@ void Backend::add(ConstRows x, Rows y) {
   if (x.n_rows == 0) return;
   const ObservedOp observe(*this, Op::kAdd, nullptr);
   do_add(x, y);
+}
+
+void Backend::causal_conv(const CausalConvArgs& a) {
+  const int64_t n = a.x.n_rows, c = a.x.n_cols;
+  METRALE_CHECK(c > 0, "causal_conv: x has no channels");
+  METRALE_CHECK(a.kernel >= 2, "causal_conv: kernel ", a.kernel, " must be at least 2");
+  METRALE_CHECK(a.weight != nullptr, "causal_conv: no weight");
+  check_rows({"causal_conv", "", "x"}, a.x, n, c);
+  check_rows({"causal_conv", "", "out"}, a.out, n, c);
+  METRALE_CHECK(a.out.data != a.x.data || n == 0, "causal_conv: out must not alias x");
+  check_state("causal_conv", a.state, a.row_seq, n);
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kCausalConv, nullptr);
+  do_causal_conv(a);
+}
+
+void Backend::delta_rule(const DeltaRuleArgs& a) {
+  const int64_t n = a.q.n_rows;
+  METRALE_CHECK(a.n_k_heads > 0 && a.n_v_heads > 0 && a.n_v_heads % a.n_k_heads == 0,
+                "delta_rule: n_v_heads ", a.n_v_heads, " must be a positive multiple of n_k_heads ",
+                a.n_k_heads);
+  METRALE_CHECK(a.k_head_dim > 0 && a.v_head_dim > 0, "delta_rule: bad head dims k_head_dim ",
+                a.k_head_dim, ", v_head_dim ", a.v_head_dim);
+  METRALE_CHECK(a.a_log != nullptr, "delta_rule: no a_log");
+  METRALE_CHECK(a.dt_bias != nullptr, "delta_rule: no dt_bias");
+  const int64_t kw = a.n_k_heads * a.k_head_dim, vw = a.n_v_heads * a.v_head_dim;
+  check_rows({"delta_rule", "", "q"}, a.q, n, kw);
+  check_rows({"delta_rule", "", "k"}, a.k, n, kw);
+  check_rows({"delta_rule", "", "v"}, a.v, n, vw);
+  check_rows({"delta_rule", "", "a"}, a.a, n, a.n_v_heads);
+  check_rows({"delta_rule", "", "b"}, a.b, n, a.n_v_heads);
+  check_rows({"delta_rule", "", "out"}, a.out, n, vw);
+  METRALE_CHECK((a.out.data != a.q.data && a.out.data != a.k.data) || n == 0,
+                "delta_rule: out must not alias q or k");
+  check_state("delta_rule", a.state, a.row_seq, n);
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kDeltaRule, nullptr);
+  do_delta_rule(a);
+}
+
+void Backend::sigmoid_mul(const SigmoidMulArgs& a) {
+  const int64_t n = a.y.n_rows;
+  check_rows({"sigmoid_mul", "", "y"}, a.y, n, a.y.n_cols);
+  METRALE_CHECK(a.gate.n_cols == a.y.n_cols || a.gate.n_cols == 1, "sigmoid_mul: gate has ",
+                a.gate.n_cols, " columns, expected ", a.y.n_cols, " (y's) or 1");
+  check_rows({"sigmoid_mul", "", "gate"}, a.gate, n, a.gate.n_cols);
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kSigmoidMul, nullptr);
+  do_sigmoid_mul(a);
 }
 
 }  // namespace metrale

@@ -42,8 +42,11 @@ enum class Op : uint8_t {
   kRoute,            // MoE router: softmax, top-k, optional renormalisation
   kMoe,              // MoE experts: grouped by expert, weighted sum per row
   kAdd,              // y += x (a residual add with no norm after it)
+  kCausalConv,       // depthwise causal conv1d over each sequence's rows, rolling state, SiLU
+  kDeltaRule,        // gated delta rule (Gated DeltaNet): a recurrent state per sequence
+  kSigmoidMul,       // y *= sigmoid(gate) (gated attention output, shared-expert gate)
 };
-inline constexpr int kOpCount = 10;
+inline constexpr int kOpCount = 13;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -93,6 +96,9 @@ struct RmsNormArgs {
   // 0: normalise whole rows. Otherwise normalise each run of `group` values separately
   // (per-head qk-norm: group = head_dim, the same weight for every head).
   int64_t group = 0;
+  // Optional gate (Gated DeltaNet's RMSNormGated): when gate.data is set, out = norm(x) * w *
+  // silu(gate), gate the same shape as x. Not combined with residual.
+  ConstRows gate{};
 };
 
 // The cos/sin rows of a rope table (layers/rope_table.h builds them the way HF does):
@@ -186,6 +192,81 @@ struct MoeArgs {
   Rows out;  // [n_rows, H]; must not alias x
 };
 
+// --- recurrent state (hybrid models' Gated DeltaNet layers) ---
+//
+// The engine keeps each sequence's recurrent state in blocks: one block holds the state of
+// every linear-attention layer after some token (engine/state_pool.h); a layer's conv and
+// SSM state sit at fixed byte offsets inside every block. A pass hands each op one StateRun
+// per sequence: the block to start from and the blocks to write after each of its rows.
+struct StateRun {
+  const std::byte* in = nullptr;  // the block before the sequence's first row of this pass
+  // [the sequence's rows in this pass]: the block receiving the state after row i, or null
+  // when that intermediate is not kept. The last is never null. Any of them may equal `in`:
+  // an op reads the state it starts from before it writes.
+  std::span<std::byte* const> out;
+};
+
+// Where one layer's state of one kind sits in every block of the pass.
+struct StateSlice {
+  std::span<const StateRun> runs;  // indexed by sequence (AttentionArgs' seqs order)
+  size_t offset = 0;               // bytes from a block's start
+  // Storage: kF32 or kF16 (computed in f32 either way). The rows after a kept state continue
+  // from the stored values (f16: rounded), so a run keeping every state equals one-row calls
+  // chained, bit for bit.
+  DType dtype = DType::kF32;
+};
+
+// Depthwise causal conv1d over each sequence's rows (Gated DeltaNet's conv1d, bias-free):
+// for channel c of a row at stream position t, out = act(sum_j weight[j, c] * u[t - K + 1 + j])
+// where u is the sequence's input stream: the K - 1 inputs before the pass come from the
+// state, the rest are x's rows. The state is those last K - 1 inputs, [K - 1, C] oldest first
+// (zero for a fresh sequence). The rows of a sequence are consecutive (row_seq).
+struct CausalConvArgs {
+  ConstRows x;                       // [n_rows, C]
+  Rows out;                          // [n_rows, C]; must not alias x
+  const float* weight = nullptr;     // [K, C]: conv1d.weight [C, 1, K] transposed at load
+  int64_t kernel = 0;                // K >= 2
+  bool silu = true;                  // the activation after the conv (HF: config.hidden_act)
+  std::span<const int32_t> row_seq;  // [n_rows]
+  StateSlice state;                  // [K - 1, C] per block
+};
+
+// The gated delta rule of Qwen3-Next / Qwen3.5 (HF torch_recurrent_gated_delta_rule /
+// torch_chunk_gated_delta_rule with use_qk_l2norm_in_kernel), per value head h of a row,
+// with key head kh = h / (n_v_heads / n_k_heads):
+//   q, k = l2norm(q_kh), l2norm(k_kh)  (x / sqrt(sum x^2 + 1e-6));  q /= sqrt(k_head_dim)
+//   g = -exp(a_log[h]) * softplus(a[h] + dt_bias[h]);  beta = sigmoid(b[h])
+//   S = exp(g) S;  S += k (beta (v_h - S^T k))^T;  out_h = S^T q
+// S is the head's [k_head_dim, v_head_dim] state. The state of one block is
+// [n_v_heads, k_head_dim, v_head_dim]. A run whose intermediates are all kept is computed
+// token by token (the recurrent form); a longer run that keeps only its last state may use
+// the chunked form, equal to the recurrent one within rounding (1e-4 on O(1) data,
+// tests/backend/cpu/gated_delta_test.cc; the CPU backend measured it slower and does not use
+// it, cpu/gated_delta.h). All in f32; the CPU kernels' exact order is in cpu/gated_delta.cc.
+struct DeltaRuleArgs {
+  ConstRows q;                     // [n_rows, n_k_heads * k_head_dim] (after the conv)
+  ConstRows k;                     // [n_rows, n_k_heads * k_head_dim]
+  ConstRows v;                     // [n_rows, n_v_heads * v_head_dim]
+  ConstRows a;                     // [n_rows, n_v_heads] in_proj_a's output
+  ConstRows b;                     // [n_rows, n_v_heads] in_proj_b's output
+  const float* a_log = nullptr;    // [n_v_heads] A_log
+  const float* dt_bias = nullptr;  // [n_v_heads]
+  int64_t n_k_heads = 0;           // divides n_v_heads
+  int64_t n_v_heads = 0;
+  int64_t k_head_dim = 0;
+  int64_t v_head_dim = 0;
+  Rows out;  // [n_rows, n_v_heads * v_head_dim]; may be v itself, not q or k
+  std::span<const int32_t> row_seq;  // [n_rows]
+  StateSlice state;                  // [n_v_heads, k_head_dim, v_head_dim] per block
+};
+
+// y[r, j] *= sigmoid(gate[r, j]), or sigmoid(gate[r, 0]) for every j when gate has one
+// column (a per-row scalar gate). sigmoid = 1 / (1 + exp(-x)) in f32, as torch.
+struct SigmoidMulArgs {
+  ConstRows gate;  // [n_rows, n_cols of y] or [n_rows, 1]; may be y itself
+  Rows y;
+};
+
 // Watches the ops a backend runs (Backend::set_observer): begin/end bracket each op call,
 // `weight` is the weight of a linear or embedding (null otherwise). OpProfiler
 // (backend/op_profiler.h) times them for `metrale bench --profile`.
@@ -234,6 +315,9 @@ class Backend {
   void moe(const MoeArgs& a);
   // y += x, row by row (same shapes).
   void add(ConstRows x, Rows y);
+  void causal_conv(const CausalConvArgs& a);
+  void delta_rule(const DeltaRuleArgs& a);
+  void sigmoid_mul(const SigmoidMulArgs& a);
 
   // Every later op call is bracketed by observer->begin/end (nullptr: none). Not owned.
   void set_observer(OpObserver* observer) { observer_ = observer; }
@@ -251,6 +335,9 @@ class Backend {
   virtual void do_route(const RouteArgs& a) = 0;
   virtual void do_moe(const MoeArgs& a) = 0;
   virtual void do_add(ConstRows x, Rows y) = 0;
+  virtual void do_causal_conv(const CausalConvArgs& a) = 0;
+  virtual void do_delta_rule(const DeltaRuleArgs& a) = 0;
+  virtual void do_sigmoid_mul(const SigmoidMulArgs& a) = 0;
   // Packing tags (WeightTensor::packing) this backend's prepare() produces; 0 always passes.
   virtual bool knows_packing(const WeightTensor& w) const = 0;
   // Largest head_dim the attention implementation accepts.

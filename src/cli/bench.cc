@@ -151,6 +151,7 @@ void run_bench(const BenchFlags& f) {
   const int64_t longest = *std::max_element(prefills.begin(), prefills.end());
   const int64_t widest = *std::max_element(batches.begin(), batches.end());
   mf.max_rows = std::max(mf.max_rows, widest);
+  mf.max_seqs = std::max(mf.max_seqs, widest);
   if (mf.kv_tokens == 0) mf.kv_tokens = std::max(longest, widest * (16 + f.decode_tokens)) + 64;
   std::unique_ptr<Model> model = load_model(mf);
   Model& m = *model;

@@ -1,11 +1,19 @@
 // `metrale inspect DIR`: what a checkpoint is, without running it — config summary, layer
 // kinds, the per-type predicates, and its tensors (layers folded: `model.layers.*.x` once
-// with the count), parameter count and bytes.
+// with the count), parameter count and bytes; the tensors recognised but not loaded (a
+// vision tower, MTP layers). With --max-batch N, a hybrid model's recurrent-state pool as
+// the engine would reserve it (engine/state_pool.h): the block layout and the ring depth the
+// budget allows.
 #include <cstdio>
+#include <limits>
 #include <map>
+#include <optional>
 #include <regex>
+#include <string_view>
 
 #include "cli/command.h"
+#include "core/error.h"
+#include "engine/state_pool.h"
 #include "io/config/model_config.h"
 #include "io/safetensors/checkpoint.h"
 
@@ -17,7 +25,45 @@ struct Group {
   int64_t count = 0;
 };
 
-void run_inspect(const std::string& dir) {
+struct InspectFlags {
+  std::string dir;
+  int64_t max_batch = 0;  // 0: not given
+  std::string budget;     // empty: none
+  std::string state_dtype = "f32";
+  int64_t snapshots = 0;
+};
+
+// The recurrent-state request the flags describe, validated before anything is read.
+struct StateFlags {
+  int64_t max_seqs = 0;
+  std::optional<uint64_t> budget;
+  DType dtype = DType::kF32;
+  int64_t snapshots = 0;
+};
+
+void print_state_reserve(const ModelConfig& config, const StateFlags& s) {
+  std::printf("\n");
+  if (!config.has_linear_attention()) {
+    std::printf(
+        "recurrent state: none (%s has no linear-attention layers; the KV cache is all "
+        "the per-sequence state)\n",
+        config.model_type.c_str());
+    return;
+  }
+  const std::vector<LayerStateShape> shapes = linear_state_shapes(config);
+  const StateLayout layout = layout_states(shapes, s.dtype);
+  const StateReservePlan plan = plan_state_reserve({.max_seqs = s.max_seqs,
+                                                    .block_bytes = layout.block_bytes,
+                                                    .snapshot_slots = s.snapshots,
+                                                    .budget = s.budget});
+  std::printf("%s", describe(plan, layout).c_str());
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+void run_inspect(const std::string& dir, const std::optional<StateFlags>& state) {
   const ModelConfig config = load_model_config(dir);
   const Checkpoint checkpoint = Checkpoint::open(dir);
   std::printf("%s\n", describe(config).c_str());
@@ -29,8 +75,11 @@ void run_inspect(const std::string& dir) {
   static const std::regex layer_index(R"(\.(\d+)\.)");
   std::map<std::string, Group> groups;
   int64_t params = 0;
+  int64_t n_visual = 0, n_mtp = 0;
   for (const CheckpointTensor& t : checkpoint.tensors()) {
     params += t.info->shape.numel();
+    if (starts_with(t.name(), "model.visual.")) ++n_visual;
+    if (starts_with(t.name(), "mtp.")) ++n_mtp;
     const std::string key = std::regex_replace(std::string(t.name()), layer_index, ".*.",
                                                std::regex_constants::format_first_only);
     const std::string sd = std::string(dtype_name(t.info->dtype)) + t.info->shape.str();
@@ -54,15 +103,59 @@ void run_inspect(const std::string& dir) {
               static_cast<double>(params) / 1e9,
               static_cast<unsigned long long>(checkpoint.total_bytes()),
               static_cast<double>(checkpoint.total_bytes()) / 1e6);
+  if (n_visual == 0 && !config.vision_config_json.empty()) {
+    std::printf("vision tower: in config.json, no model.visual.* tensors in the checkpoint\n");
+  } else if (n_visual > 0) {
+    std::printf("vision tower: %lld %s (model.visual.*) recognised, not loaded\n",
+                static_cast<long long>(n_visual), n_visual == 1 ? "tensor" : "tensors");
+  }
+  if (n_mtp > 0) {
+    std::printf("MTP layers: %lld %s (mtp.*) recognised, not loaded\n",
+                static_cast<long long>(n_mtp), n_mtp == 1 ? "tensor" : "tensors");
+  }
   for (const std::string& w : checkpoint.warnings()) std::printf("warning: %s\n", w.c_str());
+  if (state) print_state_reserve(config, *state);
+}
+
+// Checks the state flags (before any file is read) and says whether a plan was asked for.
+std::optional<StateFlags> state_flags(const InspectFlags& f, bool has_max_batch,
+                                      bool has_state_option) {
+  if (!has_max_batch) {
+    METRALE_CHECK(!has_state_option,
+                  "--budget, --state-dtype and --snapshots size the recurrent-state pool: they "
+                  "need --max-batch N");
+    return std::nullopt;
+  }
+  StateFlags s;
+  s.max_seqs = f.max_batch;
+  if (!f.budget.empty()) s.budget = parse_byte_size(f.budget, "--budget");
+  s.dtype = f.state_dtype == "f16" ? DType::kF16 : DType::kF32;
+  s.snapshots = f.snapshots;
+  return s;
 }
 
 void setup(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("inspect", "describe a checkpoint: config, layer kinds, tensors, sizes");
-  auto dir = std::make_shared<std::string>();
-  cmd->add_option("dir", *dir, "checkpoint directory")->required();
-  cmd->callback([dir] { run_inspect(*dir); });
+  auto f = std::make_shared<InspectFlags>();
+  cmd->add_option("dir", f->dir, "checkpoint directory")->required();
+  CLI::Option* max_batch =
+      cmd->add_option("--max-batch", f->max_batch,
+                      "size the recurrent-state pool of a hybrid model for N live sequences")
+          ->check(CLI::Range(int64_t{1}, int64_t{std::numeric_limits<int32_t>::max() - 1}));
+  CLI::Option* budget = cmd->add_option(
+      "--budget", f->budget,
+      "bytes the state pool may take: 4294967296, 512MiB, 2GiB, 1GB (default: no limit)");
+  CLI::Option* dtype = cmd->add_option("--state-dtype", f->state_dtype, "state storage: f32, f16")
+                           ->check(CLI::IsMember({"f32", "f16"}));
+  CLI::Option* snapshots =
+      cmd->add_option("--snapshots", f->snapshots, "state blocks kept for prefix caching")
+          ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  cmd->callback([f, max_batch, budget, dtype, snapshots] {
+    const std::optional<StateFlags> state = state_flags(
+        *f, max_batch->count() > 0, budget->count() + dtype->count() + snapshots->count() > 0);
+    run_inspect(f->dir, state);
+  });
 }
 
 }  // namespace

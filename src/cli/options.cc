@@ -66,6 +66,15 @@ void ModelFlags::add_to(CLI::App& cmd) {
                  "linear-layer arithmetic: f32 (HF numerics) or bf16 (inputs rounded to bf16, "
                  "as llama.cpp's BF16; needs --weights copy)")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd.add_option("--max-seqs", max_seqs,
+                 "hybrid models: sequences that hold a recurrent-state slot at once")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  cmd.add_option("--state-dtype", state_dtype,
+                 "hybrid models: recurrent-state storage, f32 or f16 (computed in f32)")
+      ->check(CLI::IsMember({"f32", "f16"}));
+  cmd.add_option("--state-budget", state_budget,
+                 "hybrid models: bytes the recurrent-state pool may take (e.g. 2GiB); the "
+                 "rollback ring is the deepest of 8, 4, 2, 1, 0 that fits (default: 8)");
 }
 
 LoadOptions ModelFlags::load_options() const {
@@ -75,6 +84,9 @@ LoadOptions ModelFlags::load_options() const {
   o.max_rows = max_rows;
   o.placement = placement == "mmap" ? WeightPlacement::kInPlace : WeightPlacement::kCopy;
   o.compute = compute == "bf16" ? Compute::kBF16 : Compute::kF32;
+  o.max_seqs = max_seqs;
+  o.state_dtype = state_dtype == "f16" ? DType::kF16 : DType::kF32;
+  if (!state_budget.empty()) o.state_budget = parse_byte_size(state_budget, "--state-budget");
   // Progress only where a person watches and the load takes a moment.
   if (isatty(STDERR_FILENO)) o.progress = draw_progress;
   return o;

@@ -23,6 +23,9 @@ struct ModelFlags {
   int64_t max_rows = 128;
   std::string placement = "copy";
   std::string compute = "f32";
+  int64_t max_seqs = 8;             // hybrid models: sequences holding a recurrent state at once
+  std::string state_dtype = "f32";  // hybrid models: recurrent-state storage
+  std::string state_budget;         // hybrid models: bytes for the state pool ("" = no limit)
 
   void add_to(CLI::App& cmd);
   LoadOptions load_options() const;

@@ -53,6 +53,31 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
                           .n_kv_heads = c.n_kv_heads,
                           .head_dim = c.head_dim};
     m->kv_ = std::make_unique<KvPool>(*m->backend_, c.n_layers, layout);
+    std::vector<LayerStateShape> shapes;
+    bool any_state = false;
+    for (const DecoderLayer& layer : m->arch_->layers) {
+      shapes.push_back(layer.mixer().state_shape());
+      any_state = any_state || !shapes.back().empty();
+    }
+    if (any_state) {
+      // `metrale inspect` plans from the config alone; the layers built must agree with it.
+      const std::vector<LayerStateShape> expected = linear_state_shapes(c);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        METRALE_CHECK(i < expected.size() && shapes[i].conv_elems == expected[i].conv_elems &&
+                          shapes[i].ssm_elems == expected[i].ssm_elems,
+                      "layer ", i, " keeps a recurrent state of ", shapes[i].conv_elems, " + ",
+                      shapes[i].ssm_elems, " elements; the config implies ",
+                      i < expected.size() ? expected[i].conv_elems : 0, " + ",
+                      i < expected.size() ? expected[i].ssm_elems : 0);
+      }
+      StateLayout state_layout = layout_states(shapes, o.state_dtype);
+      const StateReservePlan plan = plan_state_reserve({.max_seqs = o.max_seqs,
+                                                        .block_bytes = state_layout.block_bytes,
+                                                        .snapshot_slots = o.state_snapshots,
+                                                        .budget = o.state_budget,
+                                                        .ring_depth = o.state_ring_depth});
+      m->state_ = std::make_unique<StatePool>(*m->backend_, plan, std::move(state_layout));
+    }
 
     m->max_rows_ = o.max_rows;
     const int64_t R = o.max_rows, H = c.hidden_size;
@@ -74,6 +99,8 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     m->slots_.resize(ur);
     m->tables_.resize(ur);
     m->items_.resize(ur);
+    m->state_runs_.resize(ur);
+    m->state_out_.resize(ur);
     return m;
   });
 }
@@ -98,7 +125,16 @@ void Model::run(const ForwardContext& ctx, int64_t n_want, float* logits, const 
   const auto n_layers = static_cast<int64_t>(arch_->layers.size());
   for (int64_t i = 0; i < n_layers; ++i) {
     const DecoderLayer& layer = arch_->layers[static_cast<size_t>(i)];
-    layer.forward(ctx, LayerState{kv_->layer(i)}, r, ws);
+    LayerState state{.kv = kv_->layer(i)};
+    const StateLayout::Layer* at =
+        state_ != nullptr ? &state_->layout().layers[static_cast<size_t>(i)] : nullptr;
+    if (at != nullptr && at->has_state) {
+      const DType dtype = state_->layout().dtype;
+      const std::span<const StateRun> runs(state_runs_.data(), ctx.seqs.size());
+      state.conv = {.runs = runs, .offset = at->conv_offset, .dtype = dtype};
+      state.ssm = {.runs = runs, .offset = at->ssm_offset, .dtype = dtype};
+    }
+    layer.forward(ctx, state, r, ws);
     if (sink != nullptr && i + 1 < n_layers) {
       // Materialise h for the observer; the next layer's norm then finds nothing pending.
       be.add(r.delta, r.h);
@@ -155,6 +191,7 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
                 n_want * config_.vocab_size);
   METRALE_CHECK(sink == nullptr || items.size() == 1,
                 "step: hidden states are recorded for one sequence only");
+  if (state_ != nullptr) bind_states(items);
   for (const StepItem& it : items) {
     kv_->reserve(it.seq->block_table, static_cast<int64_t>(it.seq->tokens.size() + it.ids.size()));
   }
@@ -187,8 +224,53 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
                            .seqs = std::span(tables_).first(items.size()),
                            .rope = rope_.cache()};
   run(ctx, n_want, logits.data(), sink);
-  for (const StepItem& it : items)
+  for (const StepItem& it : items) {
+    const auto have = static_cast<int64_t>(it.seq->tokens.size());
+    const auto len = static_cast<int64_t>(it.ids.size());
     it.seq->tokens.insert(it.seq->tokens.end(), it.ids.begin(), it.ids.end());
+    if (state_ != nullptr) {
+      // What the ring still holds (state_pool.h): after a step that kept every row's state,
+      // the last ring_depth token counts; after a longer one, only its final state.
+      const int64_t depth = state_->plan().ring_depth;
+      it.seq->state_floor =
+          len <= depth ? std::max(it.seq->state_floor, have + len - depth) : have + len;
+    }
+  }
+}
+
+void Model::bind_states(std::span<const StepItem> items) {
+  const int64_t depth = state_->plan().ring_depth, versions = depth + 1;
+  // Each sequence's slot (a fresh sequence takes one), and no slot twice.
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sequence& seq = *items[i].seq;
+    if (seq.state_slot < 0) {
+      METRALE_CHECK(seq.tokens.empty(), "step: sequence ", i, " has ", seq.tokens.size(),
+                    " tokens but no state slot (was it copied from another Sequence?)");
+      seq.state_slot = state_->acquire(&seq);
+      seq.state_floor = 0;
+    } else {
+      state_->check_owner(seq.state_slot, &seq);
+    }
+  }
+  size_t row = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Sequence& seq = *items[i].seq;
+    const auto have = static_cast<int64_t>(seq.tokens.size());
+    const auto len = static_cast<int64_t>(items[i].ids.size());
+    // Token count t's state lives in version t % versions. A step of at most ring_depth rows
+    // keeps the state after each row (a verify that may be rolled back); a longer one keeps
+    // only its last, which lets the backend use the chunked form.
+    const bool keep_all = len <= depth;
+    for (int64_t j = 0; j < len; ++j) {
+      const bool keep = keep_all || j == len - 1;
+      state_out_[row + static_cast<size_t>(j)] =
+          keep ? state_->block(seq.state_slot, (have + j + 1) % versions) : nullptr;
+    }
+    state_runs_[i] = {
+        .in = state_->block(seq.state_slot, have % versions),
+        .out = std::span<std::byte* const>(state_out_.data() + row, static_cast<size_t>(len))};
+    row += static_cast<size_t>(len);
+  }
 }
 
 void Model::prefill(Sequence& seq, std::span<const int32_t> ids, std::span<float> logits,
@@ -244,11 +326,25 @@ void Model::decode(std::span<Sequence* const> seqs, std::span<const int32_t> tok
 void Model::truncate(Sequence& seq, int64_t n) {
   const auto have = static_cast<int64_t>(seq.tokens.size());
   METRALE_CHECK(n >= 0 && n <= have, "truncate: keep ", n, " tokens of a sequence of ", have);
+  if (state_ != nullptr && seq.state_slot >= 0) {
+    state_->check_owner(seq.state_slot, &seq);
+    if (n == 0) {  // the empty sequence's state is known: zero
+      state_->zero_block(state_->block(seq.state_slot, 0));
+      seq.state_floor = 0;
+    }
+    METRALE_CHECK(n >= seq.state_floor, "truncate: keep ", n, " of ", have,
+                  " tokens, but the recurrent state is held back to ", seq.state_floor,
+                  " tokens only (rollback ring depth ", state_->plan().ring_depth,
+                  "; a step of more tokens keeps only its final state)");
+  }
   kv_->truncate(seq.block_table, n);
   seq.tokens.resize(static_cast<size_t>(n));
 }
 
 void Model::release(Sequence& seq) {
+  if (state_ != nullptr && seq.state_slot >= 0) state_->release(seq.state_slot, &seq);
+  seq.state_slot = -1;
+  seq.state_floor = 0;
   kv_->release(seq.block_table);
   seq.tokens.clear();
 }

@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/thread_pool.h"
 #include "engine/kv_pool.h"
+#include "engine/state_pool.h"
 #include "io/config/model_config.h"
 #include "io/safetensors/checkpoint.h"
 #include "io/tokenizer/tokenizer.h"
@@ -33,13 +35,25 @@ struct LoadOptions {
   // prefill on AVX-512 BF16 CPUs); needs placement kCopy. kF32 keeps HF's upcast numerics.
   Compute compute = Compute::kF32;
   bool load_tokenizer = true;  // read tokenizer.json when the directory has one
+  // Hybrid models (Gated DeltaNet layers): the recurrent-state pool (engine/state_pool.h).
+  int64_t max_seqs = 8;                     // sequences holding a state slot at once
+  DType state_dtype = DType::kF32;          // state storage: kF32 or kF16
+  int64_t state_snapshots = 0;              // snapshot blocks for prefix caching
+  std::optional<uint64_t> state_budget;     // bytes for the pool; none: the deepest ring
+  std::optional<int64_t> state_ring_depth;  // force a rollback depth (must fit the budget)
   void (*progress)(uint64_t done_bytes, uint64_t total_bytes) = nullptr;
 };
 
-// One sequence's place in the KV cache. Default-construct; hand back with Model::release.
+// One sequence's place in the KV cache (and, for hybrid models, in the state pool).
+// Default-construct; hand back with Model::release. Not copyable in spirit: a copy would
+// share the original's state slot, which the pool refuses (the slot is bound to this object).
 struct Sequence {
   std::vector<int32_t> tokens;       // every token whose K/V is cached, in order
   std::vector<int32_t> block_table;  // its KV pages
+  int32_t state_slot = -1;           // hybrid models: its slot in the state pool (-1: none yet)
+  // Hybrid models: the fewest tokens truncate() can keep — the oldest token count whose
+  // recurrent state is still in the slot's ring.
+  int64_t state_floor = 0;
 };
 
 // Receives the residual stream after the embedding (index 0) and after each layer (1..L;
@@ -75,6 +89,8 @@ class Model {
   // The most tokens one sequence can hold: the rope table and KV capacity bound it.
   int64_t context_limit() const { return context_; }
   const KvPool& kv_pool() const { return *kv_; }
+  // The recurrent-state pool; nullptr for models without linear-attention layers.
+  const StatePool* state_pool() const { return state_.get(); }
   // Bytes of the checkpoint's weights.
   uint64_t weight_bytes() const { return weight_bytes_; }
   // Bytes of weights one decoded token reads (the roofline's numerator): for an MoE model
@@ -95,7 +111,9 @@ class Model {
   void decode(std::span<Sequence* const> seqs, std::span<const int32_t> tokens,
               std::span<float> logits);
   // Keeps the first n tokens of `seq` (rollback of rejected draft tokens); pages no longer
-  // needed go back to the pool. A later step recomputes whatever follows.
+  // needed go back to the pool. A later step recomputes whatever follows. Hybrid models:
+  // n >= seq.state_floor (the ring keeps the state after each of the last ring_depth tokens
+  // of steps of at most ring_depth tokens; a longer step keeps only its final state).
   void truncate(Sequence& seq, int64_t n);
   // Returns the sequence's pages to the pool and empties it.
   void release(Sequence& seq);
@@ -103,6 +121,9 @@ class Model {
  private:
   Model() = default;
   void check_ids(std::span<const int32_t> ids) const;
+  // Hybrid models: gives each item's sequence a state slot if it has none, and points
+  // state_runs_ / state_out_ at the blocks each row reads and writes.
+  void bind_states(std::span<const StepItem> items);
   // The layers over the step's rows (already described in ctx and ids_), then the final norm
   // and lm_head over the rows listed in want_ (none: a step that only fills the cache).
   void run(const ForwardContext& ctx, int64_t n_want, float* logits, const HiddenSink* sink);
@@ -116,6 +137,7 @@ class Model {
   std::unique_ptr<Architecture> arch_;
   RopeTable rope_;
   std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<StatePool> state_;  // hybrid models only
   int64_t max_rows_ = 0;
   int64_t context_ = 0;
   uint64_t weight_bytes_ = 0;
@@ -128,7 +150,9 @@ class Model {
   std::vector<int32_t> ids_, positions_, row_seq_, lora_slots_, want_;
   std::vector<int64_t> slots_;
   std::vector<KvPageTable> tables_;
-  std::vector<StepItem> items_;  // decode()'s items
+  std::vector<StateRun> state_runs_;   // [items] hybrid models: each sequence's state blocks
+  std::vector<std::byte*> state_out_;  // [rows] the blocks after each row (StateRun::out)
+  std::vector<StepItem> items_;        // decode()'s items
 };
 
 }  // namespace metrale

@@ -11,8 +11,33 @@ std::unique_ptr<GqaAttention> GqaAttention::load(const ModelConfig& c, int64_t l
   auto a = std::make_unique<GqaAttention>();
   const int64_t H = c.hidden_size, D = c.head_dim;
   const int64_t Q = c.n_heads * D, KV = c.n_kv_heads * D;
-  a->qkv_ = load_linear(l, {p + "q_proj", p + "k_proj", p + "v_proj"}, {Q, KV, KV}, H,
-                        c.attention_qkv_bias);
+  if (c.attention_output_gate) {
+    METRALE_CHECK(!c.attention_qkv_bias, c.source, ": attention_bias with a gated q_proj (",
+                  c.model_type, ") is not supported");
+    // One gather part per tensor (each is claimed once): q_proj's query rows of every head,
+    // then its gate rows; k_proj and v_proj as they are.
+    TensorLoader::RowGather qg{p + "q_proj.weight", 2 * Q, {}};
+    for (const int64_t half : {int64_t{0}, D}) {
+      for (int64_t h = 0; h < c.n_heads; ++h)
+        for (int64_t d = 0; d < D; ++d) qg.rows.push_back(2 * h * D + half + d);
+    }
+    auto identity = [](const std::string& name, int64_t n) {
+      TensorLoader::RowGather g{name, n, {}};
+      for (int64_t r = 0; r < n; ++r) g.rows.push_back(r);
+      return g;
+    };
+    a->qkv_ = Linear::fused(l.gathered_matrix({qg, identity(p + "k_proj.weight", KV),
+                                               identity(p + "v_proj.weight", KV)},
+                                              H, p + "q_proj(query|gate)+k_proj+v_proj"),
+                            {{p + "q_proj (query rows)", 0, Q},
+                             {p + "q_proj (gate rows)", Q, Q},
+                             {p + "k_proj", 2 * Q, KV},
+                             {p + "v_proj", 2 * Q + KV, KV}});
+    a->output_gate_ = true;
+  } else {
+    a->qkv_ = load_linear(l, {p + "q_proj", p + "k_proj", p + "v_proj"}, {Q, KV, KV}, H,
+                          c.attention_qkv_bias);
+  }
   a->o_ = load_linear(l, p + "o_proj", H, Q, c.attention_out_bias);
   if (c.qk_norm) {
     a->q_norm_ = load_norm(l, c, p + "q_norm.weight", D);
@@ -45,8 +70,9 @@ void GqaAttention::forward(const ForwardContext& ctx, const LayerState& state, C
   const int64_t Q = shape_.n_heads * D, KV = shape_.n_kv_heads * D;
   const Rows qkv = ws.rows(n, qkv_.n_out());
   const Rows attn = ws.rows(n, Q);
-  const Rows q = column_slice(qkv, 0, Q), k = column_slice(qkv, Q, KV),
-             v = column_slice(qkv, Q + KV, KV);
+  const int64_t kv_col = output_gate_ ? 2 * Q : Q;  // gated: q | gate | k | v
+  const Rows q = column_slice(qkv, 0, Q), k = column_slice(qkv, kv_col, KV),
+             v = column_slice(qkv, kv_col + KV, KV);
   qkv_.forward(be, x, qkv);
   if (!q_norm_.empty()) {  // qwen3: per-head RMSNorm of q and k before rope
     q_norm_.apply(be, q, q, D);
@@ -70,6 +96,7 @@ void GqaAttention::forward(const ForwardContext& ctx, const LayerState& state, C
                 .row_seq = ctx.row_seq,
                 .positions = ctx.positions,
                 .shape = shape_});
+  if (output_gate_) be.sigmoid_mul({.gate = column_slice(qkv, Q, Q), .y = attn});
   o_.forward(be, attn, out);
 }
 
@@ -79,6 +106,7 @@ std::string GqaAttention::describe() const {
      << shape_.head_dim;
   if (!q_norm_.empty()) os << ", qk-norm";
   if (shape_.sliding_window > 0) os << ", window " << shape_.sliding_window;
+  if (output_gate_) os << ", gated output";
   if (qkv_.is_fused()) os << ", fused qkv";
   return os.str();
 }

@@ -3,8 +3,10 @@
 // qwen3_moe compute it:
 //   q|k|v = x Wqkv (+ b); q, k = per-head RMSNorm (qk-norm families); q, k = rope(q, k);
 //   store k, v; o = attention(q, cache) Wo
-// Room for variants: a gated output (Qwen3-Next) or partial rope are fields here, MLA is
-// its own Mixer.
+// Variants are fields here: partial rope (the rope table's rotary_dim < head_dim rotates the
+// first rotary_dim values of each head) and the gated output of Qwen3-Next / Qwen3.5, where
+// q_proj emits per head [query | gate] and o = (attention * sigmoid(gate)) Wo. MLA is its own
+// Mixer.
 #include <memory>
 #include <string>
 
@@ -16,7 +18,9 @@ namespace metrale {
 
 class GqaAttention final : public Mixer {
  public:
-  // Reads prefix + {q,k,v,o}_proj (and q_norm / k_norm when config.qk_norm).
+  // Reads prefix + {q,k,v,o}_proj (and q_norm / k_norm when config.qk_norm). With
+  // config.attention_output_gate, q_proj is [n_heads * 2 * head_dim, H], each head's query
+  // rows then its gate rows; they are regrouped at load into all queries, then all gates.
   static std::unique_ptr<GqaAttention> load(const ModelConfig& config, int64_t layer,
                                             TensorLoader& loader, const std::string& prefix);
 
@@ -30,11 +34,12 @@ class GqaAttention final : public Mixer {
   const Linear& o() const { return o_; }
 
  private:
-  Linear qkv_;   // [Q + 2 KV, H] q_proj | k_proj | v_proj
+  Linear qkv_;   // [Q + 2 KV, H] q_proj | k_proj | v_proj; gated: [2 Q + 2 KV, H] q | gate | k | v
   Linear o_;     // [H, Q] o_proj
   Norm q_norm_;  // [D] qk-norm families only
   Norm k_norm_;  // [D]
   AttentionShape shape_;
+  bool output_gate_ = false;
 };
 
 }  // namespace metrale

@@ -12,6 +12,13 @@
 
 namespace metrale {
 
+// A mixer's recurrent state per sequence (Gated DeltaNet): the conv window and the SSM state.
+struct LayerStateShape {
+  int64_t conv_elems = 0;  // (K - 1) * conv channels
+  int64_t ssm_elems = 0;   // n_v_heads * k_head_dim * v_head_dim
+  bool empty() const { return conv_elems == 0 && ssm_elems == 0; }
+};
+
 // Mixes information across the tokens of a sequence (attention, linear attention).
 class Mixer {
  public:
@@ -25,6 +32,8 @@ class Mixer {
   virtual std::string describe() const = 0;
   // Weight bytes one token reads.
   virtual uint64_t active_bytes_per_token() const = 0;
+  // The recurrent state it keeps per sequence, in elements (zero: none, e.g. attention).
+  virtual LayerStateShape state_shape() const { return {}; }
 };
 
 // Transforms each row on its own (dense MLP, mixture of experts).

@@ -1,5 +1,6 @@
 #include "layers/ffn.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
@@ -53,10 +54,12 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
                 "num_experts_per_tok <= num_experts;"
                 " found ",
                 E, ", ", I, ", ", m.n_experts_per_tok);
-  METRALE_CHECK(m.scoring == MoeScoring::kSoftmax && m.n_shared_experts == 0 &&
-                    m.shared_expert_intermediate_size == 0 && m.n_group == 1,
+  METRALE_CHECK(m.scoring == MoeScoring::kSoftmax && m.n_shared_experts == 0 && m.n_group == 1,
                 c.source,
-                ": this MoE block routes by softmax top-k without shared experts or expert groups");
+                ": this MoE block routes by softmax top-k, without ungated shared experts or "
+                "expert groups");
+  METRALE_CHECK(m.shared_expert_intermediate_size == 0 || m.has_shared_expert_gate, c.source,
+                ": a shared expert without its sigmoid gate is not supported");
   auto f = std::make_unique<MoeFfn>();
   f->top_k_ = m.n_experts_per_tok;
   f->normalize_ = m.norm_topk_prob;
@@ -77,6 +80,10 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
       w.down = l.linear(pe + "down_proj", H, I, false);
     }
   }
+  if (m.shared_expert_intermediate_size > 0) {
+    f->shared_ = DenseFfn::load(c, l, p + "shared_expert.", m.shared_expert_intermediate_size);
+    f->shared_gate_ = load_linear(l, p + "shared_expert_gate", 1, H, false);
+  }
   // An expert past num_experts means the config undercounts the checkpoint's experts.
   const std::string extra = p + "experts." + std::to_string(E) + ".gate_proj.weight";
   METRALE_CHECK(!l.has(extra), l.checkpoint().dir().string(), ": tensor '", extra,
@@ -86,7 +93,12 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
 
 size_t MoeFfn::workspace_floats(int64_t max_rows) const {
   const auto nk = static_cast<size_t>(max_rows * top_k_);
-  return rows_floats(max_rows, n_experts()) + 2 * span_floats(nk);
+  const size_t routed = rows_floats(max_rows, n_experts()) + 2 * span_floats(nk);
+  if (!shared_) return routed;
+  // After the routed experts: the shared expert's output and gate, then its own workspace.
+  const auto H = static_cast<int64_t>(shared_gate_.n_in());
+  return std::max(routed, rows_floats(max_rows, H) + rows_floats(max_rows, 1) +
+                              shared_->workspace_floats(max_rows));
 }
 
 void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const {
@@ -108,18 +120,31 @@ void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace
           .expert_weights = experts_,
           .act = act_,
           .out = out});
+  if (shared_) {
+    // HF: routed + sigmoid(shared_expert_gate(x)) * shared_expert(x).
+    Workspace tmp = ws;  // the routing scratch is no longer needed
+    const Rows shared = tmp.rows(n, out.n_cols);
+    const Rows gate = tmp.rows(n, 1);
+    shared_->forward(ctx, x, shared, tmp);
+    shared_gate_.forward(be, x, gate);
+    be.sigmoid_mul({.gate = gate, .y = shared});
+    be.add(shared, out);
+  }
 }
 
 std::string MoeFfn::describe() const {
   std::ostringstream os;
   os << "moe " << n_experts() << " experts x " << experts_[0].down.n_in << ", top-" << top_k_
      << (normalize_ ? " (renormalised)" : "");
+  if (shared_) os << ", gated shared " << shared_->describe();
   return os.str();
 }
 
 uint64_t MoeFfn::active_bytes_per_token() const {
-  return router_.bytes() + static_cast<uint64_t>(top_k_) *
-                               (weight_bytes(experts_[0].gate_up) + weight_bytes(experts_[0].down));
+  const uint64_t routed =
+      router_.bytes() + static_cast<uint64_t>(top_k_) *
+                            (weight_bytes(experts_[0].gate_up) + weight_bytes(experts_[0].down));
+  return routed + (shared_ ? shared_->active_bytes_per_token() + shared_gate_.bytes() : 0);
 }
 
 }  // namespace metrale

@@ -1,7 +1,7 @@
 #pragma once
 // The feed-forward blocks: a dense gated MLP, and a mixture of experts whose router picks
-// top_k gated-MLP experts per row (Qwen3-MoE; shared experts and other routers are fields
-// to add here).
+// top_k gated-MLP experts per row (Qwen3-MoE), optionally beside one shared expert scaled by
+// sigmoid(shared_expert_gate(x)) (Qwen3-Next, Qwen3.5-MoE). Other routers are fields to add.
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,13 +32,16 @@ class DenseFfn final : public Ffn {
   Activation act_ = Activation::kSilu;
 };
 
-// sum over the row's top_k experts e of weight_e * expert_e(x), with softmax routing.
+// sum over the row's top_k experts e of weight_e * expert_e(x), with softmax routing, plus
+// sigmoid(x . shared_expert_gate) * shared_expert(x) when the config has a shared expert.
 class MoeFfn final : public Ffn {
  public:
   // Reads prefix + gate.weight (the router) and the experts, in either layout:
   //  - published checkpoints: prefix + experts.E.{gate,up,down}_proj.weight per expert;
   //  - transformers 5 save_pretrained: prefix + experts.gate_up_proj [E, 2I, H] (gate rows
-  //    first) and prefix + experts.down_proj [E, H, I].
+  //    first) and prefix + experts.down_proj [E, H, I];
+  // and, with a shared expert, prefix + shared_expert.{gate,up,down}_proj and
+  // prefix + shared_expert_gate.weight [1, H].
   static std::unique_ptr<MoeFfn> load(const ModelConfig& config, TensorLoader& loader,
                                       const std::string& prefix);
 
@@ -56,6 +59,8 @@ class MoeFfn final : public Ffn {
   int64_t top_k_ = 0;
   bool normalize_ = false;
   Activation act_ = Activation::kSilu;
+  std::unique_ptr<DenseFfn> shared_;  // null: no shared expert
+  Linear shared_gate_;                // [1, H]
 };
 
 }  // namespace metrale

@@ -29,9 +29,13 @@ struct ForwardContext {
   RopeCache rope;
 };
 
-// A layer's per-sequence state lives in pools the engine owns; this is the layer's view.
+// A layer's per-sequence state lives in pools the engine owns; this is the layer's view:
+// its KV pages (attention layers), or where its conv and SSM state sit in the pass's state
+// blocks (Gated DeltaNet layers; engine/state_pool.h).
 struct LayerState {
   KvLayerView kv;
+  StateSlice conv;
+  StateSlice ssm;
 };
 
 // The residual stream h, plus the output of the previous sub-block (`delta`) still to be

@@ -11,10 +11,11 @@ std::unique_ptr<Architecture> build_decoder_stack(const ModelConfig& c, TensorLo
                 ": layer kinds do not cover every layer");
   const int64_t H = c.hidden_size, V = c.vocab_size;
   auto a = std::make_unique<Architecture>();
-  a->embed = l.matrix("model.embed_tokens.weight", V, H);
+  const std::string& m = parts.prefix;
+  a->embed = l.matrix(m + "embed_tokens.weight", V, H);
   a->layers.reserve(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::string p = m + "layers." + std::to_string(i) + ".";
     Norm input_norm = load_norm(l, c, p + "input_layernorm.weight", H);
     std::unique_ptr<Mixer> mixer = parts.mixer(i, p);
     Norm post_norm = load_norm(l, c, p + "post_attention_layernorm.weight", H);
@@ -23,15 +24,16 @@ std::unique_ptr<Architecture> build_decoder_stack(const ModelConfig& c, TensorLo
     // Buffers written by transformers < 4.31 for the rotary embedding; never weights.
     l.ignore(p + "self_attn.rotary_emb.inv_freq");
   }
-  a->final_norm = load_norm(l, c, "model.norm.weight", H);
+  a->final_norm = load_norm(l, c, m + "norm.weight", H);
   a->tied = c.tie_word_embeddings;
   if (a->tied) {
-    a->lm_head = Linear::separate({a->embed}, {{"model.embed_tokens", 0, V}});
+    a->lm_head = Linear::separate({a->embed}, {{m + "embed_tokens", 0, V}});
     // Some tied checkpoints still ship lm_head.weight; HF ignores it, so do we.
     l.ignore("lm_head.weight");
   } else {
     a->lm_head = Linear::separate({l.matrix("lm_head.weight", V, H)}, {{"lm_head", 0, V}});
   }
+  for (const std::string& prefix : parts.unloaded) l.ignore_prefix(prefix);
   l.check_all_claimed();
   a->storage = l.take_storage();
   return a;

@@ -5,12 +5,19 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "layers/architecture.h"
 
 namespace metrale {
 
 struct DecoderStackParts {
+  // Where the language model's tensors start: "model." (a *ForCausalLM checkpoint), or
+  // "model.language_model." (a vision-language checkpoint); lm_head.weight is top-level in both.
+  std::string prefix = "model.";
+  // Checkpoint subtrees that are recognised and deliberately not loaded (a vision tower, MTP
+  // layers), each a tensor-name prefix.
+  std::vector<std::string> unloaded;
   // The blocks of layer `i`, whose tensors start with `prefix` ("model.layers.i.").
   std::function<std::unique_ptr<Mixer>(int64_t i, const std::string& prefix)> mixer;
   std::function<std::unique_ptr<Ffn>(int64_t i, const std::string& prefix)> ffn;

@@ -7,12 +7,17 @@
 namespace metrale {
 
 std::span<const ArchitectureEntry> architectures() {
-  static constexpr std::array<ArchitectureEntry, 5> kFamilies = {{
+  static constexpr std::array<ArchitectureEntry, 10> kFamilies = {{
       {"llama", &build_dense_decoder},
       {"mistral", &build_dense_decoder},
       {"qwen2", &build_dense_decoder},
       {"qwen3", &build_dense_decoder},
       {"qwen3_moe", &build_qwen3_moe},
+      {"qwen3_next", &build_qwen3_next},
+      {"qwen3_5", &build_qwen3_next},
+      {"qwen3_5_text", &build_qwen3_next},
+      {"qwen3_5_moe", &build_qwen3_next},
+      {"qwen3_5_moe_text", &build_qwen3_next},
   }};
   return kFamilies;
 }

@@ -157,6 +157,49 @@ WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_
   return prepared;
 }
 
+WeightTensor TensorLoader::gathered_matrix(const std::vector<RowGather>& parts, int64_t n_in,
+                                           const std::string& name) {
+  std::optional<WeightFormat> format;
+  int64_t n_out = 0;
+  for (const RowGather& p : parts) {
+    const CheckpointTensor& t = claim(p.name, {p.n_rows, n_in});
+    const auto f = weight_format_for_dtype(t.info->dtype);
+    METRALE_CHECK(f.has_value(), checkpoint_.dir().string(), ": tensor '", p.name, "' has dtype ",
+                  dtype_name(t.info->dtype), "; plain weights must be f32 or bf16");
+    METRALE_CHECK(!format || *format == *f, checkpoint_.dir().string(), ": tensor '", p.name,
+                  "' is ", weight_format_name(*f), " but '", parts[0].name, "' is ",
+                  weight_format_name(*format), "; a gathered matrix needs one format");
+    format = f;
+    backend_.require(Op::kLinear, *f, DType::kF32, p.name);
+    for (const int64_t r : p.rows) {
+      METRALE_CHECK(r >= 0 && r < p.n_rows, "gathered_matrix: row ", r, " of '", p.name,
+                    "' is outside [0, ", p.n_rows, ")");
+    }
+    n_out += static_cast<int64_t>(p.rows.size());
+  }
+  METRALE_CHECK(format.has_value() && n_out > 0, "gathered_matrix '", name, "': no rows");
+  const size_t row_bytes = weight_row_bytes(*format, n_in);
+  std::vector<std::byte> whole;
+  Buffer out = backend_.allocate(row_bytes * static_cast<size_t>(n_out));
+  size_t row = 0;
+  for (const RowGather& p : parts) {
+    const CheckpointTensor& t = *checkpoint_.find(p.name);
+    whole.resize(t.info->nbytes());
+    checkpoint_.copy_to(p.name, {whole.data(), whole.size()});
+    for (const int64_t r : p.rows) {
+      std::memcpy(out.as<std::byte>() + row++ * row_bytes,
+                  whole.data() + static_cast<size_t>(r) * row_bytes, row_bytes);
+    }
+    advance(t.info->nbytes());
+  }
+  WeightTensor w{.name = name, .format = *format, .n_out = n_out, .n_in = n_in, .data = out.data()};
+  WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
+  METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '",
+                name, "'");
+  storage_.push_back(prepared.storage);
+  return prepared;
+}
+
 std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name, int64_t n_stack,
                                                          int64_t n_out, int64_t n_in) {
   const CheckpointTensor& t = claim(name, {n_stack, n_out, n_in});
@@ -195,8 +238,11 @@ std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name
   return out;
 }
 
-NormWeight TensorLoader::norm(const std::string& name, int64_t n) {
-  const CheckpointTensor& t = claim(name, {n});
+NormWeight TensorLoader::norm(const std::string& name, int64_t n) { return floats(name, {n}); }
+
+std::vector<float> TensorLoader::floats(const std::string& name,
+                                        std::initializer_list<int64_t> shape) {
+  const CheckpointTensor& t = claim(name, shape);
   const DType dt = t.info->dtype;
   METRALE_CHECK(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16,
                 checkpoint_.dir().string(), ": tensor '", name, "' has dtype ", dtype_name(dt),
@@ -204,13 +250,23 @@ NormWeight TensorLoader::norm(const std::string& name, int64_t n) {
   // The mapping may not be aligned for the element type: copy the bytes out first.
   const auto bytes = t.bytes();
   std::vector<std::byte> raw(bytes.begin(), bytes.end());
-  NormWeight out(static_cast<size_t>(n));
+  std::vector<float> out(static_cast<size_t>(t.info->shape.numel()));
   to_f32(raw.data(), dt, out.data(), out.size());
   advance(t.info->nbytes());
   return out;
 }
 
 void TensorLoader::ignore(const std::string& name) { claimed_.insert(name); }
+
+int64_t TensorLoader::ignore_prefix(std::string_view prefix) {
+  int64_t n = 0;
+  for (const CheckpointTensor& t : checkpoint_.tensors()) {
+    if (!t.name().starts_with(prefix)) continue;
+    claimed_.insert(std::string(t.name()));
+    ++n;
+  }
+  return n;
+}
 
 void TensorLoader::check_all_claimed() const {
   std::string unexpected;

@@ -40,6 +40,17 @@ class TensorLoader {
   WeightTensor fused_linear(const std::vector<std::string>& prefixes,
                             const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias);
   bool can_fuse() const { return placement_ == WeightPlacement::kCopy; }
+  // One matrix whose rows are gathered from checkpoint matrices, for checkpoints that
+  // interleave what a layer keeps as blocks (Qwen3-Next's in_proj_qkvz, grouped per key head;
+  // a gated q_proj's per-head [query | gate]). Output rows are, part by part, rows
+  // `rows[i]` of the part's tensor `name` ([n_rows, n_in], claimed whole). Always a copy.
+  struct RowGather {
+    std::string name;
+    int64_t n_rows = 0;
+    std::vector<int64_t> rows;
+  };
+  WeightTensor gathered_matrix(const std::vector<RowGather>& parts, int64_t n_in,
+                               const std::string& name);
   // A 3-D tensor [n_stack, n_out, n_in] (e.g. transformers 5's fused experts) as n_stack
   // matrices, slice i named "name[i]"; copied, or read in place when asked and aligned.
   std::vector<WeightTensor> stacked_matrices(const std::string& name, int64_t n_stack,
@@ -49,10 +60,16 @@ class TensorLoader {
   const Checkpoint& checkpoint() const { return checkpoint_; }
   // A 1-D [n] vector (norm weight), widened to f32.
   NormWeight norm(const std::string& name, int64_t n);
+  // Any f32 / bf16 / f16 tensor of exactly `shape`, widened to f32 in its row-major order
+  // (small per-layer parameters: a conv kernel, A_log, dt_bias).
+  std::vector<float> floats(const std::string& name, std::initializer_list<int64_t> shape);
   // The raw tensor `name` of exactly `shape`, claimed (for weights read by a layer directly).
   const CheckpointTensor& claim(const std::string& name, std::initializer_list<int64_t> shape);
   // Marks `name` as understood but unused (absent is fine too).
   void ignore(const std::string& name);
+  // Marks every tensor whose name starts with `prefix` as understood but unused; returns how
+  // many there were.
+  int64_t ignore_prefix(std::string_view prefix);
   // Throws an Error listing (up to a few) checkpoint tensors no field claimed.
   void check_all_claimed() const;
   std::vector<std::shared_ptr<const Buffer>> take_storage() { return std::move(storage_); }

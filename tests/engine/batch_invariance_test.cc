@@ -36,13 +36,26 @@ std::vector<float> prefill_logits(Model& m, const std::vector<int32_t>& ids) {
 
 class BatchInvariance : public ::testing::TestWithParam<std::string> {};
 
+// Hybrid models: a Gated DeltaNet run that keeps only its final state may take the chunked
+// form of the delta rule, equal to the token-by-token form within f32 rounding, so chunk
+// boundaries move the logits by rounding (docs/architecture.md, numerics). Logits are O(5).
+constexpr float kChunkedVsRecurrentTol = 2e-5f;
+
 TEST_P(BatchInvariance, ChunkedPrefillEqualsOnePiece) {
   const std::vector<int32_t> ids = Reference(fixture_of(GetParam())).ids("input_ids");
-  auto whole = load(GetParam(), 2, 64);
+  auto whole = load(GetParam(), 2, 128);
   const std::vector<float> want = prefill_logits(*whole, ids);
-  for (int64_t chunk : {1, 3, 7, 16}) {
+  const bool hybrid = whole->state_pool() != nullptr;
+  for (int64_t chunk : {1, 3, 7, 16, 64}) {
     auto chunked = load(GetParam(), 2, chunk);
-    EXPECT_EQ(prefill_logits(*chunked, ids), want) << "chunks of " << chunk;
+    const std::vector<float> got = prefill_logits(*chunked, ids);
+    if (hybrid) {
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_LT(testing::max_abs_diff(got.data(), want.data(), got.size()), kChunkedVsRecurrentTol)
+          << "chunks of " << chunk;
+    } else {
+      EXPECT_EQ(got, want) << "chunks of " << chunk;
+    }
   }
 }
 
@@ -199,7 +212,9 @@ TEST_P(BatchInvariance, TruncateThenContinueEqualsFresh) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance,
                          ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32",
                                            "qwen3_bf16@bf16", "llama_bf16@bf16", "qwen3_moe_f32",
-                                           "qwen3_moe_nonorm_f32", "qwen3_moe_bf16@bf16"),
+                                           "qwen3_moe_nonorm_f32", "qwen3_moe_bf16@bf16",
+                                           "qwen3_next_f32", "qwen3_5_text_bf16@bf16",
+                                           "qwen3_5_moe_f32"),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string name = p.param;
                            for (char& ch : name) ch = ch == '@' ? '_' : ch;

@@ -11,7 +11,8 @@
 * Build: Release, -DGGML_NATIVE=ON, CPU only, static, into <cache>/llama.cpp-VERSION-build.
 * Weights: the HF checkpoint converted by the vendored converter to GGUF at the matching
   precision (bf16, or q8_0 beside an 8-bit metrale path), cached per checkpoint + outtype +
-  llama-cpp-python version.
+  llama-cpp-python version (converter options per architecture: see converter_options; a
+  Qwen3-Next checkpoint without an MTP head needs --no-mtp).
 * Timing: llama-bench for prefill (pp128, pp512) and one-sequence decode (tg64), with the
   weights in anonymous memory (`-lm none`, this version's spelling of the older `-mmp 0`;
   with mmap decode was 2-4x slower on our VMs); llama-batched-bench for decode at batch 4 and
@@ -153,6 +154,37 @@ def gguf_path(cache: Path, model_dir: Path, outtype: str) -> Path:
     return cache / "gguf" / f"{model_dir.name}-{checkpoint_key(model_dir)}-{outtype}-lcp{VERSION}.gguf"
 
 
+def has_mtp_tensors(model_dir: Path) -> bool:
+    """Whether the checkpoint carries a multi-token-prediction head (mtp.* tensors)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = json.loads(index.read_text()).get("weight_map", {})
+    else:
+        names = {}
+        for f in model_dir.glob("*.safetensors"):
+            with open(f, "rb") as fh:
+                names.update(json.loads(fh.read(int.from_bytes(fh.read(8), "little"))))
+    return any(n.startswith(("mtp.", "model.mtp.")) for n in names)
+
+
+def converter_options(model_dir: Path) -> tuple[list[str], list[str]]:
+    """(convert_gguf.py options, convert_hf_to_gguf.py options) this checkpoint needs:
+    * Llama-architecture checkpoints here carry a re-cut tokenizer with an unknown
+      pre-tokenizer hash (see convert_gguf.py): --pre-fallback llama-bpe.
+    * Qwen3-Next without an MTP head (the random qwen3-next-L<N> shape leaves it out): the
+      pinned converter assumes published Qwen3-Next checkpoints carry mtp.* tensors and fails
+      an assertion (`assert self.opt_num_mtp_layers != 0`, conversion/qwen.py) unless told
+      --no-mtp. The benchmarks never use MTP (llama-bench and llama-batched-bench decode
+      without a draft), so leaving it out changes no timed work."""
+    config = json.loads((model_dir / "config.json").read_text())
+    wrapper, converter = [], []
+    if config.get("model_type") == "llama":
+        wrapper += ["--pre-fallback", "llama-bpe"]
+    if config.get("model_type") == "qwen3_next" and not has_mtp_tensors(model_dir):
+        converter += ["--no-mtp"]
+    return wrapper, converter
+
+
 def ensure_gguf(cache: Path, src: Path, model_dir: Path, outtype: str) -> Path:
     out = gguf_path(cache, model_dir, outtype)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,13 +193,10 @@ def ensure_gguf(cache: Path, src: Path, model_dir: Path, outtype: str) -> Path:
     partial = out.with_suffix(".gguf.partial")
     log(f"converting {model_dir} -> {out.name}")
     converter = Path(__file__).resolve().parent / "convert_gguf.py"
-    config = json.loads((model_dir / "config.json").read_text())
-    # Llama-architecture checkpoints here carry a re-cut tokenizer with an unknown
-    # pre-tokenizer hash; see convert_gguf.py.
-    fallback = ["--pre-fallback", "llama-bpe"] if config.get("model_type") == "llama" else []
-    subprocess.run([sys.executable, str(converter), "--llama-src", str(src), *fallback, "--",
-                    str(model_dir), "--outtype", outtype, "--outfile", str(partial)],
-                   check=True, stdout=sys.stderr)
+    wrapper_opts, converter_opts = converter_options(model_dir)
+    subprocess.run([sys.executable, str(converter), "--llama-src", str(src), *wrapper_opts, "--",
+                    str(model_dir), "--outtype", outtype, "--outfile", str(partial),
+                    *converter_opts], check=True, stdout=sys.stderr)
     partial.rename(out)
     return out
 

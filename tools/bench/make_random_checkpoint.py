@@ -3,6 +3,7 @@
 
     python3 tools/bench/make_random_checkpoint.py --shape qwen3-0.6b [--cache-dir DIR]
     python3 tools/bench/make_random_checkpoint.py --shape qwen3-30b-a3b [--layers 6]
+    python3 tools/bench/make_random_checkpoint.py --shape qwen3-next-L2
 
 Dense shapes (qwen3-0.6b, llama-3.2-1b) are built with transformers' own config/model classes
 and written with save_pretrained, so the directory is exactly what an HF checkpoint of that
@@ -19,6 +20,24 @@ model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight and the router model.lay
 Each tensor's values depend only on (seed, tensor name), not on chunking or sharding.
 The default N=6 makes an 8.7 GB bf16 checkpoint (1.25 GB per layer + 1.24 GB of embedding and
 lm_head), so the file in the page cache plus an engine's copy fit 23 GiB of RAM.
+
+The hybrid shape qwen3-next-L<N> is Qwen3-Next-80B-A3B (Qwen3NextForCausalLM: hidden 2048,
+512 experts, top-10, expert and shared-expert intermediate 512, untied lm_head; gated
+full attention with 16 query / 2 KV heads of dim 256 and partial rotary 0.25 on every 4th
+layer, gated-delta-net linear attention with 16 key / 32 value heads of dim 128 and a
+4-tap causal conv on the others) with only N of its 48 layers, streamed the same way in the
+same per-expert published layout (plus mlp.shared_expert.* and mlp.shared_expert_gate).
+layer_types is written out: layer i is full attention when (i + 1) % 4 == 0, and when
+N < 4 (no such layer) the last layer is made full attention so that both kinds are present;
+N >= 2 for that reason. The published checkpoint's multi-token-prediction head (mtp.*, one
+more full-attention MoE layer used only for speculative decoding) is left out. Weights are
+initialised as Qwen3NextPreTrainedModel does, in bf16: matrices, conv taps and the router
+N(0, 0.02); the zero-centred RMSNorm weights (output * (1 + w)) 0; the gated norm of the
+linear attention 1; dt_bias 1; A_log = log U(0.01, 16). Each layer holds 3.22 GB of routed
+experts, so N=2 (the default) makes a 7.83 GB checkpoint, the fewest layers with both kinds:
+the safetensors and the GGUF in the page cache plus one engine's copy of the weights come to
+3 x 7.8 = 23.5 GB of the machine's 24.7 GB (23 GiB), the largest that fits; N=3 (11 GB) would
+not fit even two of them beside an engine.
 
 Nothing here is committed: the checkpoints are 1.2-9 GB. They go to <cache-dir>/<shape>/
 (default /tmp/metrale-bench/checkpoints) and are reused when the marker file says they were
@@ -110,34 +129,122 @@ QWEN3_MOE_CONFIG = {
     "use_sliding_window": False,
     "vocab_size": 151936,
 }
-SHAPES[f"{QWEN3_MOE_BASE}-L{QWEN3_MOE_DEFAULT_LAYERS}"] = {"class": "Qwen3Moe", "streamed": True,
-                                                          "tokenizer": "qwen3"}
+
+# Qwen3-Next-80B-A3B's published config.json (Qwen/Qwen3-Next-80B-A3B-Instruct; the same as
+# tests/data/configs/qwen3_next/config.json); `ensure("qwen3-next-L<N>")` keeps N of its 48
+# layers and writes layer_types out (see qwen3_next_layer_types). Streamed like Qwen3-MoE.
+QWEN3_NEXT_BASE = "qwen3-next"
+QWEN3_NEXT_DEFAULT_LAYERS = 2
+QWEN3_NEXT_CONFIG = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "full_attention_interval": 4,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 5120,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_next",
+    "moe_intermediate_size": 512,
+    "norm_topk_prob": True,
+    "num_attention_heads": 16,
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 2,
+    "output_router_logits": False,
+    "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 10000000,
+    "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.57.0.dev0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# Streamed families: base name -> what canonical_shape / make_streamed need. Layer counts are
+# chosen per run with -L<N> (or --layers); SHAPES lists each family's default.
+STREAMED = {
+    QWEN3_MOE_BASE: {
+        "class": "Qwen3Moe", "real_layers": 48, "min_layers": 1,
+        "default_layers": QWEN3_MOE_DEFAULT_LAYERS,
+        "description": "Qwen3-30B-A3B (48 layers, 128 experts, top-8) with the first N layers",
+    },
+    QWEN3_NEXT_BASE: {
+        "class": "Qwen3Next", "real_layers": 48, "min_layers": 2,
+        "default_layers": QWEN3_NEXT_DEFAULT_LAYERS,
+        "description": "Qwen3-Next-80B-A3B (48 layers, 512 experts, top-10 + shared expert; "
+                       "gated-delta-net linear attention, full attention on every 4th layer) "
+                       "with N layers: layer i is full attention when (i + 1) % 4 == 0, and "
+                       "for N < 4 the last layer is full attention so both kinds are present "
+                       "(N=2: linear, full); no MTP head",
+    },
+}
+for _base, _fam in STREAMED.items():
+    SHAPES[f"{_base}-L{_fam['default_layers']}"] = {
+        "class": _fam["class"], "streamed": True, "tokenizer": "qwen3",
+        "description": _fam["description"]}
 SHARD_BYTES = 4 * 10**9  # published checkpoints use ~4-5 GB shards
 
 
+def streamed_family(shape: str) -> tuple[str, int | None] | None:
+    """('qwen3-next', 2) for 'qwen3-next-L2', ('qwen3-next', None) for 'qwen3-next'; None when
+    the name is not a streamed family's."""
+    for base in STREAMED:
+        m = re.fullmatch(re.escape(base) + r"(?:-L(\d+))?", shape)
+        if m:
+            return base, int(m.group(1)) if m.group(1) else None
+    return None
+
+
 def canonical_shape(shape: str, layers: int | None = None) -> str:
-    """'qwen3-30b-a3b' (+ layers) or 'qwen3-30b-a3b-L<N>' -> 'qwen3-30b-a3b-L<N>'; dense names
-    pass through. Exits on an unknown name."""
-    m = re.fullmatch(re.escape(QWEN3_MOE_BASE) + r"(?:-L(\d+))?", shape)
-    if m:
-        n = int(m.group(1)) if m.group(1) else (layers or QWEN3_MOE_DEFAULT_LAYERS)
-        if layers is not None and m.group(1) and layers != n:
+    """'qwen3-30b-a3b' (+ layers) or 'qwen3-30b-a3b-L<N>' -> 'qwen3-30b-a3b-L<N>', the same for
+    'qwen3-next'; dense names pass through. Exits on an unknown name."""
+    fam = streamed_family(shape)
+    if fam:
+        base, n = fam
+        spec = STREAMED[base]
+        if layers is not None and n is not None and layers != n:
             sys.exit(f"--shape {shape} and --layers {layers} disagree")
-        if not 1 <= n <= 48:
-            sys.exit(f"{QWEN3_MOE_BASE}: layers must be 1..48 (the real model has 48), found {n}")
-        return f"{QWEN3_MOE_BASE}-L{n}"
+        n = n or layers or spec["default_layers"]
+        lo, hi = spec["min_layers"], spec["real_layers"]
+        if not lo <= n <= hi:
+            why = (" (2 is the fewest with both a linear-attention and a full-attention layer)"
+                   if base == QWEN3_NEXT_BASE else "")
+            sys.exit(f"{base}: layers must be {lo}..{hi} (the real model has {hi}){why}, "
+                     f"found {n}")
+        return f"{base}-L{n}"
     if shape not in SHAPES:
         sys.exit(f"unknown shape {shape!r}; expected one of {sorted(SHAPES)} or "
-                 f"{QWEN3_MOE_BASE}-L<layers>")
+                 + " or ".join(f"{b}-L<layers>" for b in STREAMED))
     if layers is not None:
-        sys.exit(f"--layers applies to {QWEN3_MOE_BASE} only, not {shape}")
+        sys.exit(f"--layers applies to {', '.join(STREAMED)} only, not {shape}")
     return shape
 
 
 def shape_spec(shape: str) -> dict:
-    """SHAPES entry of a canonical shape name (any qwen3-30b-a3b-L<N>)."""
-    if shape.startswith(QWEN3_MOE_BASE + "-L"):
-        return {"class": "Qwen3Moe", "streamed": True, "tokenizer": "qwen3"}
+    """SHAPES entry of a canonical shape name (any <streamed family>-L<N>)."""
+    fam = streamed_family(shape)
+    if fam:
+        spec = STREAMED[fam[0]]
+        return {"class": spec["class"], "streamed": True, "tokenizer": "qwen3",
+                "description": spec["description"]}
     return SHAPES[shape]
 
 
@@ -177,6 +284,78 @@ def qwen3_moe_tensors(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
+def qwen3_next_layer_types(layers: int) -> list[str]:
+    """Qwen3NextConfig's default pattern (full attention when (i + 1) % 4 == 0) for the first
+    `layers` layers; with fewer than 4 layers (no full-attention layer) the last one is full
+    attention, so both kinds are present."""
+    interval = QWEN3_NEXT_CONFIG["full_attention_interval"]
+    types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+             for i in range(layers)]
+    if "full_attention" not in types:
+        types[-1] = "full_attention"
+    return types
+
+
+def qwen3_next_config(layers: int) -> dict:
+    config = dict(QWEN3_NEXT_CONFIG)
+    config["num_hidden_layers"] = layers
+    config["layer_types"] = qwen3_next_layer_types(layers)
+    return config
+
+
+def qwen3_next_tensors(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, init) of every tensor of a Qwen3-Next checkpoint in the published names
+    (per-expert routed experts; no mtp.* head). init: "normal" N(0, 0.02), "zeros" (the
+    zero-centred Qwen3NextRMSNorm), "ones" (the gated norm, dt_bias), "a_log"."""
+    h, v = config["hidden_size"], config["vocab_size"]
+    d, nq, nkv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
+    e, f = config["num_experts"], config["moe_intermediate_size"]
+    fs = config["shared_expert_intermediate_size"]
+    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    key_dim, value_dim = nk * dk, nv * dv
+    conv_dim = 2 * key_dim + value_dim
+    out = [("model.embed_tokens.weight", (v, h), "normal")]
+    for i, kind in enumerate(config["layer_types"]):
+        p = f"model.layers.{i}."
+        out.append((p + "input_layernorm.weight", (h,), "zeros"))
+        if kind == "full_attention":
+            out += [
+                (p + "self_attn.q_proj.weight", (2 * nq * d, h), "normal"),  # query | gate
+                (p + "self_attn.k_proj.weight", (nkv * d, h), "normal"),
+                (p + "self_attn.v_proj.weight", (nkv * d, h), "normal"),
+                (p + "self_attn.o_proj.weight", (h, nq * d), "normal"),
+                (p + "self_attn.q_norm.weight", (d,), "zeros"),
+                (p + "self_attn.k_norm.weight", (d,), "zeros"),
+            ]
+        else:
+            q = p + "linear_attn."
+            out += [
+                (q + "in_proj_qkvz.weight", (2 * key_dim + 2 * value_dim, h), "normal"),
+                (q + "in_proj_ba.weight", (2 * nv, h), "normal"),
+                (q + "conv1d.weight", (conv_dim, 1, config["linear_conv_kernel_dim"]), "normal"),
+                (q + "dt_bias", (nv,), "ones"),
+                (q + "A_log", (nv,), "a_log"),
+                (q + "norm.weight", (dv,), "ones"),
+                (q + "out_proj.weight", (h, value_dim), "normal"),
+            ]
+        out += [
+            (p + "post_attention_layernorm.weight", (h,), "zeros"),
+            (p + "mlp.gate.weight", (e, h), "normal"),  # router
+        ]
+        for j in range(e):
+            q = f"{p}mlp.experts.{j}."
+            out += [(q + "gate_proj.weight", (f, h), "normal"),
+                    (q + "up_proj.weight", (f, h), "normal"),
+                    (q + "down_proj.weight", (h, f), "normal")]
+        out += [(p + "mlp.shared_expert.gate_proj.weight", (fs, h), "normal"),
+                (p + "mlp.shared_expert.up_proj.weight", (fs, h), "normal"),
+                (p + "mlp.shared_expert.down_proj.weight", (h, fs), "normal"),
+                (p + "mlp.shared_expert_gate.weight", (1, h), "normal")]
+    out += [("model.norm.weight", (h,), "zeros"), ("lm_head.weight", (v, h), "normal")]
+    return out
+
+
 def write_bf16_values(fh, name: str, numel: int, init: str, seed: int,
                       chunk: int = 1 << 24) -> None:
     """Writes numel bf16 values of `init` to fh, `chunk` at a time. The stream is seeded by
@@ -186,13 +365,21 @@ def write_bf16_values(fh, name: str, numel: int, init: str, seed: int,
     if init == "ones":
         np.full(numel, 0x3F80, dtype="<u2").tofile(fh)  # bf16 1.0
         return
+    if init == "zeros":
+        np.zeros(numel, dtype="<u2").tofile(fh)
+        return
     name_key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
     rng = np.random.Generator(np.random.PCG64([seed, name_key]))
     left = numel
     while left:
         n = min(chunk, left)
-        x = rng.standard_normal(n, dtype=np.float32)
-        x *= np.float32(0.02)
+        if init == "a_log":  # Qwen3NextPreTrainedModel: A_log = log(U(0.01, 16))
+            x = np.log(rng.uniform(0.01, 16.0, n)).astype(np.float32)
+        elif init == "normal":
+            x = rng.standard_normal(n, dtype=np.float32)
+            x *= np.float32(0.02)
+        else:
+            raise ValueError(f"{name}: unknown init {init!r}")
         u = x.view(np.uint32)
         u += np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))  # round to nearest even
         (u >> np.uint32(16)).astype("<u2").tofile(fh)
@@ -245,10 +432,14 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def make_streamed(shape: str, out: Path, seed: int) -> None:
-    layers = int(shape.rsplit("-L", 1)[1])
-    config = qwen3_moe_config(layers)
+    base, layers = streamed_family(shape)
+    if base == QWEN3_NEXT_BASE:
+        config = qwen3_next_config(layers)
+        tensors = qwen3_next_tensors(config)
+    else:
+        config = qwen3_moe_config(layers)
+        tensors = qwen3_moe_tensors(config)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tensors = qwen3_moe_tensors(config)
     total = write_streamed_safetensors(out, tensors, seed)
     write_qwen3_tokenizer(out)
     import numpy as np
@@ -360,10 +551,12 @@ def ensure(shape: str, cache_dir: Path = DEFAULT_CACHE, seed: int = 0, force: bo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shape", required=True,
-                    help=f"one of {sorted(SHAPES)}, or {QWEN3_MOE_BASE}[-L<layers>]")
+                    help=f"one of {sorted(SHAPES)}, or " +
+                         ", ".join(f"{b}[-L<layers>]" for b in STREAMED))
     ap.add_argument("--layers", type=int, default=None,
-                    help=f"{QWEN3_MOE_BASE} only: decoder layers to keep "
-                         f"(default {QWEN3_MOE_DEFAULT_LAYERS}; the real model has 48)")
+                    help=f"{', '.join(STREAMED)} only: decoder layers to keep (default " +
+                         ", ".join(f"{f['default_layers']} for {b}" for b, f in STREAMED.items())
+                         + "; the real models have 48)")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="regenerate even if cached")

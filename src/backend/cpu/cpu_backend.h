@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/gated_delta.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/linear_job.h"
 
@@ -42,6 +43,9 @@ class CpuBackend final : public Backend {
   void do_route(const RouteArgs& a) override;
   void do_moe(const MoeArgs& a) override;
   void do_add(ConstRows x, Rows y) override;
+  void do_causal_conv(const CausalConvArgs& a) override;
+  void do_delta_rule(const DeltaRuleArgs& a) override;
+  void do_sigmoid_mul(const SigmoidMulArgs& a) override;
   bool knows_packing(const WeightTensor& w) const override;
   int64_t max_head_dim() const override { return cpu::kMaxHeadDim; }
 
@@ -70,6 +74,12 @@ class CpuBackend final : public Backend {
     std::vector<cpu::LinearJob> jobs;
   };
   MoeScratch moe_;
+  // cpu_gated_delta.cc: each sequence's rows in a causal_conv / delta_rule call, and every
+  // thread's scratch (thread t's share starts at t * its size, 64-byte aligned).
+  int64_t state_spans(std::span<const int32_t> row_seq, const StateSlice& state);
+  float* thread_scratch(size_t floats_per_thread);
+  std::vector<cpu::StateSpan> state_spans_;
+  std::vector<float> thread_scratch_;
 };
 
 }  // namespace metrale

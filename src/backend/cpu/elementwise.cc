@@ -1,15 +1,17 @@
-// Row-wise kernels: rms_norm (+ fused residual, per-group), RoPE, gated activations and the
-// bf16 -> f32 widening of embedding rows. Full vectors go through SIMD; the last partial
-// vector goes through the same formula in scalar code (or a zero-padded vector where a
-// transcendental is involved), so results never depend on a pointer's alignment.
-// Highway re-includes this file once per target: these lines keep their order.
+// Row-wise kernels: rms_norm (+ fused residual, per-group, silu-gated), RoPE, gated activations and
+// the bf16 -> f32 widening of embedding rows. Full vectors go through SIMD; the last partial vector
+// goes through the same formula in scalar code (or a zero-padded vector where a transcendental is
+// involved), so results never depend on a pointer's alignment. Highway re-includes this file once
+// per target: these lines keep their order.
 // clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu/elementwise.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "backend/cpu/activation-inl.h"
 // clang-format on
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -20,6 +22,7 @@ namespace metrale::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
+constexpr int64_t kMaxLanes = 64 / sizeof(float);  // widest x86 vector: tail buffers
 
 // Sum of squares, fixed order: vector lanes over full vectors, then the scalar tail.
 float SumSquares(const float* x, int64_t n) {
@@ -61,6 +64,32 @@ void RmsNormRows(const RmsNormArgs& a, int64_t r_begin, int64_t r_end) {
       const float var = SumSquares(x, group) / static_cast<float>(group);
       const float inv = 1.0f / std::sqrt(var + a.eps);
       const VF vinv = hn::Set(df, inv);
+      if (a.gate.data != nullptr) {  // HF RMSNormGated: (w * normed) * silu(gate)
+        const float* gate = a.gate.row(r) + g0;
+        for (int64_t i = 0; i < group; i += nl) {
+          const int64_t m = std::min(nl, group - i);
+          HWY_ALIGN float xt[kMaxLanes] = {}, wt[kMaxLanes] = {}, gt[kMaxLanes] = {};
+          const float *xp = x + i, *wp = a.weight + i, *gp = gate + i;
+          if (m < nl) {  // the tail through the same vector formula, zero-padded
+            std::memcpy(xt, xp, static_cast<size_t>(m) * sizeof(float));
+            std::memcpy(wt, wp, static_cast<size_t>(m) * sizeof(float));
+            std::memcpy(gt, gp, static_cast<size_t>(m) * sizeof(float));
+            xp = xt, wp = wt, gp = gt;
+          }
+          VF w = hn::LoadU(df, wp);
+          if (one_plus) w = hn::Add(one, w);
+          const VF v =
+              hn::Mul(hn::Mul(hn::Mul(hn::LoadU(df, xp), vinv), w), Silu(df, hn::LoadU(df, gp)));
+          if (m == nl) {
+            hn::StoreU(v, df, y + i);
+          } else {
+            HWY_ALIGN float yt[kMaxLanes];
+            hn::Store(v, df, yt);
+            std::memcpy(y + i, yt, static_cast<size_t>(m) * sizeof(float));
+          }
+        }
+        continue;
+      }
       int64_t i = 0;
       for (; i + nl <= group; i += nl) {
         VF w = hn::LoadU(df, a.weight + i);
@@ -104,10 +133,7 @@ void RopeRows(const RopeArgs& a, int64_t r_begin, int64_t r_end) {
 }
 
 HWY_INLINE VF Activate(DF df, VF g, Activation act) {
-  if (act == Activation::kSilu) {
-    // torch's silu: x / (1 + exp(-x)).
-    return hn::Div(g, hn::Add(hn::Set(df, 1.0f), hn::Exp(df, hn::Neg(g))));
-  }
+  if (act == Activation::kSilu) return Silu(df, g);  // activation-inl.h
   // torch's gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   const VF inner = hn::Mul(hn::Set(df, 0.7978845608028654f),
                            hn::Add(g, hn::Mul(hn::Set(df, 0.044715f), hn::Mul(g, hn::Mul(g, g)))));

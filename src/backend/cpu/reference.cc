@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <vector>
+
+#include "core/dtype.h"
 
 namespace metrale::cpu::reference {
 
@@ -40,7 +43,13 @@ void rms_norm(const RmsNormArgs& a) {
           static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(group) + a.eps));
       for (int64_t i = 0; i < group; ++i) {
         const float w = a.style == NormStyle::kOnePlusWeight ? 1.0f + a.weight[i] : a.weight[i];
-        a.out.row(r)[g0 + i] = (src[g0 + i] * inv) * w;
+        const float y = (src[g0 + i] * inv) * w;
+        if (a.gate.data == nullptr) {
+          a.out.row(r)[g0 + i] = y;
+        } else {
+          const double g = a.gate.row(r)[g0 + i];
+          a.out.row(r)[g0 + i] = static_cast<float>(y * (g / (1.0 + std::exp(-g))));
+        }
       }
     }
   }
@@ -105,6 +114,113 @@ void attention_row(const float* q, const float* k, const float* v, int64_t pos,
       for (int64_t t = start; t <= pos; ++t)
         o += p[static_cast<size_t>(t)] * v[t * kv_row + kvh * s.head_dim + i];
       out[h * s.head_dim + i] = static_cast<float>(o / sum);
+    }
+  }
+}
+
+namespace {
+
+size_t state_elem_bytes(DType t) { return t == DType::kF32 ? sizeof(float) : sizeof(uint16_t); }
+
+}  // namespace
+
+void causal_conv(const CausalConvArgs& a) {
+  const int64_t C = a.x.n_cols, K = a.kernel, n = a.x.n_rows;
+  for (int64_t r0 = 0; r0 < n;) {
+    const StateRun& run = a.state.runs[static_cast<size_t>(a.row_seq[static_cast<size_t>(r0)])];
+    const auto len = static_cast<int64_t>(run.out.size());
+    // The stream: K - 1 state rows, then the sequence's x rows.
+    std::vector<float> u(static_cast<size_t>((K - 1 + len) * C));
+    to_f32(run.in + a.state.offset, a.state.dtype, u.data(), static_cast<size_t>((K - 1) * C));
+    for (int64_t i = 0; i < len; ++i)
+      std::copy(a.x.row(r0 + i), a.x.row(r0 + i) + C, u.begin() + (K - 1 + i) * C);
+    for (int64_t i = 0; i < len; ++i) {
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < K; ++j)
+          acc += static_cast<double>(a.weight[j * C + c]) * u[static_cast<size_t>((i + j) * C + c)];
+        if (a.silu) acc = acc / (1.0 + std::exp(-acc));
+        a.out.row(r0 + i)[c] = static_cast<float>(acc);
+      }
+      std::byte* dst = run.out[static_cast<size_t>(i)];
+      if (dst != nullptr) {  // later rows read the kept state as stored
+        from_f32(u.data() + (i + 1) * C, a.state.dtype, dst + a.state.offset,
+                 static_cast<size_t>((K - 1) * C));
+        to_f32(dst + a.state.offset, a.state.dtype, u.data() + (i + 1) * C,
+               static_cast<size_t>((K - 1) * C));
+      }
+    }
+    r0 += len;
+  }
+}
+
+void delta_rule(const DeltaRuleArgs& a) {
+  const int64_t n = a.q.n_rows, dk = a.k_head_dim, dv = a.v_head_dim;
+  const int64_t group = a.n_v_heads / a.n_k_heads;
+  const size_t esz = state_elem_bytes(a.state.dtype);
+  const auto head_elems = static_cast<size_t>(dk * dv);
+  std::vector<float> stored(head_elems);
+  std::vector<double> S(head_elems), qn(static_cast<size_t>(dk)), kn(static_cast<size_t>(dk)),
+      kv(static_cast<size_t>(dv));
+  for (int64_t r0 = 0; r0 < n;) {
+    const StateRun& run = a.state.runs[static_cast<size_t>(a.row_seq[static_cast<size_t>(r0)])];
+    const auto len = static_cast<int64_t>(run.out.size());
+    for (int64_t h = 0; h < a.n_v_heads; ++h) {
+      const size_t head_bytes = static_cast<size_t>(h) * head_elems * esz;
+      to_f32(run.in + a.state.offset + head_bytes, a.state.dtype, stored.data(), head_elems);
+      std::copy(stored.begin(), stored.end(), S.begin());
+      for (int64_t i = 0; i < len; ++i) {
+        const int64_t r = r0 + i, kh = h / group;
+        double qq = 0.0, kk = 0.0;
+        for (int64_t d = 0; d < dk; ++d) {
+          qq += static_cast<double>(a.q.row(r)[kh * dk + d]) * a.q.row(r)[kh * dk + d];
+          kk += static_cast<double>(a.k.row(r)[kh * dk + d]) * a.k.row(r)[kh * dk + d];
+        }
+        const double q_inv = 1.0 / std::sqrt(qq + 1e-6) / std::sqrt(static_cast<double>(dk));
+        const double k_inv = 1.0 / std::sqrt(kk + 1e-6);
+        for (int64_t d = 0; d < dk; ++d) {
+          qn[static_cast<size_t>(d)] = a.q.row(r)[kh * dk + d] * q_inv;
+          kn[static_cast<size_t>(d)] = a.k.row(r)[kh * dk + d] * k_inv;
+        }
+        const double x = static_cast<double>(a.a.row(r)[h]) + a.dt_bias[h];
+        const double softplus = x > 20.0 ? x : std::log1p(std::exp(x));
+        const double decay = std::exp(-std::exp(static_cast<double>(a.a_log[h])) * softplus);
+        const double beta = 1.0 / (1.0 + std::exp(-static_cast<double>(a.b.row(r)[h])));
+        for (double& s : S) s *= decay;
+        std::fill(kv.begin(), kv.end(), 0.0);
+        for (int64_t d = 0; d < dk; ++d)
+          for (int64_t c = 0; c < dv; ++c)
+            kv[static_cast<size_t>(c)] +=
+                S[static_cast<size_t>(d * dv + c)] * kn[static_cast<size_t>(d)];
+        for (int64_t c = 0; c < dv; ++c) {
+          const double delta = (a.v.row(r)[h * dv + c] - kv[static_cast<size_t>(c)]) * beta;
+          for (int64_t d = 0; d < dk; ++d)
+            S[static_cast<size_t>(d * dv + c)] += kn[static_cast<size_t>(d)] * delta;
+        }
+        for (int64_t c = 0; c < dv; ++c) {
+          double o = 0.0;
+          for (int64_t d = 0; d < dk; ++d)
+            o += S[static_cast<size_t>(d * dv + c)] * qn[static_cast<size_t>(d)];
+          a.out.row(r)[h * dv + c] = static_cast<float>(o);
+        }
+        std::byte* dst = run.out[static_cast<size_t>(i)];
+        if (dst != nullptr) {
+          for (size_t e = 0; e < head_elems; ++e) stored[e] = static_cast<float>(S[e]);
+          from_f32(stored.data(), a.state.dtype, dst + a.state.offset + head_bytes, head_elems);
+          to_f32(dst + a.state.offset + head_bytes, a.state.dtype, stored.data(), head_elems);
+          std::copy(stored.begin(), stored.end(), S.begin());
+        }
+      }
+    }
+    r0 += len;
+  }
+}
+
+void sigmoid_mul(const SigmoidMulArgs& a) {
+  for (int64_t r = 0; r < a.y.n_rows; ++r) {
+    for (int64_t i = 0; i < a.y.n_cols; ++i) {
+      const double g = a.gate.row(r)[a.gate.n_cols == 1 ? 0 : i];
+      a.y.row(r)[i] = static_cast<float>(a.y.row(r)[i] / (1.0 + std::exp(-g)));
     }
   }
 }

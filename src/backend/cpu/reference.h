@@ -13,7 +13,7 @@ namespace metrale::cpu::reference {
 void linear(ConstRows x, WeightFormat format, const void* w, int64_t n_out, int64_t n_in,
             const float* bias, Rows y);
 
-// Same contract as Backend::rms_norm.
+// Same contract as Backend::rms_norm (gate included: silu in double).
 void rms_norm(const RmsNormArgs& a);
 
 // Same contract as Backend::rope: HF's q * cos + rotate_half(q) * sin.
@@ -27,5 +27,18 @@ void gated_activation(const GatedActivationArgs& a);
 // softmax in double, two passes. `scale` must be resolved (non-zero).
 void attention_row(const float* q, const float* k, const float* v, int64_t pos,
                    const AttentionShape& shape, float* out);
+
+// Same contract as Backend::causal_conv: sums and silu in double; rows after a kept state
+// read it as stored.
+void causal_conv(const CausalConvArgs& a);
+
+// Same contract as Backend::delta_rule, token by token in double in HF's recurrent order
+// (torch_recurrent_gated_delta_rule): S *= exp(g); kv = S^T k; S += k ((v - kv) beta)^T;
+// out = S^T q. A kept state (out[i] set) is stored rounded to its dtype and the next row
+// continues from the stored values, as the kernels do.
+void delta_rule(const DeltaRuleArgs& a);
+
+// y *= sigmoid(gate) in double (gate per element or one per row).
+void sigmoid_mul(const SigmoidMulArgs& a);
 
 }  // namespace metrale::cpu::reference

@@ -192,7 +192,7 @@ void parse_moe(const JsonFields& text, const ModelTypeTraits& traits, ModelConfi
     return;
   }
   moe.scoring = MoeScoring::kSoftmax;
-  if (traits.model_type == "qwen3_5_moe") {
+  if (traits.model_type.starts_with("qwen3_5_moe")) {
     // Qwen3_5MoeTopKRouter always renormalises, and Qwen3_5MoeDecoderLayer makes every layer
     // sparse: norm_topk_prob / decoder_sparse_step / mlp_only_layers are not read.
     moe.norm_topk_prob = true;

@@ -279,7 +279,7 @@ ModelConfig parse_model_config(std::string_view config_json, std::string_view so
     any_dense_layer = !config.is_moe_layer(i);
   if (any_dense_layer) {
     config.intermediate_size = text.req_size("intermediate_size");
-  } else if (traits.model_type != "qwen3_5_moe" && text.has("intermediate_size")) {
+  } else if (!traits.model_type.starts_with("qwen3_5_moe") && text.has("intermediate_size")) {
     config.intermediate_size = text.req_size("intermediate_size");  // unused, but validated
   }
 

@@ -165,8 +165,7 @@ RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int
                   "\" is not supported (supported: default, linear, llama3, yarn)");
   }
 
-  if (traits.model_type == "qwen3_5" || traits.model_type == "qwen3_5_moe")
-    parse_mrope(d, traits, rope);
+  if (traits.model_type.starts_with("qwen3_5")) parse_mrope(d, traits, rope);
   // DeepseekV3Config.rope_interleave (default True): apply_rotary_pos_emb_interleave.
   if (traits.model_type == "deepseek_v3")
     rope.pairs_interleaved = text.bool_or("rope_interleave", true);

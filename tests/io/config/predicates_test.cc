@@ -57,10 +57,21 @@ TEST_P(PredicateTest, ChunkedPrefillIsContinuable) {
 INSTANTIATE_TEST_SUITE_P(AllTypes, PredicateTest, ::testing::ValuesIn(kCases),
                          [](const auto& p) { return std::string(p.param.model_type); });
 
+// transformers 5.24 saves a text-only Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM with its
+// text config's model_type; the same decoder as the vision-language type, not nested.
+const char* const kTextOnly[][2] = {{"qwen3_5_text", "qwen3_5"},
+                                    {"qwen3_5_moe_text", "qwen3_5_moe"}};
+
 TEST(Predicates, EveryListedTypeIsCovered) {
-  EXPECT_EQ(std::size(kCases), supported_model_types().size());
+  EXPECT_EQ(std::size(kCases) + std::size(kTextOnly), supported_model_types().size());
   for (const PredicateCase& p : kCases)
     EXPECT_TRUE(is_supported_model_type(p.model_type)) << p.model_type;
+  for (const auto& [text, vlm] : kTextOnly) {
+    EXPECT_EQ(model_type_ships_vanilla_norm_weights(text),
+              model_type_ships_vanilla_norm_weights(vlm))
+        << text;
+    EXPECT_FALSE(requires_single_chunk_prefill(text, 0)) << text;
+  }
 }
 
 TEST(Predicates, UnknownTypeIsAnError) {
@@ -70,7 +81,7 @@ TEST(Predicates, UnknownTypeIsAnError) {
   msg = test::error_of([] { requires_single_chunk_prefill("qwen3_vl", 0); });
   EXPECT_NE(msg.find("\"qwen3_vl\""), std::string::npos) << msg;
   EXPECT_FALSE(
-      is_supported_model_type("qwen3_5_text"));  // the nested name is not a checkpoint type
+      is_supported_model_type("qwen3_5_vision"));  // the vision tower's type is not a decoder
 }
 
 TEST(Predicates, MlaNeedsALatentRank) {

@@ -1,0 +1,46 @@
+// qwen3_next, qwen3_5 and qwen3_5_moe (transformers' modeling_qwen3_next / _qwen3_5 /
+// _qwen3_5_moe), text-only (*ForCausalLM: qwen3_next, qwen3_5_text, qwen3_5_moe_text) or as
+// the language model of a vision-language checkpoint (qwen3_5, qwen3_5_moe). Layers
+// interleave two mixers, as config.layer_types says:
+//  - linear_attention: Gated DeltaNet (layers/gated_delta_net.h), a recurrent state per
+//    sequence in the engine's state pool;
+//  - full_attention: GQA with per-head qk-norm, partial rope and a sigmoid-gated output
+//    (layers/attention.h).
+// The FFN is a softmax top-k MoE with a sigmoid-gated shared expert (qwen3_next: where
+// decoder_sparse_step / mlp_only_layers say, else a dense MLP; qwen3_5_moe: every layer) or a
+// dense MLP (qwen3_5). Every RMSNorm of the decoder scales by (1 + w) (zero-centred weights).
+//
+// Recognised and not loaded: the vision tower of a vision-language checkpoint
+// (model.visual.*) and the multi-token-prediction layers (mtp.*), which HF also drops.
+#include "core/error.h"
+#include "layers/attention.h"
+#include "layers/ffn.h"
+#include "layers/gated_delta_net.h"
+#include "models/decoder_stack.h"
+#include "models/families.h"
+
+namespace metrale {
+
+std::unique_ptr<Architecture> build_qwen3_next(const ModelConfig& c, TensorLoader& l) {
+  const bool vlm = c.model_type == "qwen3_5" || c.model_type == "qwen3_5_moe";
+  return build_decoder_stack(
+      c, l,
+      {.prefix = vlm ? "model.language_model." : "model.",
+       .unloaded = {"model.visual.", "mtp."},
+       .mixer = [&](int64_t i, const std::string& p) -> std::unique_ptr<Mixer> {
+         const bool linear = c.layer_kind(i) == LayerKind::kLinearAttention;
+         // layer_types against the tensors, so a wrong list names the layer, not a tensor.
+         const std::string other =
+             p + (linear ? "self_attn.o_proj.weight" : "linear_attn.out_proj.weight");
+         METRALE_CHECK(!l.has(other), c.source, ": layer_types says layer ", i, " is ",
+                       layer_kind_name(c.layer_kind(i)), " but the checkpoint has '", other, "'");
+         if (linear) return GatedDeltaNet::load(c, i, l, p + "linear_attn.");
+         return GqaAttention::load(c, i, l, p + "self_attn.");
+       },
+       .ffn = [&](int64_t i, const std::string& p) -> std::unique_ptr<Ffn> {
+         if (c.is_moe_layer(i)) return MoeFfn::load(c, l, p + "mlp.");
+         return DenseFfn::load(c, l, p + "mlp.", c.intermediate_size);
+       }});
+}
+
+}  // namespace metrale
