@@ -4,6 +4,7 @@
 // model_parity_test.cc; batch invariance is batch_invariance_test.cc (hybrid fixtures too).
 #include <gtest/gtest.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "engine/model.h"
 #include "fixture_util.h"
@@ -215,6 +216,33 @@ TEST(HybridState, ABudgetPicksTheDeepestRingThatFits) {
   EXPECT_EQ(m->state_pool()->allocated_bytes(), slots * 3 * block);
   o.state_budget = slots * block - 1;  // not even depth 0
   EXPECT_THROW(load(o), Error);
+}
+
+// The chunked form of the delta rule (HF's prefill algorithm; off on the CPU, where it measured
+// slower) run through a whole model: the prompt's logits within rounding of the recurrent
+// form's, and HF's within the parity tolerance.
+TEST(HybridState, ChunkedDeltaRuleMatchesRecurrentThroughTheModel) {
+  const Reference ref(kFixture);
+  const std::vector<int32_t> ids = ref.ids("input_ids");  // 80 tokens: two chunks of 64
+  auto m = load();
+  auto* cpu = dynamic_cast<CpuBackend*>(&m->backend());
+  ASSERT_NE(cpu, nullptr);
+  const auto V = static_cast<size_t>(m->vocab_size());
+  auto prompt_logits = [&] {
+    std::vector<float> logits(ids.size() * V);
+    Sequence s;
+    m->prefill(s, ids, logits, /*all_logits=*/true);
+    m->release(s);
+    return logits;
+  };
+  const std::vector<float> recurrent = prompt_logits();
+  cpu->set_delta_chunk_min_rows(16);
+  const std::vector<float> chunked = prompt_logits();
+  EXPECT_NE(chunked, recurrent);  // the other form really ran
+  // HF's own two forms differ by up to 1.0e-4 on these fixtures (tests/data/fixtures/README.md).
+  EXPECT_LT(max_abs_diff(chunked.data(), recurrent.data(), chunked.size()), 1e-4f);
+  const std::vector<float> want = ref.floats("logits");
+  EXPECT_LT(max_abs_diff(chunked.data(), want.data(), want.size()), 5e-4f);
 }
 
 }  // namespace

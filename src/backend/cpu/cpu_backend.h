@@ -30,6 +30,9 @@ class CpuBackend final : public Backend {
 
   ThreadPool& pool() const { return *pool_; }
   Compute compute() const { return compute_; }
+  // delta_rule takes the chunked form for runs of more than this many rows that keep only
+  // their last state (default: never; cpu/gated_delta.h says why).
+  void set_delta_chunk_min_rows(int64_t rows) { delta_chunk_min_rows_ = rows; }
 
  protected:
   WeightTensor do_prepare(const WeightTensor& w, PrepareMode mode) override;
@@ -80,6 +83,7 @@ class CpuBackend final : public Backend {
   float* thread_scratch(size_t floats_per_thread);
   std::vector<cpu::StateSpan> state_spans_;
   std::vector<float> thread_scratch_;
+  int64_t delta_chunk_min_rows_ = cpu::kDeltaChunkMinRows;
 };
 
 }  // namespace metrale

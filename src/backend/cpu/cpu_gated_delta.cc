@@ -53,7 +53,8 @@ void CpuBackend::do_delta_rule(const DeltaRuleArgs& a) {
   const int64_t n_spans = state_spans(a.row_seq, a.state);
   bool chunked = false;
   for (int64_t s = 0; s < n_spans; ++s)
-    chunked = chunked || cpu::delta_rule_chunked(*state_spans_[static_cast<size_t>(s)].run);
+    chunked = chunked || cpu::delta_rule_chunked(*state_spans_[static_cast<size_t>(s)].run,
+                                                 delta_chunk_min_rows_);
   const size_t per_thread = (cpu::delta_rule_scratch_floats(a, chunked) + 15) / 16 * 16;
   float* scratch = thread_scratch(per_thread);
   const int64_t heads = a.n_v_heads;
@@ -61,7 +62,8 @@ void CpuBackend::do_delta_rule(const DeltaRuleArgs& a) {
       static_cast<size_t>(n_spans * heads), 1, [&](size_t b, size_t e, int t) {
         for (auto task = static_cast<int64_t>(b); task < static_cast<int64_t>(e); ++task) {
           cpu::delta_rule_head(a, state_spans_[static_cast<size_t>(task / heads)], task % heads,
-                               scratch + static_cast<size_t>(t) * per_thread);
+                               scratch + static_cast<size_t>(t) * per_thread,
+                               delta_chunk_min_rows_);
         }
       });
 }

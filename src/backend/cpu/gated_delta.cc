@@ -671,9 +671,9 @@ void causal_conv_block(const CausalConvArgs& a, const StateSpan& span, int64_t c
   HWY_DYNAMIC_DISPATCH(CausalConvBlock)(a, span, c_begin, c_end, scratch);
 }
 
-bool delta_rule_chunked(const StateRun& run) {
+bool delta_rule_chunked(const StateRun& run, int64_t min_rows) {
   const auto n = static_cast<int64_t>(run.out.size());
-  if (n <= kDeltaChunkMinRows) return false;
+  if (n <= min_rows) return false;
   for (int64_t i = 0; i + 1 < n; ++i)
     if (run.out[static_cast<size_t>(i)] != nullptr) return false;
   return true;
@@ -694,8 +694,9 @@ void delta_rule_head_chunked(const DeltaRuleArgs& a, const StateSpan& span, int6
   HWY_DYNAMIC_DISPATCH(DeltaRuleHeadChunked)(a, span, head, scratch);
 }
 
-void delta_rule_head(const DeltaRuleArgs& a, const StateSpan& span, int64_t head, float* scratch) {
-  if (delta_rule_chunked(*span.run)) {
+void delta_rule_head(const DeltaRuleArgs& a, const StateSpan& span, int64_t head, float* scratch,
+                     int64_t chunk_min_rows) {
+  if (delta_rule_chunked(*span.run, chunk_min_rows)) {
     delta_rule_head_chunked(a, span, head, scratch);
   } else {
     delta_rule_head_recurrent(a, span, head, scratch);

@@ -43,11 +43,13 @@ inline constexpr int64_t kDeltaChunk = 64;
 inline constexpr int64_t kDeltaChunkMinRows = std::numeric_limits<int64_t>::max();
 // Rows whose normalised q / k the recurrent form prepares at once.
 inline constexpr int64_t kDeltaRowBlock = 64;
-bool delta_rule_chunked(const StateRun& run);
+bool delta_rule_chunked(const StateRun& run, int64_t min_rows = kDeltaChunkMinRows);
 // Scratch floats one delta_rule_head call needs (chunked: whether any run takes that form).
 size_t delta_rule_scratch_floats(const DeltaRuleArgs& a, bool chunked);
-// Value head `head` of every row of `span`: reads run.in, writes out rows and run.out blocks.
-void delta_rule_head(const DeltaRuleArgs& a, const StateSpan& span, int64_t head, float* scratch);
+// Value head `head` of every row of `span`: reads run.in, writes out rows and run.out blocks;
+// the chunked form when delta_rule_chunked(run, chunk_min_rows).
+void delta_rule_head(const DeltaRuleArgs& a, const StateSpan& span, int64_t head, float* scratch,
+                     int64_t chunk_min_rows = kDeltaChunkMinRows);
 // The same in a given form (tests compare the two; chunked requires only the last out set).
 void delta_rule_head_recurrent(const DeltaRuleArgs& a, const StateSpan& span, int64_t head,
                                float* scratch);
