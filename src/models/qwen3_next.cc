@@ -10,6 +10,11 @@
 // decoder_sparse_step / mlp_only_layers say, else a dense MLP; qwen3_5_moe: every layer) or a
 // dense MLP (qwen3_5). Every RMSNorm of the decoder scales by (1 + w) (zero-centred weights).
 //
+// Qwen3.5's rope is multimodal (rope_parameters.mrope_section, frequencies interleaved t, h,
+// w): each frequency slot takes its angle from one of three position ids. For text every token
+// has t == h == w == its position, so the interleaved table is the plain 1-D one, which is
+// what runs here; image and video positions would come with the vision tower, not loaded.
+//
 // Recognised and not loaded: the vision tower of a vision-language checkpoint
 // (model.visual.*) and the multi-token-prediction layers (mtp.*), which HF also drops.
 #include "core/error.h"
