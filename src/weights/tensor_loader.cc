@@ -105,21 +105,26 @@ WeightTensor TensorLoader::fused_linear(const std::vector<std::string>& prefixes
   return copy_parts(parts, n_in, name);
 }
 
+void TensorLoader::claim_joined(const std::string& name, int64_t n_out, int64_t n_in,
+                                const std::string& first, std::optional<WeightFormat>& format) {
+  const CheckpointTensor& t = claim(name, {n_out, n_in});
+  const auto f = weight_format_for_dtype(t.info->dtype);
+  METRALE_CHECK(f.has_value(), checkpoint_.dir().string(), ": tensor '", name, "' has dtype ",
+                dtype_name(t.info->dtype), "; plain weights must be f32 or bf16");
+  METRALE_CHECK(!format || *format == *f, checkpoint_.dir().string(), ": tensor '", name, "' is ",
+                weight_format_name(*f), " but '", first, "' is ", weight_format_name(*format),
+                "; matrices joined into one need one format");
+  format = f;
+  backend_.require(Op::kLinear, *f, DType::kF32, name);
+}
+
 WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_in,
                                       const std::string& name) {
   std::optional<WeightFormat> format;
   int64_t n_out = 0;
   bool any_bias = false;
   for (const Part& p : parts) {
-    const CheckpointTensor& t = claim(p.name, {p.n_out, n_in});
-    const auto f = weight_format_for_dtype(t.info->dtype);
-    METRALE_CHECK(f.has_value(), checkpoint_.dir().string(), ": tensor '", p.name, "' has dtype ",
-                  dtype_name(t.info->dtype), "; plain weights must be f32 or bf16");
-    METRALE_CHECK(!format || *format == *f, checkpoint_.dir().string(), ": tensor '", p.name,
-                  "' is ", weight_format_name(*f), " but '", parts[0].name, "' is ",
-                  weight_format_name(*format), "; fused matrices need one format");
-    format = f;
-    backend_.require(Op::kLinear, *f, DType::kF32, p.name);
+    claim_joined(p.name, p.n_out, n_in, parts[0].name, format);
     n_out += p.n_out;
     any_bias = any_bias || p.bias_name != nullptr;
   }
@@ -162,15 +167,7 @@ WeightTensor TensorLoader::gathered_matrix(const std::vector<RowGather>& parts, 
   std::optional<WeightFormat> format;
   int64_t n_out = 0;
   for (const RowGather& p : parts) {
-    const CheckpointTensor& t = claim(p.name, {p.n_rows, n_in});
-    const auto f = weight_format_for_dtype(t.info->dtype);
-    METRALE_CHECK(f.has_value(), checkpoint_.dir().string(), ": tensor '", p.name, "' has dtype ",
-                  dtype_name(t.info->dtype), "; plain weights must be f32 or bf16");
-    METRALE_CHECK(!format || *format == *f, checkpoint_.dir().string(), ": tensor '", p.name,
-                  "' is ", weight_format_name(*f), " but '", parts[0].name, "' is ",
-                  weight_format_name(*format), "; a gathered matrix needs one format");
-    format = f;
-    backend_.require(Op::kLinear, *f, DType::kF32, p.name);
+    claim_joined(p.name, p.n_rows, n_in, parts[0].name, format);
     for (const int64_t r : p.rows) {
       METRALE_CHECK(r >= 0 && r < p.n_rows, "gathered_matrix: row ", r, " of '", p.name,
                     "' is outside [0, ", p.n_rows, ")");

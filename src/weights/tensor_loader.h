@@ -6,6 +6,7 @@
 // checkpoint holds nothing it does not understand.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -86,6 +87,10 @@ class TensorLoader {
   // and repack them into its own memory; the staging buffer is reused by the next tensor.
   WeightTensor copy_parts(const std::vector<Part>& parts, int64_t n_in, const std::string& name);
   const void* place(const CheckpointTensor& t);
+  // Claims `name` [n_out, n_in] for a matrix joined from several tensors: a plain format the
+  // backend's linear supports, the same as `format` (the first part's, named `first`) when set.
+  void claim_joined(const std::string& name, int64_t n_out, int64_t n_in, const std::string& first,
+                    std::optional<WeightFormat>& format);
   // Scratch for rows on their way into prepare(kCopy); reused across tensors.
   const Buffer& staging_for(size_t bytes);
   void advance(uint64_t bytes);
