@@ -122,6 +122,29 @@ def bytes_note(results: dict) -> str:
             f"{wb['total'] / 1e9:.2f} GB in all): {widths}{parts}.")
 
 
+def greedy_line(results: dict) -> str | None:
+    """The greedy check's one line (run.py's "greedy" entry), or None when results.json has
+    none (older runs, --no-greedy, or not both metrale and llama.cpp)."""
+    g = results.get("greedy")
+    if not g or g.get("skipped"):
+        return None
+    head = (f"Greedy tokens ({g['tokens']} from the same {len(g['prompt'])}-token prompt, "
+            f"{g['precision']}, {g['threads']} thread(s)): ")
+    if g.get("errors"):
+        return head + "not compared: " + "; ".join(
+            f"{e} failed ({msg.strip().splitlines()[0] if msg.strip() else 'no output'})"
+            for e, msg in g["errors"].items()) + " (results.json, greedy.errors)."
+    k = g.get("first_difference")
+    if k is None:
+        return head + "identical."
+    m = g.get("llama_cpp_margin_at_difference")
+    runner_up = {True: ", where metrale took llama.cpp's runner-up",
+                 False: ", where metrale's token was not llama.cpp's runner-up"}.get(
+        g.get("metrale_took_llama_cpp_runner_up"), "")
+    return head + (f"first differ at step {k} (0-based; llama.cpp's top-2 margin there: "
+                   f"{fmt(m, '.4g')}{runner_up}); ids in results.json, greedy.")
+
+
 def markdown(results: dict, summary: dict) -> str:
     cfg = results["config"]
     cols = metric_keys(cfg["prefill"], cfg["batch"])
@@ -158,6 +181,9 @@ def markdown(results: dict, summary: dict) -> str:
                    for t, v in results["bandwidth"].items())
     lines.append(f"Read bandwidth (bench/bandwidth_probe, median of runs): {bw}. "
                  f"{bytes_note(results)} Medians of {cfg['reps']} interleaved repetitions.")
+    greedy = greedy_line(results)
+    if greedy:
+        lines += ["", greedy]
     won = sorted({r.get("strategy_text") for runs in results.get("bandwidth_runs", {}).values()
                   for r in runs if r.get("strategy_text")})
     if won:

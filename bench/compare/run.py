@@ -14,6 +14,11 @@ release build, llama.cpp's bench tools from the pinned llama-cpp-python sdist, t
 random-weight checkpoint, its GGUF), then runs the engines in
 interleaved rounds — in each round, for each thread count: bandwidth probe, then every engine
 once (starting engine rotated per round) — so slow phases of a noisy VM hit all engines alike.
+Before the rounds, where metrale and llama.cpp both run, a greedy check: each decodes
+--greedy-tokens (16) tokens by argmax after the same 8 prompt ids, on the same weights
+(llama.cpp through tools/bench/llama_greedy.cpp, built against the pinned build's libraries),
+and results.json records both id lists, llama.cpp's top-1 minus top-2 logit at each step and
+the first step where they differ (--no-greedy skips it; a difference never fails the run).
 Each engine run is a fresh process printing one JSON object; its peak RSS is taken from
 wait4() (max over the process and the children it waited for). Medians over rounds go to
 <out>/table.md, results.json (every sample too) and chart.png. See docs/performance.md.
@@ -288,6 +293,67 @@ def shape_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e))
 
 
+# The greedy check's prompt: 8 fixed ids below 1000 (random.Random(0).sample(range(1, 1000), 8)),
+# given to both engines as they are (no bos or other special token added by either).
+GREEDY_PROMPT = [865, 395, 777, 912, 431, 42, 266, 989]
+
+
+def metrale_generate_ids(binary: Path, model_dir: Path, ids: list[int], n: int, threads: int,
+                         flags: list[str], timeout: float) -> tuple[dict | None, list[str], str]:
+    """Greedy ids from `metrale generate --json` ({"prompt_ids", "ids", "stop"} or None, the
+    command, error text)."""
+    cmd = [str(binary), "generate", "--model", str(model_dir), "--ids", ",".join(map(str, ids)),
+           "--no-special", "-n", str(n), "--temperature", "0", "--ignore-eos", "--threads",
+           str(threads), *flags, "--json"]
+    out, _, err = run_json(cmd, timeout)
+    if out is not None and not isinstance(out.get("ids"), list):
+        return None, cmd, f"`generate --json` printed no \"ids\" list: {out}"
+    return out, cmd, err
+
+
+def greedy_check(metrale: Path, model_dir: Path, cache: Path, gguf: Path, threads: int,
+                 n: int, metrale_flags: list[str], precision: str, timeout: float) -> dict:
+    """Both engines decode n greedy tokens after GREEDY_PROMPT, one engine at a time. Returns
+    what results.json keeps under "greedy": each engine's ids and command, llama.cpp's top-1
+    minus top-2 logit at each of its steps, and the first index where the ids differ (None when
+    identical). Random weights give nearly flat logits, so an early difference at a small
+    margin is expected; the run records it and goes on."""
+    out = {"prompt": GREEDY_PROMPT, "tokens": n, "threads": threads, "precision": precision,
+           "metrale": None, "llama.cpp": None, "first_difference": None, "errors": {}}
+    lcmd = llama_cpp_peer.greedy_command(cache, gguf, GREEDY_PROMPT, n, threads)
+    res, _, err = run_json(lcmd, timeout)
+    out["llama.cpp"] = {"command": lcmd, **(res or {})}
+    if res is None:
+        out["errors"]["llama.cpp"] = err
+    mres, mcmd, err = metrale_generate_ids(metrale, model_dir, GREEDY_PROMPT, n, threads,
+                                           metrale_flags, timeout)
+    out["metrale"] = {"command": mcmd, **(mres or {})}
+    if mres is None:
+        out["errors"]["metrale"] = err
+    a, b = (out["metrale"].get("ids"), out["llama.cpp"].get("ids"))
+    if a is not None and b is not None:
+        diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if diff is None and len(a) != len(b):
+            diff = min(len(a), len(b))
+        out["first_difference"] = diff
+        margins = out["llama.cpp"].get("top2_margins") or []
+        out["llama_cpp_margin_at_difference"] = (margins[diff] if diff is not None and
+                                                 diff < len(margins) else None)
+        # Whether metrale's pick there was llama.cpp's runner-up (a near-tie resolved the
+        # other way) rather than a token llama.cpp ranked lower.
+        runners_up = out["llama.cpp"].get("top2_ids") or []
+        out["metrale_took_llama_cpp_runner_up"] = (
+            a[diff] == runners_up[diff] if diff is not None and diff < min(len(a), len(b),
+                                                                          len(runners_up))
+            else None)
+        log("greedy: identical" if diff is None else
+            f"greedy: first differ at step {diff} (llama.cpp margin "
+            f"{out['llama_cpp_margin_at_difference']})")
+    for engine, e in out["errors"].items():
+        log(f"greedy check: {engine} failed: {e}")
+    return out
+
+
 def plan_prerequisites(args, engines: list[str], build: bool) -> tuple[list[str], list[str]]:
     """(Python modules, Debian packages) that the steps this run will take need. Steps whose
     output is cached (checkpoint, GGUF, llama.cpp build, probe) need nothing."""
@@ -306,6 +372,9 @@ def plan_prerequisites(args, engines: list[str], build: bool) -> tuple[list[str]
             modules.append("pip")
         if not llama_cpp_peer.is_built(args.cache_dir):
             debian += list(prereqs.BUILD_TOOLS.values())
+        elif not args.no_greedy and "metrale" in engines and \
+                not llama_cpp_peer.greedy_tool_path(args.cache_dir).is_file():
+            debian += [prereqs.BUILD_TOOLS["c++"]]
         model_dir = (args.cache_dir / "checkpoints" / args.model_shape if args.model_shape
                      else args.model)
         if not ckpt_ready or not llama_cpp_peer.gguf_path(args.cache_dir, model_dir,
@@ -358,6 +427,11 @@ def main() -> None:
                     help="do not install missing Python/Debian packages: name them and stop")
     ap.add_argument("--no-chart", action="store_true", help="skip chart.png (no matplotlib)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
+    ap.add_argument("--no-greedy", action="store_true",
+                    help="skip the greedy check (metrale and llama.cpp decode the same "
+                         "prompt once, before the timed rounds, and their token ids are compared)")
+    ap.add_argument("--greedy-tokens", type=int, default=16,
+                    help="tokens each engine decodes in the greedy check")
     args = ap.parse_args()
     # The command exactly as typed (run from the repository root), for results.json and the
     # table; `args` in results.json spells out every default it relied on.
@@ -369,6 +443,8 @@ def main() -> None:
         sys.exit(f"--engines: unknown {unknown}; expected a subset of {list(report.ENGINES)}")
     if args.reps < 1:
         sys.exit("--reps: expected >= 1")
+    if args.greedy_tokens < 1:
+        sys.exit("--greedy-tokens: expected >= 1")
     if args.model and not (args.model.resolve() / "config.json").is_file():
         sys.exit(f"--model: {args.model.resolve()}/config.json not found")
     build = not args.no_build
@@ -406,6 +482,8 @@ def main() -> None:
         lsrc = llama_cpp_peer.ensure_source(args.cache_dir)
         llama_cpp_peer.ensure_build(args.cache_dir, lsrc)
         gguf = llama_cpp_peer.ensure_gguf(args.cache_dir, lsrc, model_dir, args.llama_outtype)
+        if not args.no_greedy and "metrale" in engines:
+            llama_cpp_peer.ensure_greedy_tool(args.cache_dir, lsrc)
     if not engines:
         sys.exit("no engine left to run")
 
@@ -484,6 +562,23 @@ def main() -> None:
     }
     if gguf and args.llama_outtype != "bf16":
         results["weight_bytes"]["llama.cpp"] = gguf.stat().st_size
+
+    # --- greedy check: same weights, same prompt, token ids compared (before the rounds) ---
+    if args.no_greedy:
+        results["greedy"] = {"skipped": "--no-greedy"}
+    elif not {"metrale", "llama.cpp"} <= set(engines):
+        results["greedy"] = {"skipped": "needs both metrale and llama.cpp among the engines"}
+    else:
+        mflags = [a for k, v in metrale_flags.items() for a in (k, v)]
+        for k in ("--compute", "--weights"):  # as the timed runs, also when --metrale-args set it
+            if k in extra_flags and extra_flags[k] is not True:
+                mflags += [k, str(extra_flags[k])]
+        mcompute = dict(zip(mflags[::2], mflags[1::2])).get("--compute", "(metrale default)")
+        precision = ("bf16 both" if mcompute == "bf16" and args.llama_outtype == "bf16" else
+                     f"metrale --compute {mcompute}, llama.cpp {args.llama_outtype}")
+        results["greedy"] = greedy_check(metrale, model_dir, args.cache_dir, gguf,
+                                         max(args.threads), args.greedy_tokens, mflags,
+                                         precision, args.timeout)
 
     # --- interleaved rounds ---
     for rnd in range(args.reps):

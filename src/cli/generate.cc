@@ -1,5 +1,6 @@
 // `metrale generate --model DIR --prompt TEXT`: streams the continuation to stdout, then
-// prints prompt and decode speed on stderr.
+// prints prompt and decode speed on stderr. With --json, prints one JSON line instead of the
+// text: the prompt ids, the generated ids and why it stopped (for comparing engines).
 #include <cstdio>
 
 #include "cli/command.h"
@@ -17,7 +18,14 @@ struct GenerateFlags {
   GenerateOptions gen;
   std::vector<std::string> stop;
   bool no_special = false;
+  bool json = false;
 };
+
+void print_ids(const char* key, const std::vector<int32_t>& ids) {
+  std::printf("\"%s\": [", key);
+  for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? ", " : "", ids[i]);
+  std::printf("]");
+}
 
 void run_generate(const GenerateFlags& f) {
   METRALE_CHECK(!(f.prompt.empty() && f.ids.empty()),
@@ -36,12 +44,19 @@ void run_generate(const GenerateFlags& f) {
   GenerateOptions o = f.gen;
   o.stop_strings = f.stop;
   Session session(*model);
-  if (!f.prompt.empty()) std::fputs(f.prompt.c_str(), stdout);
-  const GenerateResult r = session.generate(prompt, o, [](std::string_view piece) {
+  if (!f.prompt.empty() && !f.json) std::fputs(f.prompt.c_str(), stdout);
+  const GenerateResult r = session.generate(prompt, o, [&f](std::string_view piece) {
+    if (f.json) return;
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   });
-  if (model->tokenizer() == nullptr) {
+  if (f.json) {
+    std::printf("{");
+    print_ids("prompt_ids", prompt);
+    std::printf(", ");
+    print_ids("ids", r.tokens);
+    std::printf(", \"stop\": \"%s\"}", std::string(stop_reason_name(r.stop)).c_str());
+  } else if (model->tokenizer() == nullptr) {
     for (int32_t t : r.tokens) std::printf("%d ", t);
   }
   std::printf("\n");
@@ -78,6 +93,8 @@ void setup(CLI::App& app) {
   cmd->add_option("--seed", f->gen.seed, "sampling seed");
   cmd->add_option("--stop", f->stop, "stop when the text contains this (repeatable)");
   cmd->add_flag("--ignore-eos", f->gen.ignore_eos, "keep generating past eos tokens");
+  cmd->add_flag("--json", f->json,
+                "print one JSON line {prompt_ids, ids, stop} instead of the text");
   cmd->callback([f] { run_generate(*f); });
 }
 

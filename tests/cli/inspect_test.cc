@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.h"
 #include "support/test_support.h"
 
 namespace metrale {
@@ -21,36 +22,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path metrale_binary() {
-  const fs::path self = fs::read_symlink("/proc/self/exe");
-  return self.parent_path().parent_path() / "src" / "metrale";
-}
-
-struct InspectRun {
-  int status = -1;  // exit code
-  std::string out;  // stdout and stderr together
-};
-
-// Runs `metrale inspect <args>`; the arguments are single-quoted for the shell.
-InspectRun inspect(const std::vector<std::string>& args) {
-  const fs::path bin = metrale_binary();
-  EXPECT_TRUE(fs::exists(bin)) << bin << " is missing: build the `metrale` target first";
-  std::string cmd = "'" + bin.string() + "' inspect";
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1";
-  InspectRun r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+// Runs `metrale inspect <args>`.
+CliRun inspect(const std::vector<std::string>& args) { return run_metrale("inspect", args); }
 
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -88,7 +61,7 @@ TEST(Inspect, EveryFixtureStillInspects) {
   for (const auto& entry : fs::directory_iterator("tests/data/fixtures")) {
     if (!fs::exists(entry.path() / "config.json")) continue;
     ++n;
-    const InspectRun r = inspect({entry.path().string()});
+    const CliRun r = inspect({entry.path().string()});
     EXPECT_EQ(0, r.status) << entry.path() << "\n" << r.out;
     EXPECT_TRUE(has(r.out, "model_type: ")) << r.out;
     EXPECT_TRUE(has(r.out, "\ntensors: ")) << r.out;
@@ -96,7 +69,7 @@ TEST(Inspect, EveryFixtureStillInspects) {
     // Nothing about recurrent state without --max-batch.
     EXPECT_FALSE(has(r.out, "recurrent state")) << r.out;
     const bool hybrid = has(r.out, "linear_attention");
-    const InspectRun s = inspect({entry.path().string(), "--max-batch", "4"});
+    const CliRun s = inspect({entry.path().string(), "--max-batch", "4"});
     EXPECT_EQ(0, s.status) << entry.path() << "\n" << s.out;
     EXPECT_TRUE(has(s.out, hybrid ? "\nslots: 5 (4 sequences + 1 padding dummy)\n"
                                   : "has no linear-attention layers"))
@@ -106,7 +79,7 @@ TEST(Inspect, EveryFixtureStillInspects) {
 }
 
 TEST(Inspect, AttentionOnlyModelHasNoRecurrentState) {
-  const InspectRun r =
+  const CliRun r =
       inspect({"tests/data/fixtures/qwen3_f32", "--max-batch", "8", "--budget", "1GiB"});
   EXPECT_EQ(0, r.status) << r.out;
   EXPECT_TRUE(has(r.out,
@@ -120,7 +93,7 @@ TEST(Inspect, Qwen3NextStatePlan) {
   make_checkpoint(dir.path(), "qwen3_next", {"model.embed_tokens.weight"});
   // 9 slots, 79036416-byte blocks (36 layers x (98304 + 2097152)): 4 GiB holds depth 4
   // (45 blocks = 3556638720 bytes), not 8 (81 blocks).
-  InspectRun r = inspect({dir.path().string(), "--max-batch", "8", "--budget", "4GiB"});
+  CliRun r = inspect({dir.path().string(), "--max-batch", "8", "--budget", "4GiB"});
   EXPECT_EQ(0, r.status) << r.out;
   EXPECT_TRUE(has(r.out, "recurrent state: f32, 36 of 48 layers (0-2,4-6,")) << r.out;
   EXPECT_TRUE(has(r.out, "  per layer: conv 98304 + ssm 2097152 bytes\n")) << r.out;
@@ -153,7 +126,7 @@ TEST(Inspect, StateFlagErrors) {
   make_checkpoint(dir.path(), "qwen3_next", {"model.embed_tokens.weight"});
   const std::string d = dir.path().string();
 
-  InspectRun r = inspect({d, "--max-batch", "8", "--budget", "lots"});
+  CliRun r = inspect({d, "--max-batch", "8", "--budget", "lots"});
   EXPECT_EQ(1, r.status) << r.out;
   EXPECT_TRUE(has(r.out,
                   "--budget: expected a byte count such as 1073741824, 512MiB, 2GiB or "
@@ -187,14 +160,14 @@ TEST(Inspect, VisionAndMtpTensorsAreNamed) {
                   {"model.language_model.embed_tokens.weight", "model.visual.patch_embed.weight",
                    "model.visual.blocks.0.attn.qkv.weight", "model.visual.merger.fc.weight",
                    "mtp.fc.weight", "mtp.layers.0.input_layernorm.weight"});
-  const InspectRun r = inspect({dir.path().string()});
+  const CliRun r = inspect({dir.path().string()});
   EXPECT_EQ(0, r.status) << r.out;
   EXPECT_TRUE(has(r.out, "\nvision tower: 3 tensors (model.visual.*) recognised, not loaded\n"))
       << r.out;
   EXPECT_TRUE(has(r.out, "\nMTP layers: 2 tensors (mtp.*) recognised, not loaded\n")) << r.out;
 
   // A text-only checkpoint says neither.
-  const InspectRun t = inspect({"tests/data/fixtures/qwen3_f32"});
+  const CliRun t = inspect({"tests/data/fixtures/qwen3_f32"});
   EXPECT_EQ(0, t.status) << t.out;
   EXPECT_FALSE(has(t.out, "vision tower: ")) << t.out;
   EXPECT_FALSE(has(t.out, "MTP layers: ")) << t.out;

@@ -140,6 +140,65 @@ def ensure_build(cache: Path, src: Path) -> Path:
     return bin_dir
 
 
+GREEDY_SOURCE = Path(__file__).resolve().parent / "llama_greedy.cpp"
+GREEDY_TOOL = "llama-greedy"
+
+
+def greedy_link_libraries(build: Path) -> list[str]:
+    """The libraries llama-bench links (its LINK_LIBRARIES line in build.ninja, relative to the
+    build directory), less the tools' and common's own archives: libllama, the ggml archives
+    and the system libraries (OpenMP, pthread, dl, m) of exactly this configuration."""
+    text = (build / "build.ninja").read_text()
+    m = re.search(r"^build bin/llama-bench:.*?\n((?:  .*\n)+)", text, re.M)
+    libs = m and re.search(r"^  LINK_LIBRARIES = (.*)$", m.group(1), re.M)
+    if not libs:
+        sys.exit(f"llama.cpp peer: no LINK_LIBRARIES for llama-bench in {build}/build.ninja")
+    keep = [a for a in libs.group(1).split()
+            if not a.startswith(("tools/", "common/", "vendor/"))]
+    if "src/libllama.a" not in keep:
+        sys.exit(f"llama.cpp peer: llama-bench does not link src/libllama.a ({keep}); "
+                 "the build layout changed")
+    return keep
+
+
+def greedy_tool_path(cache: Path) -> Path:
+    return build_dir(cache) / "bin" / GREEDY_TOOL
+
+
+def ensure_greedy_tool(cache: Path, src: Path) -> Path:
+    """tools/bench/llama_greedy.cpp compiled (-O2, the build's C++ compiler) against the
+    pinned build's static libraries, which ensure_build makes as llama-bench's dependencies,
+    into <build>/bin/llama-greedy; recompiled when the source or libllama.a is newer. Nothing
+    is added to the cmake build, so llama-bench / llama-batched-bench and the build stamp
+    stay as they are. The numerics are the library's: one program linking libllama.a."""
+    ensure_build(cache, src)
+    build = build_dir(cache)
+    tool = greedy_tool_path(cache)
+    newest = max(GREEDY_SOURCE.stat().st_mtime, (build / "src" / "libllama.a").stat().st_mtime)
+    if tool.is_file() and tool.stat().st_mtime >= newest:
+        return tool
+    cxx = "c++"
+    cache_txt = (build / "CMakeCache.txt").read_text()
+    m = re.search(r"^CMAKE_CXX_COMPILER:FILEPATH=(.+)$", cache_txt, re.M)
+    if m and Path(m.group(1)).is_file():
+        cxx = m.group(1)
+    cmd = [cxx, "-std=c++17", "-O2", "-I", str(src / "include"), "-I", str(src / "ggml" / "include"),
+           str(GREEDY_SOURCE), "-o", str(tool.with_suffix(".partial")),
+           *greedy_link_libraries(build), "-pthread"]
+    log(f"building {tool} ({' '.join(cmd)})")
+    subprocess.run(cmd, cwd=build, check=True, stdout=sys.stderr)
+    tool.with_suffix(".partial").rename(tool)
+    return tool
+
+
+def greedy_command(cache: Path, gguf: Path, ids: list[int], n: int, threads: int,
+           load_mode: str = "mmap") -> list[str]:
+    """The llama-greedy command line for this GGUF and prompt (run it with ensure_greedy_tool
+    done first)."""
+    return [str(greedy_tool_path(cache)), "-m", str(gguf), "--ids", ",".join(map(str, ids)),
+            "-n", str(n), "-t", str(threads), "--load-mode", load_mode]
+
+
 def checkpoint_key(model_dir: Path) -> str:
     """Distinguishes checkpoints by path, size and mtime of their weight files."""
     h = hashlib.sha256(str(model_dir.resolve()).encode())

@@ -1,0 +1,54 @@
+// `metrale generate --json`, run as the built binary: the ids it prints are the library's greedy
+// continuation, equal to HF's on a hybrid fixture (what bench/compare compares engines with).
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_run.h"
+#include "engine/fixture_util.h"
+
+namespace metrale {
+namespace {
+
+std::string join(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+// The integers of the JSON array after `"key": [` in `line`.
+std::vector<int32_t> array_of(const std::string& line, const std::string& key) {
+  const size_t at = line.find("\"" + key + "\": [");
+  EXPECT_NE(at, std::string::npos) << key << " not in: " << line;
+  if (at == std::string::npos) return {};
+  std::istringstream in(line.substr(line.find('[', at) + 1));
+  std::vector<int32_t> ids;
+  int32_t v = 0;
+  char sep = 0;
+  while (in >> v) {
+    ids.push_back(v);
+    if (!(in >> sep) || sep == ']') break;
+  }
+  return ids;
+}
+
+TEST(GenerateJson, PrintsTheGreedyIdsHfGives) {
+  for (const std::string fixture : {"qwen3_next_f32", "qwen3_5_moe_f32", "qwen3_f32"}) {
+    const testing::Reference ref(fixture);
+    const std::vector<int32_t> prompt = ref.ids("input_ids_b");
+    const CliRun r =
+        run_metrale("generate",
+                    {"--model", testing::fixture_dir(fixture), "--ids", join(prompt),
+                     "--no-special", "-n", "16", "--ignore-eos", "--json", "--threads", "2"},
+                    /*with_stderr=*/false);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(array_of(r.out, "prompt_ids"), prompt) << fixture;
+    EXPECT_EQ(array_of(r.out, "ids"), ref.ids("greedy_ids_b")) << fixture;
+    EXPECT_NE(r.out.find("\"stop\": \"max tokens\""), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace metrale
