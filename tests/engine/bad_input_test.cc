@@ -20,12 +20,7 @@ using test::error_of;
 
 using testing::CheckpointCopy;
 
-LoadOptions small() {
-  LoadOptions o;
-  o.n_threads = 1;
-  o.kv_tokens = 32;
-  return o;
-}
+LoadOptions small() { return testing::small_load_options(); }
 
 TEST(EngineBadInput, TokenIdOutOfRange) {
   auto m = Model::load(testing::fixture_dir("qwen3_f32"), small());

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/model.h"
 #include "fixture_util.h"
 #include "io/safetensors/file.h"
 #include "io/safetensors/writer.h"
@@ -18,6 +19,15 @@
 namespace metrale::testing {
 
 namespace fs = std::filesystem;
+
+// Load options for a test that expects a load (or a short run) to fail: one thread, a small
+// KV cache.
+inline LoadOptions small_load_options() {
+  LoadOptions o;
+  o.n_threads = 1;
+  o.kv_tokens = 32;
+  return o;
+}
 
 // A scratch copy of a fixture checkpoint, edited by the test.
 class CheckpointCopy {

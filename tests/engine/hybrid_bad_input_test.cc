@@ -14,12 +14,7 @@ namespace {
 using test::error_of;
 using testing::CheckpointCopy;
 
-LoadOptions small() {
-  LoadOptions o;
-  o.n_threads = 1;
-  o.kv_tokens = 32;
-  return o;
-}
+LoadOptions small() { return testing::small_load_options(); }
 
 std::string load_error(const CheckpointCopy& c) {
   return error_of([&] { Model::load(c.dir(), small()); });

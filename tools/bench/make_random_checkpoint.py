@@ -255,6 +255,17 @@ def qwen3_moe_config(layers: int) -> dict:
     return config
 
 
+
+def expert_tensors(p, e, f, h):
+    """The per-expert tensors of one MoE layer (prefix p), as published checkpoints name them."""
+    out = []
+    for j in range(e):
+        q = f"{p}mlp.experts.{j}."
+        out += [(q + "gate_proj.weight", (f, h), "normal"),
+                (q + "up_proj.weight", (f, h), "normal"),
+                (q + "down_proj.weight", (h, f), "normal")]
+    return out
+
 def qwen3_moe_tensors(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, init) of every tensor of a Qwen3-MoE checkpoint, in the published names;
     init is "normal" (N(0, 0.02)) or "ones" (RMSNorm weights)."""
@@ -275,11 +286,7 @@ def qwen3_moe_tensors(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
             (p + "post_attention_layernorm.weight", (h,), "ones"),
             (p + "mlp.gate.weight", (e, h), "normal"),  # router
         ]
-        for j in range(e):
-            q = f"{p}mlp.experts.{j}."
-            out += [(q + "gate_proj.weight", (f, h), "normal"),
-                    (q + "up_proj.weight", (f, h), "normal"),
-                    (q + "down_proj.weight", (h, f), "normal")]
+        out += expert_tensors(p, e, f, h)
     out += [("model.norm.weight", (h,), "ones"), ("lm_head.weight", (v, h), "normal")]
     return out
 
@@ -343,11 +350,7 @@ def qwen3_next_tensors(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
             (p + "post_attention_layernorm.weight", (h,), "zeros"),
             (p + "mlp.gate.weight", (e, h), "normal"),  # router
         ]
-        for j in range(e):
-            q = f"{p}mlp.experts.{j}."
-            out += [(q + "gate_proj.weight", (f, h), "normal"),
-                    (q + "up_proj.weight", (f, h), "normal"),
-                    (q + "down_proj.weight", (h, f), "normal")]
+        out += expert_tensors(p, e, f, h)
         out += [(p + "mlp.shared_expert.gate_proj.weight", (fs, h), "normal"),
                 (p + "mlp.shared_expert.up_proj.weight", (fs, h), "normal"),
                 (p + "mlp.shared_expert.down_proj.weight", (h, fs), "normal"),

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include "backend/cpu/kernels.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
@@ -99,23 +100,39 @@ HWY_INLINE void Tile(const LinearTask& t, const WT* w_base, int64_t r0, int64_t 
   TileFinish<R, C>(x, w, k_full, t.n_in, acc, t.bias != nullptr ? t.bias + o : nullptr, y);
 }
 
+// Calls fn(R, C) with R = rows (1..3, or 4 for 4 and more) and C = cols (4, else 1) as
+// std::integral_constant, so a run-time tile shape picks its compiled kernel in one place.
+template <class Fn>
+HWY_INLINE void WithTileShape(int rows, int cols, Fn&& fn) {
+  auto with_rows = [&](auto c) {
+    switch (rows) {
+      case 1:
+        fn(std::integral_constant<int, 1>{}, c);
+        break;
+      case 2:
+        fn(std::integral_constant<int, 2>{}, c);
+        break;
+      case 3:
+        fn(std::integral_constant<int, 3>{}, c);
+        break;
+      default:
+        fn(std::integral_constant<int, 4>{}, c);
+        break;
+    }
+  };
+  if (cols == 4) {
+    with_rows(std::integral_constant<int, 4>{});
+  } else {
+    with_rows(std::integral_constant<int, 1>{});
+  }
+}
+
 template <int C, class WT>
 HWY_INLINE void TileRows(int rows, const LinearTask& t, const WT* w, int64_t r0, int64_t o,
                          int64_t k_full, float* acc) {
-  switch (rows) {
-    case 1:
-      Tile<1, C>(t, w, r0, o, k_full, acc);
-      break;
-    case 2:
-      Tile<2, C>(t, w, r0, o, k_full, acc);
-      break;
-    case 3:
-      Tile<3, C>(t, w, r0, o, k_full, acc);
-      break;
-    default:
-      Tile<4, C>(t, w, r0, o, k_full, acc);
-      break;
-  }
+  static_assert(C == 1 || C == 4);
+  WithTileShape(rows, C,
+                [&](auto r, auto) { Tile<decltype(r)::value, C>(t, w, r0, o, k_full, acc); });
 }
 
 // GEMV (few rows, decode): each group of 4 weight rows is read once for all x rows.
@@ -171,37 +188,9 @@ HWY_INLINE void LinearGemm(const LinearTask& t, const WT* w, int64_t o_begin, in
           const WT* wr[4];
           for (int i = 0; i < rows; ++i) x[i] = t.x.row(r0 + r + i);
           for (int c = 0; c < cols; ++c) wr[c] = w + (ob + o + c) * t.n_in;
-          if (cols == 4) {
-            switch (rows) {
-              case 1:
-                TileSteps<1, 4>(x, wr, k0, k1, acc);
-                break;
-              case 2:
-                TileSteps<2, 4>(x, wr, k0, k1, acc);
-                break;
-              case 3:
-                TileSteps<3, 4>(x, wr, k0, k1, acc);
-                break;
-              default:
-                TileSteps<4, 4>(x, wr, k0, k1, acc);
-                break;
-            }
-          } else {
-            switch (rows) {
-              case 1:
-                TileSteps<1, 1>(x, wr, k0, k1, acc);
-                break;
-              case 2:
-                TileSteps<2, 1>(x, wr, k0, k1, acc);
-                break;
-              case 3:
-                TileSteps<3, 1>(x, wr, k0, k1, acc);
-                break;
-              default:
-                TileSteps<4, 1>(x, wr, k0, k1, acc);
-                break;
-            }
-          }
+          WithTileShape(rows, cols, [&](auto kr, auto kc) {
+            TileSteps<decltype(kr)::value, decltype(kc)::value>(x, wr, k0, k1, acc);
+          });
         });
       }
       for_tiles([&](int rows, int cols, int64_t r, int64_t o, float* acc) {
@@ -214,37 +203,9 @@ HWY_INLINE void LinearGemm(const LinearTask& t, const WT* w, int64_t o_begin, in
         }
         for (int c = 0; c < cols; ++c) wr[c] = w + (ob + o + c) * t.n_in;
         const float* b = t.bias != nullptr ? t.bias + ob + o : nullptr;
-        if (cols == 4) {
-          switch (rows) {
-            case 1:
-              TileFinish<1, 4>(x, wr, k_full, t.n_in, acc, b, y);
-              break;
-            case 2:
-              TileFinish<2, 4>(x, wr, k_full, t.n_in, acc, b, y);
-              break;
-            case 3:
-              TileFinish<3, 4>(x, wr, k_full, t.n_in, acc, b, y);
-              break;
-            default:
-              TileFinish<4, 4>(x, wr, k_full, t.n_in, acc, b, y);
-              break;
-          }
-        } else {
-          switch (rows) {
-            case 1:
-              TileFinish<1, 1>(x, wr, k_full, t.n_in, acc, b, y);
-              break;
-            case 2:
-              TileFinish<2, 1>(x, wr, k_full, t.n_in, acc, b, y);
-              break;
-            case 3:
-              TileFinish<3, 1>(x, wr, k_full, t.n_in, acc, b, y);
-              break;
-            default:
-              TileFinish<4, 1>(x, wr, k_full, t.n_in, acc, b, y);
-              break;
-          }
-        }
+        WithTileShape(rows, cols, [&](auto kr, auto kc) {
+          TileFinish<decltype(kr)::value, decltype(kc)::value>(x, wr, k_full, t.n_in, acc, b, y);
+        });
       });
     }
   }
