@@ -1,13 +1,18 @@
 // CPU kernel throughput: linear as GEMV (decode: weight GB/s is the figure of merit, since
-// decode is memory-bound) and as GEMM (prefill: GFLOP/s), paged decode attention, rms_norm.
+// decode is memory-bound) and as GEMM (prefill: GFLOP/s), for plain and quantized weights,
+// paged decode attention, rms_norm.
 // Threads: METRALE_THREADS or the physical core count (core/thread_pool.h).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/linear_quant.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
@@ -27,10 +32,21 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
   return v;
 }
 
-// args: n_out, n_in, rows, format (0 f32, 1 bf16)
+// Copies of a weight of `bytes` for a cold run: enough that cycling through them reads every
+// call's weights from DRAM (well past the last-level cache), as a decode step reads a model's
+// layers; 1 for a hot run (the weight stays in cache between calls).
+int64_t copies_for(bool cold, double bytes) {
+  constexpr double kColdBytes = 256.0 * (1 << 20);
+  return cold ? std::max<int64_t>(2, static_cast<int64_t>(std::ceil(kColdBytes / bytes))) : 1;
+}
+
+// args: n_out, n_in, rows, format (0 f32, 1 bf16), cold (weights from DRAM, copies_for)
 void BM_Linear(benchmark::State& state) {
   const int64_t n_out = state.range(0), n_in = state.range(1), rows = state.range(2);
   const auto format = state.range(3) == 0 ? WeightFormat::kF32 : WeightFormat::kBF16;
+  const double weight_bytes =
+      static_cast<double>(weight_row_bytes(format, n_in)) * static_cast<double>(n_out);
+  const int64_t copies = copies_for(state.range(4) != 0, weight_bytes);
   CpuBackend be(pool());
   const auto wf = random_floats(static_cast<size_t>(n_out * n_in), 1);
   std::vector<uint16_t> wb(wf.size());
@@ -41,15 +57,16 @@ void BM_Linear(benchmark::State& state) {
       .n_out = n_out,
       .n_in = n_in,
       .data = format == WeightFormat::kF32 ? static_cast<const void*>(wf.data()) : wb.data()};
-  const WeightTensor w = be.prepare(raw, PrepareMode::kCopy);  // huge-page-backed copy
+  std::vector<WeightTensor> w;  // huge-page-backed copies
+  for (int64_t i = 0; i < copies; ++i) w.push_back(be.prepare(raw, PrepareMode::kCopy));
   const auto x = random_floats(static_cast<size_t>(rows * n_in), 2);
   std::vector<float> y(static_cast<size_t>(rows * n_out));
+  size_t next = 0;
   for (auto _ : state) {
-    be.linear(rows_of(x.data(), rows, n_in), w, rows_of(y.data(), rows, n_out));
+    be.linear(rows_of(x.data(), rows, n_in), w[next], rows_of(y.data(), rows, n_out));
+    next = next + 1 == w.size() ? 0 : next + 1;
     benchmark::DoNotOptimize(y.data());
   }
-  const double weight_bytes =
-      static_cast<double>(weight_row_bytes(format, n_in)) * static_cast<double>(n_out);
   state.SetBytesProcessed(static_cast<int64_t>(weight_bytes) * state.iterations());
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * static_cast<double>(rows * n_out * n_in) * 1e-9,
@@ -57,15 +74,104 @@ void BM_Linear(benchmark::State& state) {
   state.counters["threads"] = pool().size();
 }
 BENCHMARK(BM_Linear)
-    ->ArgNames({"out", "in", "rows", "bf16"})
-    ->Args({3072, 1024, 1, 1})
-    ->Args({1024, 3072, 1, 1})
-    ->Args({3072, 1024, 1, 0})
-    ->Args({4096, 4096, 1, 1})
-    ->Args({4096, 4096, 4, 1})
-    ->Args({3072, 1024, 128, 1})
-    ->Args({1024, 1024, 512, 0})
+    ->ArgNames({"out", "in", "rows", "bf16", "cold"})
+    ->Args({3072, 1024, 1, 1, 0})
+    ->Args({1024, 3072, 1, 1, 0})
+    ->Args({3072, 1024, 1, 1, 1})
+    ->Args({1024, 3072, 1, 1, 1})
+    ->Args({3072, 1024, 1, 0, 0})
+    ->Args({4096, 4096, 1, 1, 0})
+    ->Args({4096, 4096, 4, 1, 0})
+    ->Args({3072, 1024, 128, 1, 0})
+    ->Args({3072, 1024, 64, 1, 0})
+    ->Args({1024, 3072, 64, 1, 0})
+    ->Args({1024, 1024, 512, 0, 0})
     ->UseRealTime();
+
+// The quantized layouts of common checkpoints (compressed-tensors W4A16 / W8A16 / FP8,
+// ModelOpt NVFP4), with bf16 scales except NVFP4's e4m3.
+struct QuantVariant {
+  const char* name;
+  WeightFormat format;
+  int64_t group;  // 0: per channel
+  bool asym;
+  DType scale_dtype;
+};
+constexpr QuantVariant kQuantVariants[] = {
+    {"int4 g128", WeightFormat::kInt4, 128, false, DType::kBF16},
+    {"int4 g128 asym", WeightFormat::kInt4, 128, true, DType::kBF16},
+    {"int8 channel", WeightFormat::kInt8, 0, false, DType::kBF16},
+    {"fp8 channel", WeightFormat::kFp8, 0, false, DType::kBF16},
+    {"nvfp4", WeightFormat::kNvfp4, 16, false, DType::kF8E4M3},
+};
+
+// args: n_out, n_in, rows, variant (kQuantVariants), cold (as BM_Linear). Bytes: the packed
+// weight the kernel streams (codes, scales, zero points).
+void BM_QuantLinear(benchmark::State& state) {
+  const int64_t n_out = state.range(0), n_in = state.range(1), rows = state.range(2);
+  const QuantVariant& v = kQuantVariants[state.range(3)];
+  CpuBackend be(pool());
+  std::mt19937 rng(1);
+  std::vector<uint8_t> codes(weight_row_bytes(v.format, n_in) * static_cast<size_t>(n_out));
+  for (uint8_t& b : codes) {
+    b = static_cast<uint8_t>(rng());
+    if (v.format == WeightFormat::kFp8 && (b & 0x7F) == 0x7F) b ^= 1;  // no NaN
+  }
+  const int64_t group = v.group > 0 ? v.group : n_in;
+  const int64_t n_groups = quant_groups(n_in, group);
+  const auto scale_values = random_floats(static_cast<size_t>(n_out * n_groups), 3);
+  std::vector<uint16_t> scales16;
+  std::vector<uint8_t> scales8;
+  for (float s : scale_values) {
+    scales16.push_back(f32_to_bf16(0.01f * s));
+    scales8.push_back(f32_to_f8e4m3(100.0f * s));
+  }
+  std::vector<int8_t> zeros(scale_values.size());
+  for (int8_t& z : zeros) z = static_cast<int8_t>(static_cast<int>(rng() % 16) - 8);
+  const WeightTensor raw{
+      .name = "w",
+      .format = v.format,
+      .n_out = n_out,
+      .n_in = n_in,
+      .data = codes.data(),
+      .quant = {.scales = v.scale_dtype == DType::kF8E4M3 ? static_cast<const void*>(scales8.data())
+                                                          : scales16.data(),
+                .scale_dtype = v.scale_dtype,
+                .scale_global = v.scale_dtype == DType::kF8E4M3 ? 1e-3f : 1.0f,
+                .group = group,
+                .n_groups = n_groups,
+                .zeros = v.asym ? zeros.data() : nullptr}};
+  std::vector<WeightTensor> w = {be.prepare(raw, PrepareMode::kCopy)};
+  const int64_t tiles = (n_out + cpu::kQuantRows - 1) / cpu::kQuantRows;
+  const int64_t bytes = tiles * cpu::quant_layout(w[0]).tile_bytes;
+  const int64_t copies = copies_for(state.range(4) != 0, static_cast<double>(bytes));
+  for (int64_t i = 1; i < copies; ++i) w.push_back(be.prepare(raw, PrepareMode::kCopy));
+  const auto x = random_floats(static_cast<size_t>(rows * n_in), 2);
+  std::vector<float> y(static_cast<size_t>(rows * n_out));
+  size_t next = 0;
+  for (auto _ : state) {
+    be.linear(rows_of(x.data(), rows, n_in), w[next], rows_of(y.data(), rows, n_out));
+    next = next + 1 == w.size() ? 0 : next + 1;
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(bytes * state.iterations());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(rows * n_out * n_in) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = pool().size();
+  state.SetLabel(v.name);
+}
+// Qwen3-0.6B's MLP shapes: decode (1 row, hot and cold) and a prefill chunk (64 rows).
+void QuantShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"out", "in", "rows", "variant", "cold"});
+  for (auto [rows, cold] : {std::pair<int64_t, int64_t>{1, 0}, {1, 1}, {64, 0}}) {
+    for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{3072, 1024}, {1024, 3072}}) {
+      for (int64_t v = 0; v < static_cast<int64_t>(std::size(kQuantVariants)); ++v)
+        b->Args({n_out, n_in, rows, v, cold});
+    }
+  }
+}
+BENCHMARK(BM_QuantLinear)->Apply(QuantShapes)->UseRealTime();
 
 // args: context length, n_seqs
 void BM_AttentionDecode(benchmark::State& state) {

@@ -32,44 +32,73 @@ def medians(samples: list[dict], prefill: list[int], batches: list[int]) -> dict
     return out
 
 
-def step_bytes(results: dict, engine: str | None, batch: str) -> float:
-    """Weight bytes one decode step of `batch` rows reads: the engine's own figure (a q8_0
-    GGUF), else the checkpoint's per-width figure (a mixture of experts reads more experts as
-    the batch grows), else the one figure older results.json files carry."""
+def table_rows(results: dict) -> list[dict]:
+    """The rows of the table (config.rows: engine x weight format, with each row's peer and
+    weight bytes); for a results.json from before formats, one row per engine, compared with
+    the llama.cpp row."""
+    cfg = results["config"]
+    if cfg.get("rows"):
+        return cfg["rows"]
+    engines = [e for e in ENGINES if any(e in s for s in results["samples"].values())]
+    return [{"id": e, "engine": e,
+             "format": cfg.get("llama_outtype", "bf16") if e == BASELINE else "bf16",
+             "peer": BASELINE if e != BASELINE and BASELINE in engines else None,
+             "weight_bytes": None, "producer": {}, "error": None} for e in engines]
+
+
+def step_bytes(results: dict, row_id: str | None, batch: str) -> float:
+    """Weight bytes one decode step of `batch` rows reads: the row's own figure (its
+    quantized checkpoint or GGUF, config.rows), else the engine's own figure (a q8_0 GGUF in
+    older results.json), else the bf16 checkpoint's per-width figure (a mixture of experts
+    reads more experts as the batch grows), else the one figure older files carry."""
+    row = next((r for r in results["config"].get("rows") or [] if r["id"] == row_id), None)
+    if row and row.get("weight_bytes"):
+        return row["weight_bytes"]["per_step"][batch]
     wb = results["weight_bytes"]
-    if engine and engine != "bf16" and wb.get(engine):
-        return wb[engine]
+    if row_id and row_id != "bf16" and isinstance(wb.get(row_id), (int, float)):
+        return wb[row_id]
     return wb.get("per_step", {}).get(batch) or wb["bf16"]
 
 
 def summarize(results: dict) -> dict:
-    """Adds per-(threads, engine) medians, ratios to llama.cpp and roofline fractions."""
+    """Adds per-(threads, row) medians, ratios to each row's llama.cpp peer and roofline
+    fractions."""
     cfg = results["config"]
     prefill, batches = cfg["prefill"], cfg["batch"]
+    peers = {r["id"]: r.get("peers") or ([r["peer"]] if r.get("peer") else [])
+             for r in table_rows(results)}
     summary = {}
-    for threads, per_engine in results["samples"].items():
+    for threads, per_row in results["samples"].items():
         bw = results["bandwidth"].get(threads, {}).get("median_gbs")
         rows = {}
-        for engine, samples in per_engine.items():
+        for row_id, samples in per_row.items():
             if not samples:
                 continue
             row = medians(samples, prefill, batches)
+            row["weight_bytes_b1"] = step_bytes(results, row_id, "1")
             if bw:
                 # Decode reads every weight it needs once per step, whatever the batch width,
                 # so B rows per step can reach B x bandwidth / (bytes of that step) tokens/s
                 # (KV reads ignored). Dense: the same bytes at every width.
-                row["roofline_tps_b1"] = bw * 1e9 / step_bytes(results, engine, "1")
+                row["roofline_tps_b1"] = bw * 1e9 / step_bytes(results, row_id, "1")
                 row["roofline_fraction"] = {
-                    b: v / (int(b) * bw * 1e9 / step_bytes(results, engine, b))
+                    b: v / (int(b) * bw * 1e9 / step_bytes(results, row_id, b))
                     for b, v in row["decode"].items()}
-            rows[engine] = row
-        base = rows.get(BASELINE)
-        for engine, row in rows.items():
-            if base:
-                row["ratio_to_llama_cpp"] = {
-                    f"{section} {key}": row[section][key] / base[section][key]
-                    for section, key, _ in metric_keys(prefill, batches)
-                    if key in row[section] and key in base[section] and base[section][key] > 0}
+            rows[row_id] = row
+        for row_id, row in rows.items():
+            ratios = {}
+            for peer in peers.get(row_id, []):
+                base = rows.get(peer)
+                if base:
+                    ratios[peer] = {
+                        f"{section} {key}": row[section][key] / base[section][key]
+                        for section, key, _ in metric_keys(prefill, batches)
+                        if key in row[section] and key in base[section] and base[section][key] > 0}
+            if ratios:
+                row["ratio_to_peers"] = ratios
+                row["peer"] = next(iter(ratios))
+                row["ratio_to_peer"] = ratios[row["peer"]]
+                row["ratio_to_llama_cpp"] = row["ratio_to_peer"]  # the name before formats
         summary[threads] = rows
     return summary
 
@@ -122,17 +151,26 @@ def bytes_note(results: dict) -> str:
             f"{wb['total'] / 1e9:.2f} GB in all): {widths}{parts}.")
 
 
-def greedy_line(results: dict) -> str | None:
-    """The greedy check's one line (run.py's "greedy" entry), or None when results.json has
-    none (older runs, --no-greedy, or not both metrale and llama.cpp)."""
+def greedy_lines(results: dict) -> list[str]:
+    """One line per greedy-check pair (run.py's "greedy" entry: {"pairs": [...]}, or one
+    pair's dict in older files); none for older runs, --no-greedy, or not both engines."""
     g = results.get("greedy")
     if not g or g.get("skipped"):
-        return None
-    head = (f"Greedy tokens ({g['tokens']} from the same {len(g['prompt'])}-token prompt, "
-            f"{g['precision']}, {g['threads']} thread(s)): ")
+        return []
+    return [greedy_line(p) for p in g.get("pairs", [g])]
+
+
+def greedy_line(g: dict) -> str:
+    """The greedy check's line for one (metrale format, llama.cpp format) pair."""
+    different = g.get("quantizers", "").startswith("different")
+    pair = (f"metrale {g['metrale_format']} vs llama.cpp {g['llama_format']}, "
+            if "metrale_format" in g else "")
+    head = (f"Greedy tokens ({pair}{g['tokens']} from the same {len(g['prompt'])}-token "
+            f"prompt, {g['precision']}, {g['threads']} thread(s)"
+            + (f"; {g['quantizers']}" if g.get("quantizers") else "") + "): ")
     if g.get("errors"):
         return head + "not compared: " + "; ".join(
-            f"{e} failed ({msg.strip().splitlines()[0] if msg.strip() else 'no output'})"
+            f"{e} failed ({short(msg, 160)})"
             for e, msg in g["errors"].items()) + " (results.json, greedy.errors)."
     k = g.get("first_difference")
     if k is None:
@@ -141,49 +179,146 @@ def greedy_line(results: dict) -> str | None:
     runner_up = {True: ", where metrale took llama.cpp's runner-up",
                  False: ", where metrale's token was not llama.cpp's runner-up"}.get(
         g.get("metrale_took_llama_cpp_runner_up"), "")
+    tail = (" Expected: the weights come from different quantizers, so the logits differ by "
+            "more than rounding; not a failure." if different else "")
     return head + (f"first differ at step {k} (0-based; llama.cpp's top-2 margin there: "
-                   f"{fmt(m, '.4g')}{runner_up}); ids in results.json, greedy.")
+                   f"{fmt(m, '.4g')}{runner_up}); ids in results.json, greedy.{tail}")
+
+
+def row_failure(results: dict, row: dict, threads: str) -> str | None:
+    """The first error of a row that has no sample at this thread count."""
+    if row.get("error"):
+        return row["error"]
+    for f in results.get("failures", []):
+        if f.get("engine") == row["id"] and str(f.get("threads")) == threads:
+            return f.get("error")
+    return None
+
+
+def short(err: str, n: int = 90) -> str:
+    lines = [ln.strip() for ln in (err or "").strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else "no output"
+    if lines and lines[0].startswith(("exit status", "timed out", "preparing")):
+        text = lines[0].rstrip(":") + (": " + lines[-1] if len(lines) > 1 else "")
+    text = text.replace("|", "/")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def gb(v) -> str:
+    return fmt(v / 1e9 if v is not None else None, ".3f")
+
+
+def head_type(row: dict) -> str | None:
+    """A llama.cpp row's output head type: output.weight, else the tied token_embd."""
+    types = (row.get("producer") or {}).get("tensor_types") or {}
+    return types.get("output.weight") or types.get("token_embd.weight")
+
+
+def format_notes(results: dict) -> list[str]:
+    """One bullet per quantized (or non-bf16) row: how its weights were made, what stays in
+    higher precision, and the bytes a batch-1 decode step reads, by kind."""
+    out = []
+    by_id = {r["id"]: r for r in table_rows(results)}
+    for r in table_rows(results):
+        wb, prod = r.get("weight_bytes"), r.get("producer") or {}
+        if r["format"] == "bf16" or not wb:
+            continue
+        kinds = " + ".join(f"{k} {gb(v)}" for k, v in sorted(
+            (wb.get("by_kind") or {}).items(), key=lambda kv: -kv[1]) if v >= 5e5)
+        line = f"- `{r['id']}`: "
+        if r["engine"] == "llama.cpp":
+            types: dict[str, list[str]] = {}
+            for kind, t in (prod.get("tensor_types") or {}).items():
+                name = "norms" if kind.endswith("norm.weight") else kind.removesuffix(".weight")
+                if name not in types.setdefault(t, []):
+                    types[t].append(name)
+            cmd = prod.get("command")
+            line += (f"{prod.get('tool', '')} (llama.cpp@"
+                     f"{(prod.get('llama_cpp') or {}).get('llama_cpp_commit', '?')}"
+                     + (f", `llama-quantize {' '.join(cmd[1:-4] + ['BF16.gguf', 'OUT.gguf'] + cmd[-2:-1])}`"
+                        if cmd else "") + "); tensor types: " +
+                     "; ".join(f"{t} {', '.join(n)}" for t, n in types.items()))
+        else:
+            v = prod.get("versions") or {}
+            line += (f"{prod.get('description', r['format'])}: llmcompressor "
+                     f"{v.get('llmcompressor', '?')}, compressed-tensors "
+                     f"{v.get('compressed-tensors', '?')}, data-free oneshot, ignore "
+                     f"{(prod.get('recipe') or {}).get('ignore')}")
+        line += (f"; {gb(wb['per_step']['1'])} GB per batch-1 decode step"
+                 + (f" ({kinds} GB)" if kinds else "") + ".")
+        peer = by_id.get(r.get("peer") or "")
+        if r["engine"] != "llama.cpp" and peer and peer.get("weight_bytes"):
+            head = head_type(peer)
+            line += (f" Its peer `{peer['id']}` reads {gb(peer['weight_bytes']['per_step']['1'])}"
+                     f" GB" + (f" (output head {head})" if head else "") + ".")
+        if r.get("error"):
+            line += f" Not run: {short(r['error'])}."
+        out.append(line)
+    return out
 
 
 def markdown(results: dict, summary: dict) -> str:
     cfg = results["config"]
     cols = metric_keys(cfg["prefill"], cfg["batch"])
-    head = ["threads", "engine"] + [c[2] + " t/s" for c in cols] + \
-           ["peak RSS MiB", "b1 % roofline"]
+    rows = table_rows(results)
+    with_formats = bool(cfg.get("rows"))
+    head = ["threads", "engine"] + (["format"] if with_formats else []) + \
+           [c[2] + " t/s" for c in cols] + ["peak RSS MiB"] + \
+           (["GB/step"] if with_formats else []) + ["b1 % roofline"]
     lines = command_block(results)
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for threads, rows in summary.items():
-        for engine in ENGINES:
-            row = rows.get(engine)
+    for threads, srows in summary.items():
+        for r in rows:
+            lead = [threads, r["engine"] if with_formats else r["id"]] + \
+                   ([r["format"]] if with_formats else [])
+            row = srows.get(r["id"])
             if not row:
+                err = row_failure(results, r, threads)
+                if err:
+                    lines.append("| " + " | ".join(lead + [f"failed: {short(err)}"] + [
+                        "—"] * (len(head) - len(lead) - 1)) + " |")
                 continue
             vals = [fmt(row[s].get(k)) for s, k, _ in cols]
             rss = row["peak_rss_bytes"]
             frac = row.get("roofline_fraction", {}).get("1")
-            lines.append("| " + " | ".join([threads, engine] + vals + [
-                fmt(rss / 2**20 if rss else None, ".0f"),
+            lines.append("| " + " | ".join(lead + vals + [
+                fmt(rss / 2**20 if rss else None, ".0f")] +
+                ([gb(row.get("weight_bytes_b1"))] if with_formats else []) + [
                 fmt(frac * 100 if frac is not None else None, ".0f")]) + " |")
     lines.append("")
-    ratio_rows = [(threads, engine, row["ratio_to_llama_cpp"])
-                  for threads, rows in summary.items() for engine in ENGINES
-                  for row in [rows.get(engine)]
-                  if row and engine != BASELINE and "ratio_to_llama_cpp" in row]
+    ratio_rows = [(threads, r, srows[r["id"]])
+                  for threads, srows in summary.items() for r in rows
+                  if r["id"] in srows and "ratio_to_peer" in srows[r["id"]]]
     if ratio_rows:
-        lines.append(f"Ratio to llama.cpp ({cfg['llama_outtype']}, same threads; > 1 is faster):")
+        if with_formats:
+            lines.append("Ratio to each llama.cpp row of the same weight bit width (`vs`; "
+                         "same threads; > 1 is faster):")
+        else:
+            lines.append(f"Ratio to llama.cpp ({cfg['llama_outtype']}, same threads; > 1 is "
+                         "faster):")
         lines.append("")
-        head = ["threads", "engine"] + [c[2] for c in cols]
+        head = ["threads", "engine"] + (["format", "vs"] if with_formats else []) + \
+               [c[2] for c in cols]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for threads, engine, r in ratio_rows:
-            lines.append("| " + " | ".join([threads, engine] + [
-                fmt(r.get(f"{s} {k}"), ".2f") for s, k, _ in cols]) + " |")
+        for threads, r, row in ratio_rows:
+            for peer, ratio in row.get("ratio_to_peers", {row.get("peer"): row["ratio_to_peer"]}).items():
+                lead = [threads] + ([r["engine"], r["format"], peer] if with_formats
+                                    else [r["id"]])
+                lines.append("| " + " | ".join(lead + [
+                    fmt(ratio.get(f"{s} {k}"), ".2f") for s, k, _ in cols]) + " |")
         lines.append("")
     bw = ", ".join(f"{t} thread(s) {fmt(v.get('median_gbs'))} GB/s"
                    for t, v in results["bandwidth"].items())
     lines.append(f"Read bandwidth (bench/bandwidth_probe, median of runs): {bw}. "
                  f"{bytes_note(results)} Medians of {cfg['reps']} interleaved repetitions.")
-    greedy = greedy_line(results)
-    if greedy:
-        lines += ["", greedy]
+    notes = format_notes(results)
+    if notes:
+        lines += ["", "Weight formats (GB/step and the roofline: the bytes a decode step reads "
+                  "from that row's own checkpoint or GGUF — packed weights, scales and zero "
+                  "points, norms, and the lm_head / tied embedding streamed whole; an untied "
+                  "input embedding only gathered):", ""] + notes
+    for line in greedy_lines(results):
+        lines += ["", line]
     won = sorted({r.get("strategy_text") for runs in results.get("bandwidth_runs", {}).values()
                   for r in runs if r.get("strategy_text")})
     if won:
@@ -200,10 +335,12 @@ def chart(results: dict, summary: dict, path: Path) -> None:
     cfg = results["config"]
     cols = metric_keys(cfg["prefill"], cfg["batch"])
     threads = list(summary)
-    fig, axes = plt.subplots(1, len(cols), figsize=(3.2 * len(cols), 3.6))
+    engines = [r["id"] for r in table_rows(results) if any(r["id"] in rows
+                                                           for rows in summary.values())]
+    fig, axes = plt.subplots(1, len(cols), figsize=(
+        max(3.2 * len(cols), 8.0 if len(engines) > 3 else 0), 3.6 if len(engines) <= 3 else 4.4))
     if len(cols) == 1:
         axes = [axes]
-    engines = [e for e in ENGINES if any(e in rows for rows in summary.values())]
     width = 0.8 / max(1, len(engines))
     bw = results["bandwidth"]
     for ax, (section, key, title) in zip(axes, cols):
@@ -227,11 +364,17 @@ def chart(results: dict, summary: dict, path: Path) -> None:
                               label="bf16 roofline" if j == 0 else None)
         ax.set_xticks(range(len(threads)), [f"{t} thr" for t in threads])
         ax.set_title(title + " (t/s)", fontsize=10)
-    axes[0].legend(fontsize=8)
-    axes[-1].legend(fontsize=8)
-    fig.suptitle(f"{cfg['model']} — {cfg['precision']}, medians of {cfg['reps']} interleaved reps",
-                 fontsize=10)
-    fig.tight_layout()
+    title = f"{cfg['model']} — {cfg['precision']}, medians of {cfg['reps']} interleaved reps"
+    if len(engines) <= 3:
+        axes[0].legend(fontsize=8)
+        axes[-1].legend(fontsize=8)
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+    else:  # one legend for all panels, below them; the long title on two lines
+        handles, labels = axes[-1].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=8)
+        fig.suptitle(title.replace("; ", ";\n", 1), fontsize=9)
+        fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 4) // 5), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

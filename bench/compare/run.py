@@ -6,6 +6,8 @@
     python3 bench/compare/run.py --model-shape qwen3-30b-a3b-L6 --engines metrale,llama.cpp
     python3 bench/compare/run.py --model-shape qwen3-next-L2 --engines metrale,llama.cpp \
         --prefill 128,512,2048 --batch 1,4,16
+    python3 bench/compare/run.py --model-shape qwen3-0.6b --engines metrale,llama.cpp \
+        --formats bf16,w4a16,w8a16,fp8,nvfp4 --llama-formats bf16,q4_0-bf16head,q8_0-bf16head,q4_0,q8_0
 
 First checks what the run needs (Python modules from tools/bench/requirements.txt, Debian
 packages) and installs what is missing, printing each command — or, with --no-install, stops
@@ -22,6 +24,18 @@ the first step where they differ (--no-greedy skips it; a difference never fails
 Each engine run is a fresh process printing one JSON object; its peak RSS is taken from
 wait4() (max over the process and the children it waited for). Medians over rounds go to
 <out>/table.md, results.json (every sample too) and chart.png. See docs/performance.md.
+
+Weight formats (bench/compare/formats.py): every row of the table is one engine on one format.
+--formats picks metrale's: bf16 and/or w4a16, w8a16, fp8, nvfp4 — the same checkpoint
+quantized by llm-compressor (tools/bench/quantize_checkpoint.py, in its own pinned venv under
+--cache-dir, made through prereqs like everything else) and loaded as the producer wrote it.
+--llama-formats picks llama.cpp's: bf16, q4_0, q8_0 (the pinned llama-quantize of the bf16
+GGUF), q4_0-pure, q4_0-bf16head / q8_0-bf16head (embedding / output head kept bf16, as the
+llm-compressor checkpoints keep theirs), q8_0-convert. Each metrale row is compared with every
+llama.cpp row of its weight bit width (4 or 8 or 16), and greedy-checked against the first;
+with different quantizers a token difference is expected and reported as such. Each row's
+roofline divides by the bytes a decode step reads from its own checkpoint or GGUF. A format
+that fails to prepare or to run becomes a failed row; the others go on.
 """
 
 import argparse
@@ -40,10 +54,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools" / "bench"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import formats  # noqa: E402
 import llama_cpp_peer  # noqa: E402
 import make_random_checkpoint  # noqa: E402
 import prereqs  # noqa: E402
 import report  # noqa: E402
+from formats import checkpoint_weight_bytes  # noqa: E402,F401  (its old home; scripts import it)
 
 RELEASE = REPO / "build" / "release"
 
@@ -152,79 +168,6 @@ def ensure_metrale(binary: Path) -> Path | None:
     return binary
 
 
-# Where each non-expert tensor's bytes go in weight_bytes["components"] (first match wins).
-WEIGHT_COMPONENTS = (
-    ("lm_head", ("lm_head.weight", "embed_tokens.weight")),  # the latter only when tied
-    ("router", (".mlp.gate.weight",)),
-    ("shared_expert", (".mlp.shared_expert.", ".mlp.shared_expert_gate.")),
-    ("attention", (".self_attn.",)),
-    ("linear_attention", (".linear_attn.",)),
-    ("norms", ("norm.weight",)),
-)
-
-
-def weight_component(name: str) -> str:
-    for comp, keys in WEIGHT_COMPONENTS:
-        if any(k in name for k in keys):
-            return comp
-    return "other"  # dense MLPs of dense models
-
-
-def checkpoint_weight_bytes(model_dir: Path, batches: list[int]) -> dict:
-    """Bytes of weights one decode step reads, per batch width: every tensor, except that an
-    untied input embedding is only gathered (a few rows), not streamed, that a multi-token-
-    prediction head (mtp.*) is not run by a plain decode step, and that a mixture-of-experts
-    layer reads only the experts its rows were routed to. With E experts, k per token and
-    uniform routing (what random weights give), a batch of B rows touches an expected
-    1 - (1 - k/E)^B of each layer's experts: exactly k/E at batch 1. Shared experts
-    (Qwen3-Next's mlp.shared_expert.*), routers, attention and linear-attention projections,
-    norms and the lm_head are read whole every step.
-    Returns {"total": all tensor bytes, "dense": non-expert bytes read, "experts": expert
-    bytes, "per_step": {B: bytes}, "moe": {...} or None, "components": dense bytes by kind
-    (lm_head, router, shared_expert, attention, linear_attention, norms, other) plus
-    "experts_b1" (routed-expert bytes one token reads), "unread": {...}}."""
-    import struct
-    config = json.loads((model_dir / "config.json").read_text())
-    config = config.get("text_config", config)
-    tied = config.get("tie_word_embeddings", False)
-    total = dense = experts = 0
-    components: dict[str, int] = {}
-    unread = {"embed_tokens": 0, "mtp": 0}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            size = meta["data_offsets"][1] - meta["data_offsets"][0]
-            total += size
-            if name.startswith(("mtp.", "model.mtp.")):
-                unread["mtp"] += size
-                continue
-            if name.endswith("embed_tokens.weight") and not tied:
-                unread["embed_tokens"] += size
-                continue
-            if ".mlp.experts." in name:  # routed experts (a shared expert is .shared_expert.)
-                experts += size
-            else:
-                dense += size
-                comp = weight_component(name)
-                components[comp] = components.get(comp, 0) + size
-    n_experts = config.get("num_experts") or config.get("n_routed_experts")
-    top_k = config.get("num_experts_per_tok")
-    moe = None
-    if experts and n_experts and top_k:
-        moe = {"experts": n_experts, "top_k": top_k}
-        frac = {b: 1 - (1 - top_k / n_experts) ** b for b in batches}
-        components["experts_b1"] = round(experts * top_k / n_experts)
-    else:
-        frac = {b: 1.0 for b in batches}
-    return {"total": total, "dense": dense, "experts": experts, "moe": moe,
-            "components": components, "unread": unread,
-            "per_step": {str(b): round(dense + experts * frac[b]) for b in batches}}
-
-
 def git_state() -> dict:
     """The metrale commit the run measured, and whether the tree had local changes."""
     def git(*a: str) -> str:
@@ -312,13 +255,17 @@ def metrale_generate_ids(binary: Path, model_dir: Path, ids: list[int], n: int, 
 
 
 def greedy_check(metrale: Path, model_dir: Path, cache: Path, gguf: Path, threads: int,
-                 n: int, metrale_flags: list[str], precision: str, timeout: float) -> dict:
+                 n: int, metrale_flags: list[str], precision: str, timeout: float,
+                 pair: tuple[str, str] = ("bf16", "bf16"), quantizers: str = "") -> dict:
     """Both engines decode n greedy tokens after GREEDY_PROMPT, one engine at a time. Returns
-    what results.json keeps under "greedy": each engine's ids and command, llama.cpp's top-1
-    minus top-2 logit at each of its steps, and the first index where the ids differ (None when
-    identical). Random weights give nearly flat logits, so an early difference at a small
-    margin is expected; the run records it and goes on."""
+    what results.json keeps for one (metrale format, llama.cpp format) pair under "greedy":
+    each engine's ids and command, llama.cpp's top-1 minus top-2 logit at each of its steps,
+    and the first index where the ids differ (None when identical). Random weights give nearly
+    flat logits, so an early difference at a small margin is expected; with weights quantized
+    by different quantizers (llm-compressor vs llama-quantize) the ids may differ at any
+    margin. The run records it and goes on."""
     out = {"prompt": GREEDY_PROMPT, "tokens": n, "threads": threads, "precision": precision,
+           "metrale_format": pair[0], "llama_format": pair[1], "quantizers": quantizers,
            "metrale": None, "llama.cpp": None, "first_difference": None, "errors": {}}
     lcmd = llama_cpp_peer.greedy_command(cache, gguf, GREEDY_PROMPT, n, threads)
     res, _, err = run_json(lcmd, timeout)
@@ -346,17 +293,19 @@ def greedy_check(metrale: Path, model_dir: Path, cache: Path, gguf: Path, thread
             a[diff] == runners_up[diff] if diff is not None and diff < min(len(a), len(b),
                                                                           len(runners_up))
             else None)
-        log("greedy: identical" if diff is None else
-            f"greedy: first differ at step {diff} (llama.cpp margin "
-            f"{out['llama_cpp_margin_at_difference']})")
+        log(f"greedy {pair[0]} vs {pair[1]}: " + ("identical" if diff is None else
+            f"first differ at step {diff} (llama.cpp margin "
+            f"{out['llama_cpp_margin_at_difference']})"))
     for engine, e in out["errors"].items():
         log(f"greedy check: {engine} failed: {e}")
     return out
 
 
-def plan_prerequisites(args, engines: list[str], build: bool) -> tuple[list[str], list[str]]:
-    """(Python modules, Debian packages) that the steps this run will take need. Steps whose
-    output is cached (checkpoint, GGUF, llama.cpp build, probe) need nothing."""
+def plan_prerequisites(args, engines: list[str], build: bool,
+                       rows: list[formats.Row]) -> tuple[list[str], list[str], bool]:
+    """(Python modules, Debian packages, whether llm-compressor's venv is needed) that the
+    steps this run will take need. Steps whose output is cached (checkpoint, GGUFs, quantized
+    checkpoints, llama.cpp build, probe) need nothing."""
     modules, debian = [], []
     if not args.no_chart:
         modules += prereqs.CHART
@@ -365,26 +314,28 @@ def plan_prerequisites(args, engines: list[str], build: bool) -> tuple[list[str]
         ckpt_ready = make_random_checkpoint.is_ready(args.model_shape, args.cache_dir / "checkpoints")
         if not ckpt_ready:
             modules += make_random_checkpoint.python_needs(args.model_shape)
+    model_dir = (args.cache_dir / "checkpoints" / args.model_shape if args.model_shape
+                 else args.model)
     if "hf" in engines:
         modules += prereqs.HF_PEER
     if "llama.cpp" in engines:
         if not llama_cpp_peer.sdist_path(args.cache_dir).is_file():
             modules.append("pip")
-        if not llama_cpp_peer.is_built(args.cache_dir):
+        convert, quantize = formats.llama_needs(rows, args.cache_dir, model_dir)
+        if not llama_cpp_peer.is_built(args.cache_dir) or quantize:
             debian += list(prereqs.BUILD_TOOLS.values())
         elif not args.no_greedy and "metrale" in engines and \
                 not llama_cpp_peer.greedy_tool_path(args.cache_dir).is_file():
             debian += [prereqs.BUILD_TOOLS["c++"]]
-        model_dir = (args.cache_dir / "checkpoints" / args.model_shape if args.model_shape
-                     else args.model)
-        if not ckpt_ready or not llama_cpp_peer.gguf_path(args.cache_dir, model_dir,
-                                                          args.llama_outtype).is_file():
+        if not ckpt_ready or convert:
             modules += prereqs.GGUF_CONVERSION
+    venv = any(r.engine == "metrale" and r.format != "bf16" for r in rows) and (
+        not ckpt_ready or formats.quantized_missing(rows, args.cache_dir, model_dir))
     if "metrale" in engines and build and args.metrale_bin == RELEASE / "src" / "metrale":
         debian += prereqs.metrale_debian_packages()
     if not (RELEASE / "bench" / "bandwidth_probe").is_file():
         debian += ["g++"]
-    return modules, debian
+    return modules, debian, venv
 
 
 def main() -> None:
@@ -409,8 +360,22 @@ def main() -> None:
     ap.add_argument("--hf-decode-tokens", type=int, default=None,
                     help="decode steps for HF (default: --decode-tokens); fewer shorten a round "
                          "when torch is slow, without changing its per-step cost")
-    ap.add_argument("--llama-outtype", choices=["bf16", "q8_0"], default="bf16",
-                    help="GGUF precision for llama.cpp (q8_0 beside metrale's 8-bit path)")
+    ap.add_argument("--formats", default="bf16",
+                    help="metrale's weight formats, one table row each: bf16 (the checkpoint) "
+                         "and/or " + ", ".join(formats.METRALE_FORMATS[1:]) + " (the "
+                         "checkpoint quantized by llm-compressor, tools/bench/"
+                         "quantize_checkpoint.py, in its own venv under --cache-dir)")
+    ap.add_argument("--llama-formats", default=None,
+                    help="llama.cpp's GGUF formats, one row each: " +
+                         ", ".join(formats.LLAMA_FORMATS) + " (q*: the pinned llama-quantize "
+                         "of the bf16 GGUF; -pure: --pure; -bf16head: embedding/output kept "
+                         "bf16 as in the llm-compressor checkpoints; q8_0-convert: the "
+                         "converter's own q8_0). Each metrale row's ratios divide by every one "
+                         "of these at its weight bit width; the first is its greedy-check "
+                         "peer (default: bf16)")
+    ap.add_argument("--llama-outtype", choices=["bf16", "q8_0"], default=None,
+                    help="the former single-format option: bf16 = --llama-formats bf16, q8_0 "
+                         "= --llama-formats q8_0-convert")
     ap.add_argument("--compute", choices=["bf16", "f32"], default="bf16",
                     help="metrale's --compute: bf16 (default; the precision of llama.cpp's BF16 "
                          "and HF's bf16 run) or f32 (metrale's HF-parity path)")
@@ -447,6 +412,14 @@ def main() -> None:
         sys.exit("--greedy-tokens: expected >= 1")
     if args.model and not (args.model.resolve() / "config.json").is_file():
         sys.exit(f"--model: {args.model.resolve()}/config.json not found")
+    if args.llama_outtype and args.llama_formats:
+        sys.exit("--llama-outtype and --llama-formats: give one (--llama-formats supersedes it)")
+    metrale_formats = formats.format_list(args.formats, formats.METRALE_FORMATS, "--formats")
+    llama_formats = formats.format_list(
+        args.llama_formats or {"q8_0": "q8_0-convert"}.get(args.llama_outtype,
+                                                           args.llama_outtype or "bf16"),
+        formats.LLAMA_FORMATS, "--llama-formats")
+    rows = formats.plan_rows(engines, metrale_formats, llama_formats)
     build = not args.no_build
     extra = shlex.split(args.metrale_args)
     extra_flags = split_flags(extra)
@@ -458,8 +431,12 @@ def main() -> None:
     metrale_fixed = [a for k, v in metrale_flags.items() for a in (k, v)] + extra
 
     # --- prerequisites: checked (and installed, or named) before any work ---
-    modules, debian = plan_prerequisites(args, engines, build)
+    modules, debian, venv = plan_prerequisites(args, engines, build, rows)
     prereqs.ensure(modules, debian, install=not args.no_install)
+    if venv:  # llm-compressor's own virtual environment (made once, or named and stopped)
+        prereqs.ensure_venv(formats.quantize_checkpoint.venv_dir(args.cache_dir),
+                            formats.quantize_checkpoint.REQUIREMENTS,
+                            install=not args.no_install)
 
     # --- prepare everything before the first timed run ---
     if args.model_shape:
@@ -475,44 +452,50 @@ def main() -> None:
         metrale = ensure_metrale(args.metrale_bin)
         if metrale is None:
             engines.remove("metrale")
+            rows = [r for r in rows if r.engine != "metrale"]
             log("continuing with the peers only")
     probe = ensure_probe(args.cache_dir)
-    gguf = None
+    lsrc = None
     if "llama.cpp" in engines:
         lsrc = llama_cpp_peer.ensure_source(args.cache_dir)
         llama_cpp_peer.ensure_build(args.cache_dir, lsrc)
-        gguf = llama_cpp_peer.ensure_gguf(args.cache_dir, lsrc, model_dir, args.llama_outtype)
         if not args.no_greedy and "metrale" in engines:
             llama_cpp_peer.ensure_greedy_tool(args.cache_dir, lsrc)
-    if not engines:
+    batches_all = sorted(set(args.batch) | {1})
+    formats.prepare(rows, args.cache_dir, model_dir, lsrc, batches_all, not args.no_install, log)
+    runnable = [r for r in rows if not r.error]
+    if not runnable:
         sys.exit("no engine left to run")
+    by_id = {r.id: r for r in rows}
 
     prefill = ",".join(map(str, args.prefill))
     batch = ",".join(map(str, args.batch))
     hf_steps = args.hf_decode_tokens or args.decode_tokens
 
-    def command(engine: str, threads: int) -> list[str]:
-        if engine == "metrale":
-            return [str(metrale), "bench", "--model", str(model_dir), "--threads", str(threads),
-                    "--prefill", prefill, "--batch", batch, "--decode-tokens",
+    def command(row: formats.Row, threads: int) -> list[str]:
+        if row.engine == "metrale":
+            return [str(metrale), "bench", "--model", str(row.model_dir), "--threads",
+                    str(threads), "--prefill", prefill, "--batch", batch, "--decode-tokens",
                     str(args.decode_tokens), "--reps", "1", "--json", "--no-bandwidth",
                     *metrale_fixed]  # the round's probe measures bandwidth
-        if engine == "llama.cpp":
+        if row.engine == "llama.cpp":
             return [sys.executable, str(REPO / "tools/bench/llama_cpp_peer.py"), "--model",
-                    str(model_dir), "--threads", str(threads), "--prefill", prefill, "--batch",
-                    batch, "--decode-tokens", str(args.decode_tokens), "--outtype",
-                    args.llama_outtype, "--cache-dir", str(args.cache_dir), "--json"]
-        return [sys.executable, str(REPO / "tools/bench/hf_peer.py"), "--model", str(model_dir),
-                "--threads", str(threads), "--prefill", prefill, "--batch", batch,
-                "--decode-tokens", str(hf_steps), "--reps", "1", "--json"]
+                    str(row.model_dir), "--threads", str(threads), "--prefill", prefill,
+                    "--batch", batch, "--decode-tokens", str(args.decode_tokens), "--outtype",
+                    row.format, "--cache-dir", str(args.cache_dir), "--json"]
+        return [sys.executable, str(REPO / "tools/bench/hf_peer.py"), "--model",
+                str(row.model_dir), "--threads", str(threads), "--prefill", prefill, "--batch",
+                batch, "--decode-tokens", str(hf_steps), "--reps", "1", "--json"]
 
     def probe_command(threads: int) -> list[str]:
         return [str(probe), "--threads", str(threads), "--reps", "5", "--json"]
 
     metrale_info = None
-    if metrale:
-        flags = split_flags(command("metrale", args.threads[0])[2:])
+    metrale_row = next((r for r in runnable if r.engine == "metrale"), None)
+    if metrale and metrale_row:
+        flags = split_flags(command(metrale_row, args.threads[0])[2:])
         flags["--threads"] = "per row of the table"
+        flags["--model"] = "per row of the table (config.rows)"
         known = metrale_bench_options(metrale)
         metrale_info = {
             "binary": str(metrale),
@@ -526,23 +509,28 @@ def main() -> None:
                       if k not in ("--help",)},
             "compute": flags.get("--compute", "(metrale default)"),
             "weights": flags.get("--weights", "(metrale default)")}
-    weight_bytes = checkpoint_weight_bytes(model_dir, sorted(set(args.batch) | {1}))
+    weight_bytes = checkpoint_weight_bytes(model_dir, batches_all)
+    mcompute = metrale_info["compute"] if metrale_info else args.compute
     results = {
         "command": shlex.join(invoked),
         "config": {"model": args.model_shape or str(model_dir), "model_dir": str(model_dir),
                    "model_description": make_random_checkpoint.shape_spec(
                        args.model_shape).get("description") if args.model_shape else None,
-                   "precision": f"bf16 weights; metrale --compute "
-                                f"{metrale_info['compute'] if metrale_info else args.compute}; "
-                                f"llama.cpp GGUF {args.llama_outtype}",
-                   "llama_outtype": args.llama_outtype, "threads": args.threads,
+                   "precision": (f"metrale {', '.join(metrale_formats)} (--compute {mcompute}); "
+                                 f"llama.cpp GGUF {', '.join(llama_formats)}"
+                                 if metrale_formats != ["bf16"] or llama_formats != ["bf16"]
+                                 else f"bf16 weights; metrale --compute {mcompute}; "
+                                      f"llama.cpp GGUF bf16"),
+                   "llama_outtype": llama_formats[0], "formats": metrale_formats,
+                   "llama_formats": llama_formats, "threads": args.threads,
                    "reps": args.reps, "prefill": args.prefill, "batch": args.batch,
                    "decode_tokens": args.decode_tokens, "hf_decode_tokens": hf_steps,
-                   "engines": engines, "gguf": str(gguf) if gguf else None,
+                   "engines": engines, "rows": [r.record() for r in rows],
+                   "gguf": {r.format: str(r.gguf) for r in rows if r.gguf} or None,
                    "args": {k: (str(v) if isinstance(v, Path) else v)
                             for k, v in vars(args).items()},
                    "argv": [sys.executable, *sys.argv], "cwd": str(Path.cwd()),
-                   "engine_commands": {str(t): {e: command(e, t) for e in engines}
+                   "engine_commands": {str(t): {r.id: command(r, t) for r in runnable}
                                        for t in args.threads},
                    "probe_command": {str(t): probe_command(t) for t in args.threads},
                    "metrale": metrale_info,
@@ -553,32 +541,38 @@ def main() -> None:
                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                    "loadavg_start": os.getloadavg()},
         "machine": lscpu_summary() | thp_setting(),
-        # "bf16": batch-1 bytes (what the b1 roofline divides by); per_step: every width.
+        # "bf16": batch-1 bytes of the bf16 checkpoint; per_step: every width. Each row's own
+        # bytes (quantized checkpoint or GGUF): config.rows[i].weight_bytes.
         "weight_bytes": {"bf16": weight_bytes["per_step"]["1"], **weight_bytes},
         "bandwidth_samples": {str(t): [] for t in args.threads},
         "bandwidth_runs": {str(t): [] for t in args.threads},
-        "samples": {str(t): {e: [] for e in engines} for t in args.threads},
-        "failures": [],
+        "samples": {str(t): {r.id: [] for r in runnable} for t in args.threads},
+        "failures": [{"round": None, "threads": None, "engine": r.id, "error": r.error}
+                     for r in rows if r.error],
     }
-    if gguf and args.llama_outtype != "bf16":
-        results["weight_bytes"]["llama.cpp"] = gguf.stat().st_size
 
-    # --- greedy check: same weights, same prompt, token ids compared (before the rounds) ---
+    # --- greedy check: each metrale format against its llama.cpp peer (before the rounds) ---
+    pairs = [(r, by_id[r.peer]) for r in runnable
+             if r.engine == "metrale" and r.peer and not by_id[r.peer].error]
     if args.no_greedy:
         results["greedy"] = {"skipped": "--no-greedy"}
-    elif not {"metrale", "llama.cpp"} <= set(engines):
+    elif not pairs:
         results["greedy"] = {"skipped": "needs both metrale and llama.cpp among the engines"}
     else:
         mflags = [a for k, v in metrale_flags.items() for a in (k, v)]
         for k in ("--compute", "--weights"):  # as the timed runs, also when --metrale-args set it
             if k in extra_flags and extra_flags[k] is not True:
                 mflags += [k, str(extra_flags[k])]
-        mcompute = dict(zip(mflags[::2], mflags[1::2])).get("--compute", "(metrale default)")
-        precision = ("bf16 both" if mcompute == "bf16" and args.llama_outtype == "bf16" else
-                     f"metrale --compute {mcompute}, llama.cpp {args.llama_outtype}")
-        results["greedy"] = greedy_check(metrale, model_dir, args.cache_dir, gguf,
-                                         max(args.threads), args.greedy_tokens, mflags,
-                                         precision, args.timeout)
+        gcompute = dict(zip(mflags[::2], mflags[1::2])).get("--compute", "(metrale default)")
+        results["greedy"] = {"pairs": []}
+        for mrow, lrow in pairs:
+            precision = ("bf16 both" if gcompute == "bf16" and mrow.format == lrow.format ==
+                         "bf16" else f"metrale {mrow.format} --compute {gcompute}, "
+                                     f"llama.cpp {lrow.format}")
+            results["greedy"]["pairs"].append(greedy_check(
+                metrale, mrow.model_dir, args.cache_dir, lrow.gguf, max(args.threads),
+                args.greedy_tokens, mflags, precision, args.timeout, (mrow.format, lrow.format),
+                formats.quantizer_note(mrow, lrow)))
 
     # --- interleaved rounds ---
     for rnd in range(args.reps):
@@ -591,17 +585,17 @@ def main() -> None:
             else:
                 results["failures"].append({"round": rnd, "threads": threads,
                                             "engine": "bandwidth_probe", "error": err})
-            order = engines[rnd % len(engines):] + engines[:rnd % len(engines)]
-            for engine in order:
-                log(f"round {rnd + 1}/{args.reps}, {threads} thread(s): {engine}")
-                out, rss, err = run_json(command(engine, threads), args.timeout, measure_rss=True)
+            order = runnable[rnd % len(runnable):] + runnable[:rnd % len(runnable)]
+            for row in order:
+                log(f"round {rnd + 1}/{args.reps}, {threads} thread(s): {row.id}")
+                out, rss, err = run_json(command(row, threads), args.timeout, measure_rss=True)
                 if out is None:
-                    log(f"{engine} failed: {err}")
+                    log(f"{row.id} failed: {err}")
                     results["failures"].append({"round": rnd, "threads": threads,
-                                                "engine": engine, "error": err})
+                                                "engine": row.id, "error": err})
                     continue
                 out["peak_rss_bytes"] = rss or out.get("peak_rss_bytes")
-                results["samples"][t][engine].append(out)
+                results["samples"][t][row.id].append(out)
     results["config"]["loadavg_end"] = os.getloadavg()
     results["config"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     results["bandwidth"] = {

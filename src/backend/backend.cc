@@ -195,6 +195,7 @@ WeightTensor Backend::prepare(const WeightTensor& w, PrepareMode mode) {
   METRALE_CHECK(w.packing == 0, "weight '", w.name, "': already prepared (packing ", w.packing,
                 ")");
   require(Op::kLinear, w.format, DType::kF32, w.name);
+  validate_quant_params(w.format, w.quant, w.n_out, w.n_in, w.name);
   METRALE_CHECK(w.bias == nullptr || w.bias_dtype == DType::kF32 || w.bias_dtype == DType::kBF16,
                 "weight '", w.name, "': bias must be f32 or bf16, found ",
                 dtype_name(w.bias_dtype));

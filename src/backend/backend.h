@@ -50,13 +50,15 @@ inline constexpr int kOpCount = 13;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
-// `format`; bias (optional) is [n_out] of bias_dtype (f32 or bf16).
+// `format`; bias (optional) is [n_out] of bias_dtype (f32 or bf16). A quantized format's
+// scales, zero points and input order are in `quant` (quant/weight_format.h).
 struct WeightTensor {
   std::string name;  // the safetensors key, for error messages
   WeightFormat format = WeightFormat::kF32;
   int64_t n_out = 0;
   int64_t n_in = 0;
   const void* data = nullptr;  // n_out rows of weight_row_bytes(format, n_in) bytes
+  QuantParams quant;           // quantized formats only
   const void* bias = nullptr;
   DType bias_dtype = DType::kF32;
   // Backend-specific packing tag set by prepare(): 0 = plain rows as in the checkpoint

@@ -5,6 +5,7 @@
 // the engine would reserve it (engine/state_pool.h): the block layout and the ring depth the
 // budget allows.
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
@@ -13,9 +14,11 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "engine/model.h"
 #include "engine/state_pool.h"
 #include "io/config/model_config.h"
 #include "io/safetensors/checkpoint.h"
+#include "quant/quant_config.h"
 
 namespace metrale::cli {
 namespace {
@@ -61,6 +64,50 @@ void print_state_reserve(const ModelConfig& config, const StateFlags& s) {
 
 bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
+}
+
+// Quantized checkpoints: the declared method, then every linear module's format as loaded
+// and the rule that decided it (a config group, an ignore entry, or the tensors). Loading is
+// the only way to say it truthfully (the tensors are checked against the config), so this
+// loads the weights once, on one thread.
+void print_quantization(const std::string& dir, const ModelConfig& config,
+                        const Checkpoint& checkpoint) {
+  bool quantized_tensors = false;
+  for (const CheckpointTensor& t : checkpoint.tensors()) {
+    for (const char* leaf : {".weight_packed", ".weight_scale", ".weight_scale_inv"})
+      quantized_tensors = quantized_tensors || t.name().ends_with(leaf);
+  }
+  const bool legacy = std::filesystem::exists(std::filesystem::path(dir) / "hf_quant_config.json");
+  if (config.quantization_config_json.empty() && !quantized_tensors && !legacy) {
+    std::printf("quantization as loaded: none (every linear is stored plain)\n");
+    return;
+  }
+  LoadOptions o;
+  o.n_threads = 1;
+  o.kv_tokens = 16;
+  o.max_seqs = 1;
+  o.load_tokenizer = false;
+  std::unique_ptr<Model> model;
+  try {
+    model = Model::load(dir, o);
+  } catch (const Error& e) {
+    // inspect describes checkpoints it cannot run too: say what was declared and why not.
+    const std::string declared = QuantConfig::parse(config.quantization_config_json, dir).method();
+    std::printf("quantization: %s declared; not loadable by this build: %s\n",
+                declared.empty() ? "none" : declared.c_str(), e.what());
+    return;
+  }
+  const std::string& method = model->quant_method();
+  std::printf("quantization as loaded: %s\n",
+              method.empty() ? "no config; detected from tensor names" : method.c_str());
+  std::map<std::string, int64_t> formats;
+  for (const TensorLoader::ModuleReport& r : model->linear_report()) ++formats[r.format];
+  std::printf("linear modules: %zu\n", model->linear_report().size());
+  for (const auto& [format, n] : formats)
+    std::printf("  %-64s x%lld\n", format.c_str(), static_cast<long long>(n));
+  std::printf("per module:\n");
+  for (const TensorLoader::ModuleReport& r : model->linear_report())
+    std::printf("  %-44s %-40s [%s]\n", r.module.c_str(), r.format.c_str(), r.rule.c_str());
 }
 
 void run_inspect(const std::string& dir, const std::optional<StateFlags>& state) {
@@ -114,6 +161,7 @@ void run_inspect(const std::string& dir, const std::optional<StateFlags>& state)
                 static_cast<long long>(n_mtp), n_mtp == 1 ? "tensor" : "tensors");
   }
   for (const std::string& w : checkpoint.warnings()) std::printf("warning: %s\n", w.c_str());
+  print_quantization(dir, config, checkpoint);
   if (state) print_state_reserve(config, *state);
 }
 

@@ -39,8 +39,12 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     m->backend_ = make_backend({.device = o.device, .pool = m->pool_.get(), .compute = o.compute});
     m->checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(dir));
     {
+      const QuantConfig quant = QuantConfig::parse(c.quantization_config_json, dir);
       TensorLoader loader(*m->checkpoint_, *m->backend_, o.placement, o.progress);
+      loader.set_quant_config(&quant);
       m->arch_ = family->build(c, loader);
+      m->quant_method_ = quant.method();
+      m->linear_report_ = loader.module_report();
     }
     m->weight_bytes_ = m->checkpoint_->total_bytes();
 

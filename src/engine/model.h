@@ -21,6 +21,7 @@
 #include "io/tokenizer/tokenizer.h"
 #include "layers/architecture.h"
 #include "layers/rope_table.h"
+#include "weights/tensor_loader.h"
 
 namespace metrale {
 
@@ -93,6 +94,10 @@ class Model {
   const StatePool* state_pool() const { return state_.get(); }
   // Bytes of the checkpoint's weights.
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // The declared quantization method ("compressed-tensors", "modelopt", "fp8"; "" when none)
+  // and, per linear module, the format it was loaded in and the rule that decided it.
+  const std::string& quant_method() const { return quant_method_; }
+  const std::vector<TensorLoader::ModuleReport>& linear_report() const { return linear_report_; }
   // Bytes of weights one decoded token reads (the roofline's numerator): for an MoE model
   // the router and top-k experts of each sparse layer, not every expert.
   uint64_t active_weight_bytes() const { return arch_->active_bytes_per_token(); }
@@ -141,6 +146,8 @@ class Model {
   int64_t max_rows_ = 0;
   int64_t context_ = 0;
   uint64_t weight_bytes_ = 0;
+  std::string quant_method_;
+  std::vector<TensorLoader::ModuleReport> linear_report_;
 
   // Per-step memory, sized once for max_rows_.
   Buffer pass_buffer_;

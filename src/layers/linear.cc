@@ -69,7 +69,7 @@ Linear load_linear(TensorLoader& loader, const std::vector<std::string>& prefixe
     parts.push_back({prefixes[i], at, n_outs[i]});
     at += n_outs[i];
   }
-  if (prefixes.size() > 1 && loader.can_fuse()) {
+  if (prefixes.size() > 1 && loader.can_fuse(prefixes)) {
     return Linear::fused(loader.fused_linear(prefixes, n_outs, n_in, has_bias), std::move(parts));
   }
   std::vector<WeightTensor> tensors;

@@ -31,7 +31,7 @@ std::unique_ptr<Architecture> build_decoder_stack(const ModelConfig& c, TensorLo
     // Some tied checkpoints still ship lm_head.weight; HF ignores it, so do we.
     l.ignore("lm_head.weight");
   } else {
-    a->lm_head = Linear::separate({l.matrix("lm_head.weight", V, H)}, {{"lm_head", 0, V}});
+    a->lm_head = Linear::separate({l.linear("lm_head", V, H, false)}, {{"lm_head", 0, V}});
   }
   for (const std::string& prefix : parts.unloaded) l.ignore_prefix(prefix);
   l.check_all_claimed();

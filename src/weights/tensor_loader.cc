@@ -1,10 +1,12 @@
 #include "weights/tensor_loader.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
 #include "core/error.h"
 #include "quant/weight_format.h"
+#include "weights/quant_tensors.h"
 
 namespace metrale {
 
@@ -57,9 +59,150 @@ WeightTensor TensorLoader::matrix(const std::string& name, int64_t n_out, int64_
 
 WeightTensor TensorLoader::linear(const std::string& prefix, int64_t n_out, int64_t n_in,
                                   bool has_bias) {
+  const ModuleScheme scheme = scheme_of(prefix);
+  if (quantized(prefix, scheme))
+    return quantized_linear({prefix}, {n_out}, n_in, has_bias, prefix + ".weight");
   const std::string bias_name = prefix + ".bias";
-  if (!has_bias) return linear_impl(prefix + ".weight", nullptr, n_out, n_in);
-  return linear_impl(prefix + ".weight", &bias_name, n_out, n_in);
+  WeightTensor w = linear_impl(prefix + ".weight", has_bias ? &bias_name : nullptr, n_out, n_in);
+  report(prefix, std::string(weight_format_name(w.format)), scheme.rule);
+  return w;
+}
+
+ModuleScheme TensorLoader::scheme_of(const std::string& prefix) const {
+  if (quant_ != nullptr) return quant_->scheme_for(prefix);
+  ModuleScheme s;
+  s.kind = ModuleScheme::Kind::kAny;
+  s.rule = "no quantization config: the tensors decide";
+  return s;
+}
+
+bool TensorLoader::quantized(const std::string& prefix, const ModuleScheme& scheme) const {
+  const bool has = has_quantized_tensors(checkpoint_, prefix);
+  switch (scheme.kind) {
+    case ModuleScheme::Kind::kUnquantized:
+      METRALE_CHECK(!has, checkpoint_.dir().string(), ": module '", prefix,
+                    "' holds quantized tensors but the quantization config keeps it unquantized (",
+                    scheme.rule, ")");
+      return false;
+    case ModuleScheme::Kind::kAny:
+      return has;
+    default: {
+      if (has) return true;
+      const CheckpointTensor* w = checkpoint_.find(prefix + ".weight");
+      METRALE_CHECK(w != nullptr && w->info->dtype != DType::kF32 &&
+                        w->info->dtype != DType::kBF16 && w->info->dtype != DType::kF16,
+                    checkpoint_.dir().string(), ": module '", prefix, "': ", scheme.rule,
+                    " declares it quantized (", module_kind_name(scheme.kind),
+                    ") but the "
+                    "checkpoint holds ",
+                    w != nullptr ? "a plain " + std::string(dtype_name(w->info->dtype)) + " '" +
+                                       prefix + ".weight'"
+                                 : "no weight for it");
+      return true;
+    }
+  }
+}
+
+void TensorLoader::report(const std::string& module, const std::string& format,
+                          const std::string& rule) {
+  report_.push_back({module, format, rule});
+}
+
+void TensorLoader::read_bias(const std::string& name, int64_t n, float* dst) {
+  const CheckpointTensor& b = claim(name, {n});
+  METRALE_CHECK(b.info->dtype == DType::kF32 || b.info->dtype == DType::kBF16,
+                checkpoint_.dir().string(), ": tensor '", name, "' has dtype ",
+                dtype_name(b.info->dtype), "; expected f32 or bf16");
+  const auto bytes = b.bytes();  // may be unaligned for its element type: copy out first
+  std::vector<std::byte> raw(bytes.begin(), bytes.end());
+  to_f32(raw.data(), b.info->dtype, dst, static_cast<size_t>(n));
+  advance(b.info->nbytes());
+}
+
+WeightTensor TensorLoader::quantized_linear(const std::vector<std::string>& prefixes,
+                                            const std::vector<int64_t>& n_outs, int64_t n_in,
+                                            bool has_bias, const std::string& name) {
+  std::vector<QuantizedWeight> parts;
+  int64_t n_out = 0;
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    const ModuleScheme scheme = scheme_of(prefixes[i]);
+    METRALE_CHECK(quantized(prefixes[i], scheme), checkpoint_.dir().string(), ": '", name,
+                  "' joins quantized and plain modules ('", prefixes[i],
+                  "' is plain); they must be one matrix here");
+    parts.push_back(read_quantized(checkpoint_, prefixes[i], scheme, n_outs[i], n_in));
+    for (const std::string& t : parts.back().tensors) {
+      claimed_.insert(t);
+      advance(checkpoint_.find(t)->info->nbytes());
+    }
+    report(prefixes[i], parts.back().describe() + ", " + parts.back().layout, scheme.rule);
+    n_out += n_outs[i];
+  }
+  const QuantizedWeight q =
+      parts.size() == 1 ? std::move(parts[0]) : join_quantized(std::move(parts), name);
+  std::vector<float> bias(has_bias ? static_cast<size_t>(n_out) : 0);
+  if (has_bias) {
+    int64_t row = 0;
+    for (size_t i = 0; i < prefixes.size(); ++i) {
+      read_bias(prefixes[i] + ".bias", n_outs[i], bias.data() + row);
+      row += n_outs[i];
+    }
+  }
+  WeightTensor w{.name = name,
+                 .format = q.format,
+                 .n_out = n_out,
+                 .n_in = n_in,
+                 .data = q.codes.data(),
+                 .quant = q.params()};
+  if (has_bias) {
+    w.bias = bias.data();
+    w.bias_dtype = DType::kF32;
+  }
+  WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
+  METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '",
+                name, "'");
+  storage_.push_back(prepared.storage);
+  return prepared;
+}
+
+bool TensorLoader::can_fuse(const std::vector<std::string>& prefixes) const {
+  if (!can_fuse()) return false;
+  int n_quantized = 0;
+  for (const std::string& p : prefixes) n_quantized += quantized(p, scheme_of(p)) ? 1 : 0;
+  if (n_quantized == 0) return true;
+  if (n_quantized != static_cast<int>(prefixes.size())) return false;
+  // Joinable without reading the codes: the same tensors with the same dtypes, the same
+  // number of groups, and the same input order.
+  auto signature = [&](const std::string& p) {
+    std::string sig;
+    for (const CheckpointTensor& t : checkpoint_.tensors()) {
+      if (!t.name().starts_with(p + ".")) continue;
+      const std::string_view leaf = t.name().substr(p.size() + 1);
+      if (leaf == "bias" || leaf.starts_with("input_")) continue;
+      sig += std::string(leaf) + ":" + std::string(dtype_name(t.info->dtype));
+      if (leaf == "weight_scale" && t.info->shape.rank() == 2)
+        sig += "/" + std::to_string(t.info->shape[1]);
+      if (leaf == "weight_g_idx") {
+        const auto b = t.bytes();
+        sig += "/" + std::string(reinterpret_cast<const char*>(b.data()), b.size());
+      }
+      sig += ";";
+    }
+    std::sort(sig.begin(), sig.end());
+    return sig;
+  };
+  const std::string first = signature(prefixes[0]);
+  for (const std::string& p : prefixes)
+    if (signature(p) != first) return false;
+  return true;
+}
+
+void TensorLoader::refuse_quantized(const std::string& weight_name, std::string_view where) const {
+  const std::string prefix = weight_name.ends_with(".weight")
+                                 ? weight_name.substr(0, weight_name.size() - 7)
+                                 : weight_name;
+  METRALE_CHECK(!has_quantized_tensors(checkpoint_, prefix), checkpoint_.dir().string(),
+                ": module '", prefix, "' is quantized, but ", where,
+                " reads plain matrices only in this build");
 }
 
 WeightTensor TensorLoader::linear_impl(const std::string& name, const std::string* bias_name,
@@ -97,16 +240,23 @@ WeightTensor TensorLoader::fused_linear(const std::vector<std::string>& prefixes
   bias_names.reserve(prefixes.size());
   std::vector<Part> parts;
   std::string name;
+  bool any_quantized = false;
   for (size_t i = 0; i < prefixes.size(); ++i) {
     bias_names.push_back(prefixes[i] + ".bias");
     parts.push_back({prefixes[i] + ".weight", has_bias ? &bias_names.back() : nullptr, n_outs[i]});
     name += (i ? "+" : "") + prefixes[i] + ".weight";
+    any_quantized = any_quantized || quantized(prefixes[i], scheme_of(prefixes[i]));
   }
-  return copy_parts(parts, n_in, name);
+  if (any_quantized) return quantized_linear(prefixes, n_outs, n_in, has_bias, name);
+  WeightTensor w = copy_parts(parts, n_in, name);
+  for (const std::string& p : prefixes)
+    report(p, std::string(weight_format_name(w.format)), scheme_of(p).rule);
+  return w;
 }
 
 void TensorLoader::claim_joined(const std::string& name, int64_t n_out, int64_t n_in,
                                 const std::string& first, std::optional<WeightFormat>& format) {
+  refuse_quantized(name, "a matrix joined from several tensors");
   const CheckpointTensor& t = claim(name, {n_out, n_in});
   const auto f = weight_format_for_dtype(t.info->dtype);
   METRALE_CHECK(f.has_value(), checkpoint_.dir().string(), ": tensor '", name, "' has dtype ",
@@ -137,16 +287,7 @@ WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_
     const CheckpointTensor& t = *checkpoint_.find(p.name);
     checkpoint_.copy_to(p.name, {staging.as<std::byte>() + row * row_bytes, t.info->nbytes()});
     advance(t.info->nbytes());
-    if (p.bias_name != nullptr) {
-      const CheckpointTensor& b = claim(*p.bias_name, {p.n_out});
-      METRALE_CHECK(b.info->dtype == DType::kF32 || b.info->dtype == DType::kBF16,
-                    checkpoint_.dir().string(), ": tensor '", *p.bias_name, "' has dtype ",
-                    dtype_name(b.info->dtype), "; expected f32 or bf16");
-      const auto bytes = b.bytes();  // may be unaligned for its element type: copy out first
-      std::vector<std::byte> raw(bytes.begin(), bytes.end());
-      to_f32(raw.data(), b.info->dtype, bias.data() + row, static_cast<size_t>(p.n_out));
-      advance(b.info->nbytes());
-    }
+    if (p.bias_name != nullptr) read_bias(*p.bias_name, p.n_out, bias.data() + row);
     row += static_cast<size_t>(p.n_out);
   }
   WeightTensor w{

@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "io/safetensors/checkpoint.h"
+#include "quant/quant_config.h"
 
 namespace metrale {
 
@@ -30,9 +31,23 @@ class TensorLoader {
   TensorLoader(const Checkpoint& checkpoint, Backend& backend, WeightPlacement placement,
                void (*progress)(uint64_t done, uint64_t total));
 
+  // The checkpoint's declared quantization (not owned; null or a config with no dialect:
+  // tensor names decide per module). Set before the first linear.
+  void set_quant_config(const QuantConfig* config) { quant_ = config; }
+  // One line per linear module loaded: its format as loaded and the rule that decided it
+  // (for `metrale inspect`).
+  struct ModuleReport {
+    std::string module;  // "model.layers.0.self_attn.q_proj"
+    std::string format;  // "int4 g128 asym (bf16 scales)", "bf16"
+    std::string rule;    // "config_groups.group_0 target 'Linear'", "ignore 'lm_head'"
+  };
+  const std::vector<ModuleReport>& module_report() const { return report_; }
+
   // A [n_out, n_in] matrix in a plain weight format (f32, bf16), prepared by the backend.
   WeightTensor matrix(const std::string& name, int64_t n_out, int64_t n_in);
-  // `prefix`.weight [n_out, n_in], plus `prefix`.bias [n_out] when has_bias.
+  // `prefix`.weight [n_out, n_in], plus `prefix`.bias [n_out] when has_bias. A quantized
+  // module (declared by the config, or holding a quantized layout's tensors) is read in its
+  // producer's layout (weights/quant_tensors.h) and always copied into backend memory.
   WeightTensor linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool has_bias);
   // Several linears sharing n_in concatenated along n_out into one matrix (q/k/v, gate/up),
   // so one pass over the weights serves them all; each prefix's .weight (and .bias when
@@ -41,6 +56,9 @@ class TensorLoader {
   WeightTensor fused_linear(const std::vector<std::string>& prefixes,
                             const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias);
   bool can_fuse() const { return placement_ == WeightPlacement::kCopy; }
+  // Whether these modules can be one matrix: copies are made, and either none is quantized
+  // or all are, with parameters that join (same format, groups and input order).
+  bool can_fuse(const std::vector<std::string>& prefixes) const;
   // One matrix whose rows are gathered from checkpoint matrices, for checkpoints that
   // interleave what a layer keeps as blocks (Qwen3-Next's in_proj_qkvz, grouped per key head;
   // a gated q_proj's per-head [query | gate]). Output rows are, part by part, rows
@@ -76,6 +94,21 @@ class TensorLoader {
   std::vector<std::shared_ptr<const Buffer>> take_storage() { return std::move(storage_); }
 
  private:
+  // The declared scheme of module `prefix`, and whether it is loaded quantized (the config
+  // says so, or there is no config and its tensors are a quantized layout). A config that
+  // contradicts the tensors throws naming both.
+  ModuleScheme scheme_of(const std::string& prefix) const;
+  bool quantized(const std::string& prefix, const ModuleScheme& scheme) const;
+  // Reads, joins and prepares quantized modules (one, or the parts of a fused matrix).
+  WeightTensor quantized_linear(const std::vector<std::string>& prefixes,
+                                const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias,
+                                const std::string& name);
+  // `name` [n] (f32 or bf16) widened into dst.
+  void read_bias(const std::string& name, int64_t n, float* dst);
+  void report(const std::string& module, const std::string& format, const std::string& rule);
+  // Refuses a quantized module where only plain matrices can be read (a joined or stacked
+  // layout), naming it.
+  void refuse_quantized(const std::string& weight_name, std::string_view where) const;
   WeightTensor linear_impl(const std::string& name, const std::string* bias_name, int64_t n_out,
                            int64_t n_in);
   struct Part {
@@ -97,6 +130,8 @@ class TensorLoader {
 
   const Checkpoint& checkpoint_;
   Backend& backend_;
+  const QuantConfig* quant_ = nullptr;
+  std::vector<ModuleReport> report_;
   WeightPlacement placement_;
   void (*progress_)(uint64_t, uint64_t);
   uint64_t done_ = 0;

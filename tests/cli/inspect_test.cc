@@ -78,6 +78,23 @@ TEST(Inspect, EveryFixtureStillInspects) {
   EXPECT_GT(n, 0);
 }
 
+TEST(Inspect, QuantizedCheckpointPerModule) {
+  const CliRun r = inspect({"tests/data/fixtures/quant_ct_mixed"});
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(has(r.out, "quantization as loaded: compressed-tensors\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "linear modules: 15\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "int4 group 128 asym (bf16 scales), compressed-tensors pack-quantized"))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "int8 channel (bf16 scales)")) << r.out;
+  // What the ignore list kept, and why.
+  EXPECT_TRUE(has(r.out, "model.layers.0.mlp.down_proj")) << r.out;
+  EXPECT_TRUE(has(r.out, "[quantization_config.ignore 'model.layers.0.mlp.down_proj']") ||
+              has(r.out, "[ignore 'model.layers.0.mlp.down_proj']"))
+      << r.out;
+  const CliRun plain = inspect({"tests/data/fixtures/qwen3_bf16"});
+  EXPECT_TRUE(has(plain.out, "quantization as loaded: none")) << plain.out;
+}
+
 TEST(Inspect, AttentionOnlyModelHasNoRecurrentState) {
   const CliRun r =
       inspect({"tests/data/fixtures/qwen3_f32", "--max-batch", "8", "--budget", "1GiB"});

@@ -118,7 +118,9 @@ TEST_P(DecodeAllocations, StepsAllocateNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DecodeAllocations,
                          ::testing::Combine(::testing::Values("qwen3_bf16", "qwen3_moe_bf16",
-                                                              "qwen3_next_bf16", "qwen3_5_moe_f32"),
+                                                              "qwen3_next_bf16", "qwen3_5_moe_f32",
+                                                              "quant_ct_gptq_actorder",
+                                                              "quant_modelopt_nvfp4"),
                                             ::testing::Values(Compute::kF32, Compute::kBF16)),
                          [](const auto& p) {
                            return std::get<0>(p.param) +

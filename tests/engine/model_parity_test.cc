@@ -2,7 +2,9 @@
 // within the fixture README's tolerance, greedy continuations identical — for llama, qwen2,
 // qwen3, qwen3_moe (norm_topk_prob both ways, dense/MoE layer mixes) and the hybrid types
 // qwen3_next, qwen3_5(_text), qwen3_5_moe(_text) (text-only and vision-language checkpoints)
-// with f32 and bf16 weights.
+// with f32 and bf16 weights; and quantized checkpoints as their producers write them
+// (compressed-tensors int4 / int8 / fp8 / nvfp4, ModelOpt FP8 / NVFP4, fp8 block-scaled),
+// against transformers on the producer's own f32 dequantization of the same weights.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -128,6 +130,15 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
                                            "qwen3_5_text_bf16", "qwen3_5_moe_text_f32",
                                            "qwen3_5_moe_text_bf16", "qwen3_5_f32", "qwen3_5_bf16",
                                            "qwen3_5_moe_f32", "qwen3_5_moe_bf16"));
+// Quantized weights decode to exactly the f32 values the reference ran on (the producers'
+// formulas; nvfp4 folds its global scale into each group scale first, 1 ulp at most), and
+// activations stay f32: the f32 tolerance holds (fixture README, "Quantized checkpoints").
+INSTANTIATE_TEST_SUITE_P(Quantized, ModelParity,
+                         ::testing::Values("quant_ct_w4a16", "quant_ct_w4a16_asym",
+                                           "quant_ct_gptq_actorder", "quant_ct_w8a16",
+                                           "quant_ct_mixed", "quant_ct_fp8_dynamic", "quant_ct_fp8",
+                                           "quant_ct_nvfp4a16", "quant_modelopt_fp8",
+                                           "quant_modelopt_nvfp4", "quant_fp8_block"));
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridDecodeParity,
                          ::testing::Values("qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_text_f32",
                                            "qwen3_5_text_bf16", "qwen3_5_moe_text_f32",

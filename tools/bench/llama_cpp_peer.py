@@ -9,10 +9,13 @@
   To move the pin: change the three constants together (the commit is the sdist CHANGELOG's
   "update llama.cpp to ggml-org/llama.cpp@..." line of that version; ensure_source checks it).
 * Build: Release, -DGGML_NATIVE=ON, CPU only, static, into <cache>/llama.cpp-VERSION-build.
-* Weights: the HF checkpoint converted by the vendored converter to GGUF at the matching
-  precision (bf16, or q8_0 beside an 8-bit metrale path), cached per checkpoint + outtype +
-  llama-cpp-python version (converter options per architecture: see converter_options; a
-  Qwen3-Next checkpoint without an MTP head needs --no-mtp).
+* Weights: the HF checkpoint converted by the vendored converter to GGUF bf16, cached per
+  checkpoint + format + llama-cpp-python version (converter options per architecture: see
+  converter_options; a Qwen3-Next checkpoint without an MTP head needs --no-mtp). Quantized
+  formats (FORMATS: q4_0, q8_0 and variants) are that bf16 GGUF run through the pinned
+  build's llama-quantize, with its default per-tensor choices or the options FORMATS names
+  (--pure, --token-embedding-type ...); gguf_summary() reads back the type of every tensor.
+  q8_0-convert is the converter's own --outtype q8_0 (what --outtype q8_0 meant before).
 * Timing: llama-bench for prefill (pp128, pp512) and one-sequence decode (tg64), with the
   weights in anonymous memory (`-lm none`, this version's spelling of the older `-mmp 0`;
   with mmap decode was 2-4x slower on our VMs); llama-batched-bench for decode at batch 4 and
@@ -41,6 +44,28 @@ VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 LLAMA_CPP_COMMIT = "0c1e57098"  # ggml-org/llama.cpp, per the sdist's CHANGELOG for VERSION
 TOOLS = ("llama-bench", "llama-batched-bench")
+QUANTIZE_TOOL = "llama-quantize"  # built on demand beside TOOLS (ensure_quantize_tool)
+
+# llama.cpp weight formats: name -> how the GGUF is made. "convert": the converter's --outtype;
+# "quantize": llama-quantize's type, from the bf16 GGUF, with "args" before the file names.
+# Tied embeddings (qwen3-0.6b, llama-3.2-1b): the one token_embd.weight is also the output
+# head. llama-quantize's default rules (src/llama-quant.cpp, llama_tensor_get_type_impl) give
+# a tied token_embd the *output* tensor's type: Q6_K under Q4_0 (any type but Q8_0 is raised
+# to Q6_K), Q8_0 under Q8_0; --pure skips those rules (token_embd Q4_0 too);
+# --token-embedding-type / --output-tensor-type set them outright. Norms (1-D) stay F32.
+FORMATS = {
+    "bf16": {"convert": "bf16", "bits": 16},
+    "q8_0-convert": {"convert": "q8_0", "bits": 8},
+    "q8_0": {"quantize": "Q8_0", "args": [], "bits": 8},
+    "q4_0": {"quantize": "Q4_0", "args": [], "bits": 4},
+    "q4_0-pure": {"quantize": "Q4_0", "args": ["--pure"], "bits": 4},
+    # the embedding / output head kept bf16, as in the llm-compressor checkpoints (ignore
+    # lm_head): both engines then read the same head bytes
+    "q4_0-bf16head": {"quantize": "Q4_0", "bits": 4, "args": [
+        "--token-embedding-type", "bf16", "--output-tensor-type", "bf16"]},
+    "q8_0-bf16head": {"quantize": "Q8_0", "bits": 8, "args": [
+        "--token-embedding-type", "bf16", "--output-tensor-type", "bf16"]},
+}
 CMAKE_FLAGS = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
                "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF"]
@@ -208,9 +233,15 @@ def checkpoint_key(model_dir: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def gguf_path(cache: Path, model_dir: Path, outtype: str) -> Path:
-    """Where the GGUF of this checkpoint, precision and converter version is cached."""
-    return cache / "gguf" / f"{model_dir.name}-{checkpoint_key(model_dir)}-{outtype}-lcp{VERSION}.gguf"
+def gguf_path(cache: Path, model_dir: Path, fmt: str) -> Path:
+    """Where the GGUF of this checkpoint, format (FORMATS) and llama.cpp version is cached:
+    the converter's output <model>-<key>-<outtype>-lcp<VERSION>.gguf, a llama-quantize product
+    of the bf16 one <that stem>.<format>.gguf."""
+    spec = FORMATS[fmt]
+    stem = f"{model_dir.name}-{checkpoint_key(model_dir)}"
+    if "convert" in spec:
+        return cache / "gguf" / f"{stem}-{spec['convert']}-lcp{VERSION}.gguf"
+    return cache / "gguf" / f"{stem}-bf16-lcp{VERSION}.{fmt}.gguf"
 
 
 def has_mtp_tensors(model_dir: Path) -> bool:
@@ -244,20 +275,136 @@ def converter_options(model_dir: Path) -> tuple[list[str], list[str]]:
     return wrapper, converter
 
 
-def ensure_gguf(cache: Path, src: Path, model_dir: Path, outtype: str) -> Path:
-    out = gguf_path(cache, model_dir, outtype)
+def quantize_command(cache: Path, model_dir: Path, fmt: str, threads: int = 1) -> list[str]:
+    """The llama-quantize command making format `fmt` from the bf16 GGUF (into a .partial)."""
+    spec = FORMATS[fmt]
+    out = gguf_path(cache, model_dir, fmt)
+    return [str(build_dir(cache) / "bin" / QUANTIZE_TOOL), *spec["args"],
+            str(gguf_path(cache, model_dir, "bf16")), str(out) + ".partial", spec["quantize"],
+            str(threads)]
+
+
+def ensure_gguf(cache: Path, src: Path, model_dir: Path, fmt: str) -> Path:
+    """The GGUF of this checkpoint in format `fmt` (FORMATS), made once: converted, or the bf16
+    one converted first and then quantized (llama-quantize's log kept beside it as .log)."""
+    spec = FORMATS[fmt]
+    out = gguf_path(cache, model_dir, fmt)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.is_file():
+        return out
+    if "quantize" in spec:
+        ensure_gguf(cache, src, model_dir, "bf16")
+        ensure_quantize_tool(cache, src)
+        cmd = quantize_command(cache, model_dir, fmt)
+        log(f"quantizing -> {out.name}: {' '.join(cmd)}")
+        with open(str(out) + ".log", "w") as fh:
+            subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT)
+        Path(cmd[-3]).rename(out)
         return out
     partial = out.with_suffix(".gguf.partial")
     log(f"converting {model_dir} -> {out.name}")
     converter = Path(__file__).resolve().parent / "convert_gguf.py"
     wrapper_opts, converter_opts = converter_options(model_dir)
     subprocess.run([sys.executable, str(converter), "--llama-src", str(src), *wrapper_opts, "--",
-                    str(model_dir), "--outtype", outtype, "--outfile", str(partial),
+                    str(model_dir), "--outtype", spec["convert"], "--outfile", str(partial),
                     *converter_opts], check=True, stdout=sys.stderr)
     partial.rename(out)
     return out
+
+
+def ensure_quantize_tool(cache: Path, src: Path) -> Path:
+    """llama-quantize of the pinned build (same cmake configuration as TOOLS; the build
+    stamp is left as it is)."""
+    ensure_build(cache, src)
+    tool = build_dir(cache) / "bin" / QUANTIZE_TOOL
+    if not tool.is_file():
+        log(f"building {QUANTIZE_TOOL} in {build_dir(cache)}")
+        subprocess.run(["cmake", "--build", str(build_dir(cache)), "--target", QUANTIZE_TOOL,
+                        "-j2"], check=True, stdout=sys.stderr)
+    return tool
+
+
+# GGML type ids -> (name, block elements, block bytes), for the types these GGUFs hold
+# (ggml/include/ggml.h enum ggml_type; ggml/src/ggml.c type_traits).
+GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+              6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34),
+              9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+              12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+              15: ("Q8_K", 256, 292), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4),
+              27: ("I64", 1, 8), 28: ("F64", 1, 8), 30: ("BF16", 1, 2)}
+
+
+def gguf_tensors(path: Path) -> tuple[list[dict], dict]:
+    """([{"name", "shape", "type", "bytes"}], {metadata key: scalar value}) of a GGUF (v2/v3),
+    read from its header alone (arrays in the metadata are skipped, not returned)."""
+    import struct
+    with open(path, "rb") as f:
+        def rd(fmt):
+            return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+        def rd_str():
+            return f.read(rd("Q")).decode("utf-8", "replace")
+        scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
+                  11: "q", 12: "d"}
+
+        def rd_value(t):
+            if t in scalar:
+                return rd(scalar[t])
+            if t == 8:
+                return rd_str()
+            if t == 9:
+                et, n = rd("I"), rd("Q")
+                for _ in range(n):
+                    rd_value(et)
+                return None
+            raise ValueError(f"{path}: unknown GGUF value type {t}")
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        version, n_tensors, n_kv = rd("I"), rd("Q"), rd("Q")
+        meta = {"gguf_version": version}
+        for _ in range(n_kv):
+            key = rd_str()
+            value = rd_value(rd("I"))
+            if value is not None:
+                meta[key] = value
+        tensors = []
+        for _ in range(n_tensors):
+            name = rd_str()
+            dims = [rd("Q") for _ in range(rd("I"))]
+            ttype, _offset = rd("I"), rd("Q")
+            numel = 1
+            for d in dims:
+                numel *= d
+            tname, blk, bb = GGML_TYPES.get(ttype, (f"type{ttype}", None, None))
+            tensors.append({"name": name, "shape": dims, "type": tname,
+                            "bytes": numel // blk * bb if blk else None})
+    return tensors, meta
+
+
+def gguf_summary(path: Path) -> dict:
+    """What results.json records of a GGUF: the tensor type of each kind of tensor (names
+    with the layer number taken out: blk.N.attn_q.weight -> attn_q.weight), the bytes of
+    each type, and the bytes one decode step reads (every tensor, except token_embd when an
+    output.weight exists: an untied embedding is only gathered)."""
+    tensors, meta = gguf_tensors(path)
+    kinds: dict[str, dict] = {}
+    by_type: dict[str, int] = {}
+    names = {t["name"] for t in tensors}
+    tied = "output.weight" not in names
+    step = 0
+    for t in tensors:
+        kind = re.sub(r"^blk\.\d+\.", "", t["name"])
+        k = kinds.setdefault(kind, {"types": {}, "count": 0, "bytes": 0})
+        k["types"][t["type"]] = k["types"].get(t["type"], 0) + 1
+        k["count"] += 1
+        k["bytes"] += t["bytes"] or 0
+        by_type[t["type"]] = by_type.get(t["type"], 0) + (t["bytes"] or 0)
+        if not (t["name"] == "token_embd.weight" and not tied):
+            step += t["bytes"] or 0
+    return {"file": str(path), "file_bytes": path.stat().st_size,
+            "file_type": meta.get("general.file_type"), "tied_embeddings": tied,
+            "tensor_bytes": sum(t["bytes"] or 0 for t in tensors), "bytes_by_type": by_type,
+            "per_step": step, "kinds": kinds}
 
 
 def run_llama_bench(bin_dir: Path, gguf: Path, threads: int, prefill: list[int],
@@ -313,7 +460,8 @@ def bench(model_dir: Path, threads: int, prefill: list[int], batches: list[int],
     if wider:
         out["decode"].update(run_batched_bench(bin_dir, gguf, threads, wider, decode_tokens,
                                                batched_prompt))
-    out["weight_bytes"] = gguf.stat().st_size  # upper bound: includes the vocabulary
+    out["weight_bytes"] = gguf_summary(gguf)["per_step"]
+    out["format"] = outtype
     out["gguf"] = str(gguf)
     out["llama_cpp_python"] = VERSION
     out["llama_cpp_commit"] = LLAMA_CPP_COMMIT
@@ -337,7 +485,11 @@ def main() -> None:
     ap.add_argument("--prefill", type=int_list, default=[128, 512])
     ap.add_argument("--batch", type=int_list, default=[1, 4, 16])
     ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--outtype", choices=["bf16", "q8_0"], default="bf16")
+    ap.add_argument("--outtype", choices=list(FORMATS), default="bf16",
+                    help="weight format (FORMATS): bf16, or llama-quantize's q4_0 / q8_0 "
+                         "(and variants) of the bf16 GGUF; q8_0-convert: the converter's q8_0")
+    ap.add_argument("--summary", action="store_true",
+                    help="with --prepare-only: print the GGUF's per-tensor summary as JSON")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--prepare-only", action="store_true",
                     help="download, build and convert, then exit")
@@ -346,7 +498,8 @@ def main() -> None:
     if args.prepare_only:
         src = ensure_source(args.cache_dir)
         ensure_build(args.cache_dir, src)
-        print(ensure_gguf(args.cache_dir, src, args.model, args.outtype))
+        gguf = ensure_gguf(args.cache_dir, src, args.model, args.outtype)
+        print(json.dumps(gguf_summary(gguf), indent=2) if args.summary else gguf)
         return
     out = bench(args.model, args.threads, args.prefill, args.batch, args.decode_tokens,
                 args.outtype, args.cache_dir)

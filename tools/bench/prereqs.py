@@ -156,6 +156,67 @@ def ensure(modules: list[str], debian: list[str], install: bool = True) -> None:
         sys.exit(f"bench prerequisites still missing after installing: {still}")
 
 
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def venv_stamp(requirements: Path) -> dict:
+    """What a venv made from `requirements` records (venv/metrale-venv.json): the lock's
+    sha256 and the interpreter that made it; a venv whose stamp differs is made anew."""
+    import hashlib
+    return {"requirements": str(requirements.name),
+            "requirements_sha256": hashlib.sha256(requirements.read_bytes()).hexdigest(),
+            "base_python": sys.version.split()[0]}
+
+
+def venv_ready(venv: Path, requirements: Path) -> bool:
+    """Whether `venv` holds the lock: its stamp says so, or (a venv made by hand with
+    venv_commands) `pip freeze` lists every pinned line, and then the stamp is written."""
+    import json
+    stamp = venv / "metrale-venv.json"
+    if not venv_python(venv).is_file():
+        return False
+    if stamp.is_file() and json.loads(stamp.read_text()) == venv_stamp(requirements):
+        return True
+    r = subprocess.run([str(venv_python(venv)), "-m", "pip", "freeze"], capture_output=True,
+                       text=True)
+    have = {ln.strip().lower().replace("_", "-") for ln in r.stdout.splitlines()}
+    want = {ln.split("#", 1)[0].strip().lower().replace("_", "-")
+            for ln in requirements.read_text().splitlines()} - {""}
+    if r.returncode != 0 or not want <= have:
+        return False
+    stamp.write_text(json.dumps(venv_stamp(requirements), indent=2))
+    return True
+
+
+def venv_commands(venv: Path, requirements: Path) -> list[list[str]]:
+    """The commands that make `venv` from the lock file `requirements` (every package pinned)."""
+    py = str(venv_python(venv))
+    return [[sys.executable, "-m", "venv", "--clear", str(venv)],
+            [py, "-m", "pip", "install", "--no-input", "-r", str(requirements)]]
+
+
+def ensure_venv(venv: Path, requirements: Path, install: bool = True) -> Path:
+    """A virtual environment holding exactly the pinned `requirements` (a full lock), made
+    once (printing each command before it runs) and reused while its stamp matches; with
+    install=False a missing one stops the run naming the commands. Returns its python."""
+    import json
+    if venv_ready(venv, requirements):
+        return venv_python(venv)
+    cmds = venv_commands(venv, requirements)
+    if not install:
+        sys.exit(f"bench prerequisites missing: the virtual environment {venv} (from "
+                 f"{requirements}); nothing was done. Run:\n    " +
+                 "\n    ".join(shlex.join(c) for c in cmds) +
+                 "\nor the same command without --no-install to let it make the venv.")
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    for cmd in cmds:
+        log("installing: " + shlex.join(cmd))
+        subprocess.run(cmd, check=True, stdout=sys.stderr)
+    (venv / "metrale-venv.json").write_text(json.dumps(venv_stamp(requirements), indent=2))
+    return venv_python(venv)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--engines", default="metrale,llama.cpp,hf")

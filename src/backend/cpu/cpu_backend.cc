@@ -12,6 +12,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/linear_packed.h"
 #include "backend/cpu/linear_pairs.h"
+#include "backend/cpu/linear_quant.h"
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -44,6 +45,31 @@ void for_output_pieces(ThreadPool& pool, int64_t n_out, int64_t unit_multiple, K
                             });
 }
 
+// Calls fn(r_begin, r_end) over input rows [0, n_rows) writing `values` values in all: on this
+// thread for small passes (a parallel pass would cost a barrier more than it saves), else split
+// over the pool.
+template <typename Fn>
+void input_pass(ThreadPool& pool, int64_t n_rows, size_t values, Fn&& fn) {
+  constexpr size_t kParallelValues = size_t{1} << 16;
+  if (values < kParallelValues) {
+    fn(0, n_rows);
+  } else {
+    pool.parallel_for(static_cast<size_t>(n_rows), [&](size_t b, size_t e, int) {
+      fn(static_cast<int64_t>(b), static_cast<int64_t>(e));
+    });
+  }
+}
+
+// w's bias (f32 or bf16) as f32 into dst (n_out floats); returns dst.
+const float* copy_bias(const WeightTensor& w, float* dst) {
+  if (w.bias_dtype == DType::kF32) {
+    std::memcpy(dst, w.bias, static_cast<size_t>(w.n_out) * sizeof(float));
+  } else {
+    cpu::widen_bf16(static_cast<const uint16_t*>(w.bias), w.n_out, dst);
+  }
+  return dst;
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(ThreadPool& pool, Compute compute) : pool_(&pool), compute_(compute) {}
@@ -58,17 +84,16 @@ Buffer CpuBackend::allocate(size_t bytes) {
 
 bool CpuBackend::supports(Op op, WeightFormat format, DType dtype) const {
   if (dtype != DType::kF32) return false;
-  switch (op) {
-    case Op::kLinear:
-    case Op::kEmbedding:
-    case Op::kMoe:
-      return format == WeightFormat::kF32 || format == WeightFormat::kBF16;
-    default:
-      return true;
-  }
+  // Linear and MoE take every WeightFormat (quantized ones through cpu/linear_quant.h); an
+  // embedding table is plain rows.
+  if (op == Op::kEmbedding) return format == WeightFormat::kF32 || format == WeightFormat::kBF16;
+  return true;
 }
 
 bool CpuBackend::knows_packing(const WeightTensor& w) const {
+  // Quantized weights run only as prepare() packs them (there is no kernel for their
+  // checkpoint rows).
+  if (is_quantized(w.format)) return w.packing == cpu::kPackingQuant;
   return w.packing == 0 ||
          ((w.packing == cpu::kPackingBf16x16 || w.packing == cpu::kPackingBf16Pairs) &&
           w.format == WeightFormat::kBF16);
@@ -95,6 +120,24 @@ std::pair<std::shared_ptr<const Buffer>, char*> CpuBackend::weight_memory(size_t
 
 WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
   WeightTensor out = w;
+  if (is_quantized(w.format)) {
+    // Always repacked (either mode): codes, scales, zero points and the input order folded
+    // into one buffer the kernels stream (cpu/linear_quant.h); nothing refers to w's memory.
+    const size_t data_bytes = cpu::quant_packed_bytes(w);
+    const size_t bias_offset = round_up(data_bytes, kSmallAlign);
+    const size_t bias_bytes = w.bias != nullptr ? static_cast<size_t>(w.n_out) * sizeof(float) : 0;
+    auto [buffer, base] = weight_memory(bias_offset + bias_bytes);
+    cpu::pack_quant(w, base);
+    out.data = base;
+    out.packing = cpu::kPackingQuant;
+    out.quant = QuantParams{};
+    if (w.bias != nullptr) {
+      out.bias = copy_bias(w, reinterpret_cast<float*>(base + bias_offset));
+      out.bias_dtype = DType::kF32;
+    }
+    out.storage = std::move(buffer);
+    return out;
+  }
   const bool convert_bias = w.bias != nullptr && w.bias_dtype != DType::kF32;
   if (mode == PrepareMode::kInPlace && !convert_bias) return out;
 
@@ -127,13 +170,7 @@ WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
     out.data = base;
   }
   if (w.bias != nullptr) {
-    auto* bias = reinterpret_cast<float*>(base + bias_offset);
-    if (w.bias_dtype == DType::kF32) {
-      std::memcpy(bias, w.bias, bias_bytes);
-    } else {
-      cpu::widen_bf16(static_cast<const uint16_t*>(w.bias), w.n_out, bias);
-    }
-    out.bias = bias;
+    out.bias = copy_bias(w, reinterpret_cast<float*>(base + bias_offset));
     out.bias_dtype = DType::kF32;
   }
   out.storage = std::move(buffer);
@@ -152,13 +189,25 @@ void LinearJob::run(int64_t o_begin, int64_t o_end) const {
       return linear_bf16_packed(task, o_begin, o_end);
     case Kind::kBf16Pairs:
       return linear_bf16_pairs(pairs, o_begin, o_end);
+    case Kind::kQuant:
+      return linear_quant(quant, o_begin, o_end);
   }
 }
 
-LinearJob make_linear_job(ConstRows x, const uint16_t* x_bf16, const WeightTensor& w, Rows y) {
+LinearJob make_linear_job(ConstRows x, const uint16_t* x_bf16, const WeightTensor& w, Rows y,
+                          const float* x_quant) {
   LinearJob j;
   j.n_out = w.n_out;
   const auto* bias = static_cast<const float*>(w.bias);
+  if (w.packing == kPackingQuant) {
+    const int64_t kp = quant_gather_cols(w);
+    j.kind = LinearJob::Kind::kQuant;
+    j.quant = QuantTask{.x = kp != 0 ? ConstRows{x_quant, x.n_rows, kp, kp} : x,
+                        .w = &quant_layout(w),
+                        .bias = bias,
+                        .y = y};
+    return j;
+  }
   if (w.packing == kPackingBf16Pairs) {
     j.kind = LinearJob::Kind::kBf16Pairs;
     j.pairs = PairsTask{.x = x_bf16,
@@ -186,19 +235,22 @@ void CpuBackend::do_linear(ConstRows x, const WeightTensor& w, Rows y) {
   if (cpu::reads_bf16_input(w)) {
     const size_t need = static_cast<size_t>(x.n_rows * x.n_cols);
     if (x_bf16_.size() < need) x_bf16_.resize(need);
-    // Rounding once per call (not per weight tile) keeps the tiles on bf16 pairs only. Small
-    // batches round on this thread: a parallel pass would cost a barrier more than it saves.
-    constexpr size_t kParallelRound = size_t{1} << 16;
-    if (need < kParallelRound) {
-      cpu::round_rows_bf16(x, 0, x.n_rows, x_bf16_.data());
-    } else {
-      pool_->parallel_for(static_cast<size_t>(x.n_rows), [&](size_t b, size_t e, int) {
-        cpu::round_rows_bf16(x, static_cast<int64_t>(b), static_cast<int64_t>(e), x_bf16_.data());
-      });
-    }
+    // Rounding once per call (not per weight tile) keeps the tiles on bf16 pairs only.
+    input_pass(*pool_, x.n_rows, need,
+               [&](int64_t b, int64_t e) { cpu::round_rows_bf16(x, b, e, x_bf16_.data()); });
     x_bf16 = x_bf16_.data();
   }
-  const cpu::LinearJob job = cpu::make_linear_job(x, x_bf16, w, y);
+  const float* x_quant = nullptr;
+  if (const int64_t kp = cpu::quant_gather_cols(w); kp != 0) {
+    // The input in the weight's packed order (g_idx, padded groups), once per call.
+    const size_t need = static_cast<size_t>(x.n_rows * kp);
+    if (x_quant_.size() < need) x_quant_.resize(need);
+    input_pass(*pool_, x.n_rows, need, [&](int64_t b, int64_t e) {
+      cpu::gather_quant_input(cpu::quant_layout(w), x, b, e, x_quant_.data());
+    });
+    x_quant = x_quant_.data();
+  }
+  const cpu::LinearJob job = cpu::make_linear_job(x, x_bf16, w, y, x_quant);
   for_output_pieces(*pool_, w.n_out, job.unit_multiple(),
                     [&](int64_t o_begin, int64_t o_end) { job.run(o_begin, o_end); });
 }

@@ -62,6 +62,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Buffer> weight_chunk_;
   size_t weight_chunk_used_ = 0;
   std::vector<uint16_t> x_bf16_;  // input rows rounded to bf16 (Compute::kBF16)
+  std::vector<float> x_quant_;    // input rows in a quantized weight's packed order
   std::vector<cpu::AttentionRowSpan> attention_spans_;
   struct MoeScratch {                         // cpu_moe.cc: the rows of one call grouped by expert
     std::vector<int32_t> count, start, fill;  // [n_experts]
@@ -69,6 +70,8 @@ class CpuBackend final : public Backend {
     std::vector<int32_t> order;               // [n * k] choices of a row by ascending expert
     std::vector<float> x, h, y;               // grouped input, gate|up, output rows
     std::vector<uint16_t> x_bf16, h_bf16;     // bf16-rounded inputs of the pairs kernel
+    std::vector<float> x_quant, h_quant;      // inputs in quantized experts' packed order
+    std::vector<int32_t> expert_of;           // [n * k] expert of each grouped row
     struct Item {
       int32_t job;
       int64_t o_begin, o_end;

@@ -6,8 +6,9 @@
 // moe: the n * k (row, choice) pairs are grouped by expert with a counting sort (rows keep
 // their order inside an expert), the input rows gathered once, and then one parallel dispatch
 // runs every active expert's gate|up projection over its rows, one the activation, one every
-// down projection, and one the weighted sums. Each expert's weights are therefore read once
-// per call, and experts no row chose are never read. A row's result is independent of the
+// down projection, and one the weighted sums (quantized experts that read their input in packed
+// order get it gathered in the gather and activation passes). Each expert's weights are therefore
+// read once per call, and experts no row chose are never read. A row's result is independent of the
 // other rows: the linear kernels fix each output's summation order, and a row's k expert
 // outputs are added from zero in ascending expert order (HF's index_add_ order).
 #include <algorithm>
@@ -85,6 +86,9 @@ void CpuBackend::do_moe(const MoeArgs& a) {
   for (int64_t i = 0; i < nk; ++i)
     s.slot[static_cast<size_t>(i)] =
         s.fill[static_cast<size_t>(a.experts[static_cast<size_t>(i)])]++;
+  grow(s.expert_of, unk);
+  for (size_t e = 0; e < ue; ++e)
+    std::fill_n(s.expert_of.begin() + s.start[e], s.count[e], static_cast<int32_t>(e));
   // Per row, its choices by ascending expert (the order the weighted sum adds them in).
   for (int64_t r = 0; r < n; ++r) {
     int32_t* o = s.order.data() + r * k;
@@ -110,11 +114,40 @@ void CpuBackend::do_moe(const MoeArgs& a) {
   const Rows gx = rows_of(s.x.data(), nk, hidden);
   const Rows gh = rows_of(s.h.data(), nk, 2 * inter);
   const Rows gy = rows_of(s.y.data(), nk, hidden);
+  // Quantized experts whose kernel reads its input in packed order (cpu/linear_quant.h: g_idx,
+  // padded groups): each grouped row is gathered with its expert's order once, an expert's
+  // rows back to back from its first row's place, grouped rows `cols` floats apart.
+  auto quant_weight = [&](bool gate_up, size_t e) -> const WeightTensor& {
+    return gate_up ? a.expert_weights[e].gate_up : a.expert_weights[e].down;
+  };
+  auto quant_cols = [&](bool gate_up) {
+    int64_t cols = 0;
+    for (size_t e = 0; e < ue; ++e)
+      if (s.count[e] > 0) cols = std::max(cols, cpu::quant_gather_cols(quant_weight(gate_up, e)));
+    return cols;
+  };
+  const int64_t xq_cols = quant_cols(true), hq_cols = quant_cols(false);
+  grow(s.x_quant, unk * static_cast<size_t>(xq_cols));
+  grow(s.h_quant, unk * static_cast<size_t>(hq_cols));
+  auto quant_input = [&](bool gate_up, size_t e) -> float* {
+    if (cpu::quant_gather_cols(quant_weight(gate_up, e)) == 0) return nullptr;
+    return gate_up ? s.x_quant.data() + s.start[e] * xq_cols
+                   : s.h_quant.data() + s.start[e] * hq_cols;
+  };
+  auto gather_quant = [&](bool gate_up, ConstRows src, int64_t g) {
+    const auto e = static_cast<size_t>(s.expert_of[static_cast<size_t>(g)]);
+    float* out = quant_input(gate_up, e);
+    if (out == nullptr) return;
+    const ConstRows rows{src.row(s.start[e]), s.count[e], src.n_cols, src.stride};
+    const int64_t r = g - s.start[e];
+    cpu::gather_quant_input(cpu::quant_layout(quant_weight(gate_up, e)), rows, r, r + 1, out);
+  };
   auto gather = [&](int64_t i_begin, int64_t i_end) {
     for (int64_t i = i_begin; i < i_end; ++i) {
       const int64_t g = s.slot[static_cast<size_t>(i)];
       std::copy_n(a.x.row(i / k), hidden, gx.row(g));
       if (x_bf16) cpu::round_rows_bf16(gx, g, g + 1, s.x_bf16.data());
+      if (xq_cols != 0) gather_quant(/*gate_up=*/true, gx, g);
     }
   };
   // Small passes run on this thread: a dispatch would cost more than it saves.
@@ -148,12 +181,13 @@ void CpuBackend::do_moe(const MoeArgs& a) {
       if (gate_up) {
         s.jobs.push_back(cpu::make_linear_job(ConstRows{gx.row(r0), rn, hidden, hidden},
                                               x_bf16 ? s.x_bf16.data() + r0 * hidden : nullptr,
-                                              w.gate_up,
-                                              Rows{gh.row(r0), rn, 2 * inter, 2 * inter}));
+                                              w.gate_up, Rows{gh.row(r0), rn, 2 * inter, 2 * inter},
+                                              quant_input(true, e)));
       } else {
         s.jobs.push_back(cpu::make_linear_job(ConstRows{gh.row(r0), rn, inter, 2 * inter},
                                               h_bf16 ? s.h_bf16.data() + r0 * inter : nullptr,
-                                              w.down, Rows{gy.row(r0), rn, hidden, hidden}));
+                                              w.down, Rows{gy.row(r0), rn, hidden, hidden},
+                                              quant_input(false, e)));
       }
       total_units += (s.jobs.back().n_out + cpu::kLinearUnit - 1) / cpu::kLinearUnit;
     }
@@ -182,7 +216,11 @@ void CpuBackend::do_moe(const MoeArgs& a) {
                                 .act = a.act};
   rows_pass(nk, 2 * inter, [&](int64_t b, int64_t e) {
     cpu::gated_activation_rows(act, b, e);
-    if (h_bf16) cpu::round_rows_bf16(column_slice(ConstRows(gh), 0, inter), b, e, s.h_bf16.data());
+    const ConstRows h = column_slice(ConstRows(gh), 0, inter);
+    if (h_bf16) cpu::round_rows_bf16(h, b, e, s.h_bf16.data());
+    if (hq_cols != 0) {
+      for (int64_t g = b; g < e; ++g) gather_quant(/*gate_up=*/false, h, g);
+    }
   });
   run_experts(/*gate_up=*/false);
 

@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/linear_pairs.h"
+#include "backend/cpu/linear_quant.h"
 
 namespace metrale::cpu {
 
@@ -16,10 +17,11 @@ namespace metrale::cpu {
 inline constexpr int64_t kLinearUnit = 16;
 
 struct LinearJob {
-  enum class Kind : uint8_t { kF32, kBf16, kBf16Packed, kBf16Pairs };
+  enum class Kind : uint8_t { kF32, kBf16, kBf16Packed, kBf16Pairs, kQuant };
   Kind kind = Kind::kF32;
   LinearTask task;  // f32-activation kernels
   PairsTask pairs;  // bf16-activation kernel (input rounded to bf16 by the caller)
+  QuantTask quant;  // quantized weights (input gathered into packed order by the caller)
   int64_t n_out = 0;
 
   // Pieces of the output split are whole multiples of this many kLinearUnit units.
@@ -32,7 +34,9 @@ struct LinearJob {
 inline bool reads_bf16_input(const WeightTensor& w) { return w.packing == kPackingBf16Pairs; }
 
 // x: f32 rows; x_bf16: the same rows rounded to bf16, back to back (only when
-// reads_bf16_input(w)).
-LinearJob make_linear_job(ConstRows x, const uint16_t* x_bf16, const WeightTensor& w, Rows y);
+// reads_bf16_input(w)); x_quant: the same rows in w's packed order, quant_gather_cols(w) values
+// each, back to back (only when that is not 0; gather_quant_input, once per call).
+LinearJob make_linear_job(ConstRows x, const uint16_t* x_bf16, const WeightTensor& w, Rows y,
+                          const float* x_quant = nullptr);
 
 }  // namespace metrale::cpu

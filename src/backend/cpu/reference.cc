@@ -12,11 +12,16 @@ namespace metrale::cpu::reference {
 
 void linear(ConstRows x, WeightFormat format, const void* w, int64_t n_out, int64_t n_in,
             const float* bias, Rows y) {
+  linear(x, format, w, QuantParams{}, n_out, n_in, bias, y);
+}
+
+void linear(ConstRows x, WeightFormat format, const void* w, const QuantParams& quant,
+            int64_t n_out, int64_t n_in, const float* bias, Rows y) {
   std::vector<float> row(static_cast<size_t>(n_in));
   const size_t row_bytes = weight_row_bytes(format, n_in);
   for (int64_t o = 0; o < n_out; ++o) {
-    dequantize_row(format, static_cast<const char*>(w) + static_cast<size_t>(o) * row_bytes, n_in,
-                   row.data());
+    dequantize_row(format, static_cast<const char*>(w) + static_cast<size_t>(o) * row_bytes, quant,
+                   o, n_in, row.data());
     for (int64_t r = 0; r < x.n_rows; ++r) {
       double s = 0.0;
       for (int64_t i = 0; i < n_in; ++i)

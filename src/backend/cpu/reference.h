@@ -12,6 +12,9 @@ namespace metrale::cpu::reference {
 // y = x W^T (+ bias); W rows decoded with dequantize_row, sums in double.
 void linear(ConstRows x, WeightFormat format, const void* w, int64_t n_out, int64_t n_in,
             const float* bias, Rows y);
+// The same for a quantized weight: rows decoded with dequantize_row and its QuantParams.
+void linear(ConstRows x, WeightFormat format, const void* w, const QuantParams& quant,
+            int64_t n_out, int64_t n_in, const float* bias, Rows y);
 
 // Same contract as Backend::rms_norm (gate included: silu in double).
 void rms_norm(const RmsNormArgs& a);
