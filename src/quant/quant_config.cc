@@ -113,8 +113,8 @@ std::vector<Matcher> read_entries(const JsonList& list, Matcher::Rule rule) {
       }
       if (depth != 0) throw list.error(i, "glob '", s, "' has an unclosed '['");
     } else if (rule == Matcher::Rule::kModulePath) {
-      m.regex = std::make_shared<AnchoredRegex>("(?:" + s + ")(?:(?<=\\.)|(?=\\.|$))",
-                                                list.where(i));
+      m.regex =
+          std::make_shared<AnchoredRegex>("(?:" + s + ")(?:(?<=\\.)|(?=\\.|$))", list.where(i));
     }
     out.push_back(std::move(m));
   }
@@ -139,8 +139,9 @@ ModuleScheme ct_weights_scheme(const JsonFields& w) {
     if (a->is_string()) {
       const std::string v = a->get<std::string>();
       if (v != "group" && v != "weight" && v != "static" && v != "dynamic")
-        throw w.error("actorder", "expected null, \"group\", \"weight\", \"static\" or \"dynamic\", "
-                                  "found \"",
+        throw w.error("actorder",
+                      "expected null, \"group\", \"weight\", \"static\" or \"dynamic\", "
+                      "found \"",
                       v, "\"");
       s.actorder = v == "group" || v == "dynamic";
     } else if (a->is_boolean()) {
@@ -160,7 +161,8 @@ ModuleScheme ct_weights_scheme(const JsonFields& w) {
   }
   static const char* const kStrategies[] = {"tensor", "channel", "group",
                                             "block",  "token",   "tensor_group"};
-  if (std::find(std::begin(kStrategies), std::end(kStrategies), s.strategy) == std::end(kStrategies))
+  if (std::find(std::begin(kStrategies), std::end(kStrategies), s.strategy) ==
+      std::end(kStrategies))
     throw w.error("strategy", "unknown strategy \"", s.strategy,
                   "\" (expected tensor, channel, group, block or tensor_group)");
   if ((s.strategy == "group" || s.strategy == "tensor_group") && s.group_size == 0)
@@ -258,7 +260,8 @@ void QuantConfig::Impl::parse_modelopt(const JsonFields& q) {
   } else if (algo == "NVFP4") {
     all.kind = Kind::kNvfp4;
     all.group_size = q.int_or("group_size", 16);
-    if (all.group_size != 16) throw q.error("group_size", "NVFP4 uses groups of 16, found ", all.group_size);
+    if (all.group_size != 16)
+      throw q.error("group_size", "NVFP4 uses groups of 16, found ", all.group_size);
     all.strategy = "tensor_group";
   } else {
     throw q.error("quant_algo", "ModelOpt algorithm \"", algo,
@@ -279,10 +282,12 @@ void QuantConfig::Impl::parse_modelopt(const JsonFields& q) {
 void QuantConfig::Impl::parse_fp8(const JsonFields& q) {
   dialect = QuantDialect::kFp8Block;
   const std::string fmt = q.opt_string("fmt").value_or("e4m3");
-  if (fmt != "e4m3") throw q.error("fmt", "only e4m3 fp8 weights are supported, found \"", fmt, "\"");
+  if (fmt != "e4m3")
+    throw q.error("fmt", "only e4m3 fp8 weights are supported, found \"", fmt, "\"");
   if (std::optional<std::string> act = q.opt_string("activation_scheme")) {
     if (*act != "dynamic" && *act != "static")
-      throw q.error("activation_scheme", "expected \"dynamic\" or \"static\", found \"", *act, "\"");
+      throw q.error("activation_scheme", "expected \"dynamic\" or \"static\", found \"", *act,
+                    "\"");
   }
   all.kind = Kind::kFloat8;
   all.bits = 8;

@@ -42,13 +42,13 @@ struct ModuleScheme {
     kNvfp4,        // e2m1 with e4m3 group scales and a global scale
   };
   Kind kind = Kind::kUnquantized;
-  int bits = 0;                 // 4 or 8 for kInt
-  int64_t group_size = 0;       // strategy "group" / nvfp4; 0 when not stated
-  std::string strategy;         // as declared ("channel", "group", "tensor", "block"), or ""
-  bool symmetric = true;        // kInt: false -> zero points
-  bool actorder = false;        // kInt: a g_idx is expected (actorder "group")
-  std::vector<int64_t> block;   // [rows, cols] of a block strategy / weight_block_size
-  std::string rule;             // why: "config_groups.group_0 target 'Linear'", "ignore 'lm_head'"
+  int bits = 0;                // 4 or 8 for kInt
+  int64_t group_size = 0;      // strategy "group" / nvfp4; 0 when not stated
+  std::string strategy;        // as declared ("channel", "group", "tensor", "block"), or ""
+  bool symmetric = true;       // kInt: false -> zero points
+  bool actorder = false;       // kInt: a g_idx is expected (actorder "group")
+  std::vector<int64_t> block;  // [rows, cols] of a block strategy / weight_block_size
+  std::string rule;            // why: "config_groups.group_0 target 'Linear'", "ignore 'lm_head'"
 };
 std::string_view module_kind_name(ModuleScheme::Kind k);
 

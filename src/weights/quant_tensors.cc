@@ -58,8 +58,8 @@ std::vector<uint8_t> expand_rows(const std::vector<uint8_t>& src, size_t es, int
 
 void check_scale_dtype(const Module& m, const CheckpointTensor& t, bool e4m3) {
   const DType d = t.info->dtype;
-  const bool ok = e4m3 ? d == DType::kF8E4M3
-                       : d == DType::kF32 || d == DType::kBF16 || d == DType::kF16;
+  const bool ok =
+      e4m3 ? d == DType::kF8E4M3 : d == DType::kF32 || d == DType::kBF16 || d == DType::kF16;
   METRALE_CHECK(ok, m.where(t), " has dtype ", dtype_name(d), ", expected ",
                 e4m3 ? "f8_e4m3" : "f32, bf16 or f16");
 }
@@ -87,8 +87,9 @@ void read_scale_grid(const Module& m, const CheckpointTensor& s, const ModuleSch
     q.n_groups = 1;
     q.scales = std::move(raw);
     grid = "channel";
-  } else if (sh.rank() == 2 && (scheme.strategy == "block" || !scheme.block.empty() ||
-                                (scheme.strategy.empty() && sh[0] != N)) &&
+  } else if (sh.rank() == 2 &&
+             (scheme.strategy == "block" || !scheme.block.empty() ||
+              (scheme.strategy.empty() && sh[0] != N)) &&
              sh[0] == block_rows && sh[1] == block_cols) {
     q.group = bk;
     q.n_groups = block_cols;
@@ -97,7 +98,8 @@ void read_scale_grid(const Module& m, const CheckpointTensor& s, const ModuleSch
   } else if (sh.rank() == 2 && sh[0] == N && sh[1] > 1) {
     const int64_t G = sh[1];
     METRALE_CHECK(scheme.group_size > 0 || K % G == 0, m.where(s), ": ", K,
-                  " inputs do not split into ", G, " equal groups and the config states no "
+                  " inputs do not split into ", G,
+                  " equal groups and the config states no "
                   "group_size");
     const int64_t group = scheme.group_size > 0 ? scheme.group_size : K / G;
     METRALE_CHECK((K + group - 1) / group == G, m.where(s), " has ", G, " groups per row; ", K,
@@ -192,19 +194,19 @@ std::string kind_of(WeightFormat f) {
 void check_against_scheme(const Module& m, const ModuleScheme& s, const QuantizedWeight& q,
                           const std::string& grid) {
   if (s.kind == Kind::kAny) return;
-  const Kind found = q.format == WeightFormat::kFp8    ? Kind::kFloat8
+  const Kind found = q.format == WeightFormat::kFp8     ? Kind::kFloat8
                      : q.format == WeightFormat::kNvfp4 ? Kind::kNvfp4
                                                         : Kind::kInt;
   const int bits = q.format == WeightFormat::kInt8 || q.format == WeightFormat::kFp8 ? 8 : 4;
   METRALE_CHECK(found == s.kind && (s.bits == 0 || s.bits == bits), m.ckpt.dir().string(),
-                ": module '", m.prefix, "' holds ", q.describe(), " (", q.layout, ") but ",
-                s.rule, " declares ", module_kind_name(s.kind), " with ", s.bits, " bits");
+                ": module '", m.prefix, "' holds ", q.describe(), " (", q.layout, ") but ", s.rule,
+                " declares ", module_kind_name(s.kind), " with ", s.bits, " bits");
   if (s.kind == Kind::kInt) {
     METRALE_CHECK(s.symmetric == q.zeros.empty(), m.ckpt.dir().string(), ": module '", m.prefix,
                   "' is ", q.zeros.empty() ? "symmetric (no weight_zero_point)" : "asymmetric",
                   " but ", s.rule, " declares symmetric: ", s.symmetric ? "true" : "false");
-    METRALE_CHECK(!s.actorder || !q.g_idx.empty(), m.ckpt.dir().string(), ": module '",
-                  m.prefix, "': ", s.rule, " declares actorder but there is no '", m.prefix,
+    METRALE_CHECK(!s.actorder || !q.g_idx.empty(), m.ckpt.dir().string(), ": module '", m.prefix,
+                  "': ", s.rule, " declares actorder but there is no '", m.prefix,
                   ".weight_g_idx'");
   }
   if (s.strategy == "group" && grid.starts_with("group")) {
@@ -213,8 +215,8 @@ void check_against_scheme(const Module& m, const ModuleScheme& s, const Quantize
                   s.group_size);
   }
   if (s.strategy == "channel") {
-    METRALE_CHECK(grid == "channel", m.ckpt.dir().string(), ": module '", m.prefix, "' has ",
-                  grid, " scales but ", s.rule, " declares channel scales");
+    METRALE_CHECK(grid == "channel", m.ckpt.dir().string(), ": module '", m.prefix, "' has ", grid,
+                  " scales but ", s.rule, " declares channel scales");
   }
 }
 
@@ -281,10 +283,10 @@ QuantizedWeight read_quantized(const Checkpoint& ckpt, const std::string& prefix
     // compressed-tensors pack-quantized int4 / int8.
     claim(packed);
     const int64_t words = packed->info->shape.rank() == 2 ? packed->info->shape[1] : 0;
-    const int bits = scheme.kind == Kind::kInt     ? scheme.bits
-                     : words == (n_in + 7) / 8     ? 4
-                     : words == (n_in + 3) / 4     ? 8
-                                                   : 0;
+    const int bits = scheme.kind == Kind::kInt ? scheme.bits
+                     : words == (n_in + 7) / 8 ? 4
+                     : words == (n_in + 3) / 4 ? 8
+                                               : 0;
     METRALE_CHECK(bits == 4 || bits == 8, m.where(*packed), " has shape ",
                   packed->info->shape.str(), ": ", n_in, " inputs per row make ", (n_in + 7) / 8,
                   " words of 4-bit or ", (n_in + 3) / 4, " of 8-bit values");
@@ -300,8 +302,8 @@ QuantizedWeight read_quantized(const Checkpoint& ckpt, const std::string& prefix
       const std::vector<uint8_t> raw = m.bytes(*wshape);
       to_f32(raw.data(), wshape->info->dtype, v.data(), 2);
       METRALE_CHECK(v[0] == static_cast<float>(n_out) && v[1] == static_cast<float>(n_in),
-                    m.where(*wshape), " is [", v[0], ", ", v[1], "], expected [", n_out, ", ",
-                    n_in, "] from config.json");
+                    m.where(*wshape), " is [", v[0], ", ", v[1], "], expected [", n_out, ", ", n_in,
+                    "] from config.json");
     }
     unpack_int_codes(m, *packed, bits, q);
     const CheckpointTensor& s = need_scale("pack-quantized");
@@ -385,9 +387,8 @@ QuantizedWeight read_quantized(const Checkpoint& ckpt, const std::string& prefix
   if (q.format == WeightFormat::kNvfp4) {
     // Scales: e4m3, one per 16 values.
     const CheckpointTensor& s = *scale;
-    METRALE_CHECK(shape_is(s, {n_out, n_in / 16}), m.where(s), " has shape ",
-                  s.info->shape.str(), ", expected [", n_out, ", ", n_in / 16,
-                  "] (one per 16 values)");
+    METRALE_CHECK(shape_is(s, {n_out, n_in / 16}), m.where(s), " has shape ", s.info->shape.str(),
+                  ", expected [", n_out, ", ", n_in / 16, "] (one per 16 values)");
     q.scales = m.bytes(s);
     q.scale_dtype = DType::kF8E4M3;
     q.group = 16;

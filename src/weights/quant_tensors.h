@@ -39,11 +39,11 @@ struct QuantizedWeight {
   DType scale_dtype = DType::kF32;
   float scale_global = 1.0f;
   int64_t group = 0, n_groups = 0;
-  std::vector<int8_t> zeros;    // [n_out, n_groups] or empty
-  std::vector<int32_t> g_idx;   // [n_in] or empty
-  std::string grid;             // scale grid as stored: "tensor", "channel", "group 128",
-                                // "block 128x128"
-  std::string layout;           // "compressed-tensors pack-quantized", "ModelOpt NVFP4", ...
+  std::vector<int8_t> zeros;         // [n_out, n_groups] or empty
+  std::vector<int32_t> g_idx;        // [n_in] or empty
+  std::string grid;                  // scale grid as stored: "tensor", "channel", "group 128",
+                                     // "block 128x128"
+  std::string layout;                // "compressed-tensors pack-quantized", "ModelOpt NVFP4", ...
   std::vector<std::string> tensors;  // every tensor of the module it read (to claim)
 
   QuantParams params() const;

@@ -64,10 +64,9 @@ TEST_P(QuantLayout, EveryModuleLoadsInTheFormatItsProducerWrote) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, QuantLayout,
                          ::testing::Values("quant_ct_w4a16", "quant_ct_w4a16_asym",
                                            "quant_ct_gptq_actorder", "quant_ct_w8a16",
-                                           "quant_ct_mixed", "quant_ct_fp8_dynamic",
-                                           "quant_ct_fp8", "quant_ct_nvfp4a16",
-                                           "quant_modelopt_fp8", "quant_modelopt_nvfp4",
-                                           "quant_fp8_block"));
+                                           "quant_ct_mixed", "quant_ct_fp8_dynamic", "quant_ct_fp8",
+                                           "quant_ct_nvfp4a16", "quant_modelopt_fp8",
+                                           "quant_modelopt_nvfp4", "quant_fp8_block"));
 
 TEST(QuantLayout, IgnoreListsAreReported) {
   const std::unique_ptr<Model> model =

@@ -95,8 +95,8 @@ Module pack_quantized(int bits, int64_t n, int64_t k, int64_t group, bool asym, 
       packed[r * words + c / per] |= static_cast<uint32_t>((q - lo) & ((1 << bits) - 1))
                                      << (bits * (c % per));
       const int64_t g = gi[c];
-      m.want[r * k + c] = static_cast<float>(q - zero[r * groups + g]) *
-                          bf16_to_f32(scale[r * groups + g]);
+      m.want[r * k + c] =
+          static_cast<float>(q - zero[r * groups + g]) * bf16_to_f32(scale[r * groups + g]);
     }
   }
   m.add("weight_packed", DType::kI32, Shape{n, words}, packed);
@@ -107,9 +107,9 @@ Module pack_quantized(int bits, int64_t n, int64_t k, int64_t group, bool asym, 
     std::vector<uint32_t> zp(static_cast<size_t>(zrows * groups), 0);
     for (int64_t r = 0; r < n; ++r)
       for (int64_t g = 0; g < groups; ++g)
-        zp[(r / per) * groups + g] |= static_cast<uint32_t>((zero[r * groups + g] - lo) &
-                                                            ((1 << bits) - 1))
-                                      << (bits * (r % per));
+        zp[(r / per) * groups + g] |=
+            static_cast<uint32_t>((zero[r * groups + g] - lo) & ((1 << bits) - 1))
+            << (bits * (r % per));
     m.add("weight_zero_point", DType::kI32, Shape{zrows, groups}, zp);
   }
   if (g_idx) m.add("weight_g_idx", DType::kI32, Shape{k}, gi);
@@ -219,7 +219,8 @@ Module fp8(int64_t n, int64_t k, Shape scale_shape, const std::string& scale_nam
 TEST(QuantTensors, Fp8TensorChannelAndPartialBlocks) {
   {
     test::ScratchDir dir;
-    Module m = fp8(7, 48, Shape{}, "weight_scale", [](auto, auto, auto& s) { return s[0]; }, 6);
+    Module m = fp8(
+        7, 48, Shape{}, "weight_scale", [](auto, auto, auto& s) { return s[0]; }, 6);
     m.add("input_scale", DType::kF32, Shape{}, std::vector<float>{0.5f});
     const QuantizedWeight q = read_back(m, dir);
     EXPECT_EQ(q.format, WeightFormat::kFp8);
@@ -227,15 +228,16 @@ TEST(QuantTensors, Fp8TensorChannelAndPartialBlocks) {
   }
   {
     test::ScratchDir dir;
-    Module m = fp8(7, 48, Shape{7, 1}, "weight_scale", [](auto r, auto, auto& s) { return s[r]; },
-                   7);
+    Module m = fp8(
+        7, 48, Shape{7, 1}, "weight_scale", [](auto r, auto, auto& s) { return s[r]; }, 7);
     expect_decodes_to(read_back(m, dir), m.want);
   }
   {
     // 200 x 320 in 128 x 128 blocks: partial blocks along both edges.
     test::ScratchDir dir;
-    Module m = fp8(200, 320, Shape{2, 3}, "weight_scale_inv",
-                   [](auto r, auto c, auto& s) { return s[(r / 128) * 3 + c / 128]; }, 8);
+    Module m = fp8(
+        200, 320, Shape{2, 3}, "weight_scale_inv",
+        [](auto r, auto c, auto& s) { return s[(r / 128) * 3 + c / 128]; }, 8);
     const QuantizedWeight q = read_back(m, dir);
     EXPECT_EQ(q.group, 128);
     EXPECT_EQ(q.n_groups, 3);
