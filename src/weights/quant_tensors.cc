@@ -179,18 +179,6 @@ void check_fp8_codes(const Module& m, const CheckpointTensor& t, const Quantized
   }
 }
 
-std::string kind_of(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kInt4:
-    case WeightFormat::kInt8:
-      return "int";
-    case WeightFormat::kFp8:
-      return "float8";
-    default:
-      return "nvfp4";
-  }
-}
-
 void check_against_scheme(const Module& m, const ModuleScheme& s, const QuantizedWeight& q,
                           const std::string& grid) {
   if (s.kind == Kind::kAny) return;
