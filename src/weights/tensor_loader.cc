@@ -108,6 +108,18 @@ void TensorLoader::report(const std::string& module, const std::string& format,
   report_.push_back({module, format, rule});
 }
 
+WeightTensor TensorLoader::copy_prepared(WeightTensor w, const float* bias) {
+  if (bias != nullptr) {
+    w.bias = bias;
+    w.bias_dtype = DType::kF32;
+  }
+  WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
+  METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '",
+                w.name, "'");
+  storage_.push_back(prepared.storage);
+  return prepared;
+}
+
 void TensorLoader::read_bias(const std::string& name, int64_t n, float* dst) {
   const CheckpointTensor& b = claim(name, {n});
   METRALE_CHECK(b.info->dtype == DType::kF32 || b.info->dtype == DType::kBF16,
@@ -153,15 +165,7 @@ WeightTensor TensorLoader::quantized_linear(const std::vector<std::string>& pref
                  .n_in = n_in,
                  .data = q.codes.data(),
                  .quant = q.params()};
-  if (has_bias) {
-    w.bias = bias.data();
-    w.bias_dtype = DType::kF32;
-  }
-  WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
-  METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '",
-                name, "'");
-  storage_.push_back(prepared.storage);
-  return prepared;
+  return copy_prepared(w, has_bias ? bias.data() : nullptr);
 }
 
 bool TensorLoader::can_fuse(const std::vector<std::string>& prefixes) const {
@@ -292,15 +296,7 @@ WeightTensor TensorLoader::copy_parts(const std::vector<Part>& parts, int64_t n_
   }
   WeightTensor w{
       .name = name, .format = *format, .n_out = n_out, .n_in = n_in, .data = staging.data()};
-  if (any_bias) {
-    w.bias = bias.data();
-    w.bias_dtype = DType::kF32;
-  }
-  WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
-  METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '",
-                name, "'");
-  storage_.push_back(prepared.storage);
-  return prepared;
+  return copy_prepared(w, any_bias ? bias.data() : nullptr);
 }
 
 WeightTensor TensorLoader::gathered_matrix(const std::vector<RowGather>& parts, int64_t n_in,
@@ -331,11 +327,7 @@ WeightTensor TensorLoader::gathered_matrix(const std::vector<RowGather>& parts, 
     advance(t.info->nbytes());
   }
   WeightTensor w{.name = name, .format = *format, .n_out = n_out, .n_in = n_in, .data = out.data()};
-  WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
-  METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '",
-                name, "'");
-  storage_.push_back(prepared.storage);
-  return prepared;
+  return copy_prepared(w, nullptr);
 }
 
 std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name, int64_t n_stack,

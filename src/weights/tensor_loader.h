@@ -103,6 +103,9 @@ class TensorLoader {
   WeightTensor quantized_linear(const std::vector<std::string>& prefixes,
                                 const std::vector<int64_t>& n_outs, int64_t n_in, bool has_bias,
                                 const std::string& name);
+  // prepare(kCopy) of `w` (with an f32 bias when given); the backend's copy is kept alive by
+  // this loader's storage, so the caller may reuse w's memory.
+  WeightTensor copy_prepared(WeightTensor w, const float* bias);
   // `name` [n] (f32 or bf16) widened into dst.
   void read_bias(const std::string& name, int64_t n, float* dst);
   void report(const std::string& module, const std::string& format, const std::string& rule);

@@ -82,4 +82,13 @@ class CheckpointCopy {
   fs::path dir_;
 };
 
+// The error message of loading `c` with small_load_options(), or "" when it loads.
+inline std::string load_error(const CheckpointCopy& c) {
+  return test::error_of([&] { Model::load(c.dir(), small_load_options()); });
+}
+
+inline void expect_has(const std::string& msg, const std::string& part) {
+  EXPECT_NE(msg.find(part), std::string::npos) << "expected '" << part << "' in: " << msg;
+}
+
 }  // namespace metrale::testing

@@ -16,13 +16,8 @@ using testing::CheckpointCopy;
 
 LoadOptions small() { return testing::small_load_options(); }
 
-std::string load_error(const CheckpointCopy& c) {
-  return error_of([&] { Model::load(c.dir(), small()); });
-}
-
-void expect_has(const std::string& msg, const std::string& part) {
-  EXPECT_NE(msg.find(part), std::string::npos) << "expected '" << part << "' in: " << msg;
-}
+using testing::expect_has;
+using testing::load_error;
 
 TEST(HybridBadInput, LayerKindsContradictTheTensors) {
   CheckpointCopy c("qwen3_5_text_f32");

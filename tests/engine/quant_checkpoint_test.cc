@@ -81,13 +81,8 @@ TEST(QuantLayout, IgnoreListsAreReported) {
 
 // --- bad input ---
 
-std::string load_error(const CheckpointCopy& c) {
-  return error_of([&] { Model::load(c.dir(), testing::small_load_options()); });
-}
-
-void expect_has(const std::string& msg, const std::string& part) {
-  EXPECT_NE(msg.find(part), std::string::npos) << "expected '" << part << "' in: " << msg;
-}
+using testing::expect_has;
+using testing::load_error;
 
 TEST(QuantBadInput, ConfigDeclaresQuantizedButTheWeightIsPlain) {
   CheckpointCopy c("quant_ct_w4a16");
