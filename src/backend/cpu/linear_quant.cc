@@ -28,6 +28,9 @@
 #endif
 #include <immintrin.h>
 #define METRALE_AVX512 __attribute__((target("avx512f,avx512bw")))
+// The per-block helpers must inline into their loops (a call would put the accumulators in
+// memory); GCC declines on its own once a helper has two call sites.
+#define METRALE_AVX512_INLINE inline __attribute__((always_inline, target("avx512f,avx512bw")))
 // The tile loops must unroll completely so the accumulators stay in registers.
 #define METRALE_UNROLL _Pragma("GCC unroll 16")
 #endif
@@ -40,7 +43,7 @@ namespace {
 // 16 fp8 e4m3 codes -> f32 values / 256: sign-extended to 16 bits and shifted left by 7, the
 // sign lands in bit 15 and exponent + mantissa in bits 13..7 (bit 14, a copy of the sign, is
 // cleared), which read as f16 is the e4m3 value / 256 (linear_quant_pack.cc: e4m3_as_f16).
-METRALE_AVX512 inline __m512 E4m3Div256(const uint8_t* p) {
+METRALE_AVX512_INLINE __m512 E4m3Div256(const uint8_t* p) {
   const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m256i h =
       _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
@@ -48,10 +51,11 @@ METRALE_AVX512 inline __m512 E4m3Div256(const uint8_t* p) {
 }
 
 // The same pointer, hidden from the optimiser. The decoders read per-row tables and scales that
-// do not change within a segment; left visible, GCC hoists those loads out of the block loop
-// into registers and then spills the accumulators instead (a load and a store per FMA chain
-// per block, and which one it picks changes with unrelated edits). Through an opaque pointer
-// they stay memory operands of the permutes and multiplies, and the accumulators stay put.
+// do not change within a segment; GCC hoists every such load it can see out of the block loop
+// into a register, and 16 rows' worth leaves no room for the accumulators, which it then
+// spills (a load and a store per FMA chain per block; which ones it spills changed with
+// unrelated edits). Loads through an opaque pointer stay in the loop as memory operands. The
+// decoders use it for everything but the tables their caller lets stay in registers (GemvRow).
 template <class T>
 inline const T* Opaque(const T* p) {
   asm("" : "+r"(p));
@@ -95,7 +99,7 @@ struct Slots {
 // index lane, so row J's low nibbles (byte J of every dword) are the index after a shift by
 // 8 J, its high nibbles after 8 J + 4.
 template <int J>
-METRALE_AVX512 inline void NibbleIndices(__m512i line, __m512i& lo, __m512i& hi) {
+METRALE_AVX512_INLINE void NibbleIndices(__m512i line, __m512i& lo, __m512i& hi) {
   lo = J == 0 ? line : _mm512_srli_epi32(line, 8 * J);
   hi = _mm512_srli_epi32(line, 8 * J + 4);
 }
@@ -124,12 +128,15 @@ struct NibbleDecoder {
     }
   }
 
-  template <int J>
-  METRALE_AVX512 void row(Line line, int c, __m512& lo, __m512& hi) const {
+  template <int J, int kKeep>
+  METRALE_AVX512_INLINE void row(Line line, int c, __m512& lo, __m512& hi) const {
     __m512i il, ih;
     NibbleIndices<J>(line, il, ih);
     if constexpr (kTable) {
-      const __m512 t = _mm512_load_ps(Opaque(table[c + J]));
+      // Rows below kKeep may keep their tables in registers across a segment's blocks, the
+      // others load theirs per block (see Opaque).
+      const float* t_row = c + J < kKeep ? table[c + J] : Opaque(table[c + J]);
+      const __m512 t = _mm512_load_ps(t_row);
       lo = _mm512_permutexvar_ps(il, t);
       hi = _mm512_permutexvar_ps(ih, t);
     } else {
@@ -145,7 +152,7 @@ struct NibbleDecoder {
     }
   }
 
-  METRALE_AVX512 Line line(const uint8_t* block, int c) const {
+  METRALE_AVX512_INLINE Line line(const uint8_t* block, int c) const {
     return _mm512_loadu_si512(block + (c / 4) * 64);
   }
 };
@@ -174,8 +181,8 @@ struct E4m3NibbleDecoder {
     code_hi = tile + seg.slot_hi;
   }
 
-  template <int J>
-  METRALE_AVX512 void row(Line line, int c, __m512& lo, __m512& hi) const {
+  template <int J, int kKeep>
+  METRALE_AVX512_INLINE void row(Line line, int c, __m512& lo, __m512& hi) const {
     __m512i il, ih;
     NibbleIndices<J>(line, il, ih);
     const float* t = Opaque(tables);
@@ -183,7 +190,7 @@ struct E4m3NibbleDecoder {
     hi = _mm512_permutexvar_ps(ih, _mm512_load_ps(t + 16 * code_hi[c + J]));
   }
 
-  METRALE_AVX512 Line line(const uint8_t* block, int c) const {
+  METRALE_AVX512_INLINE Line line(const uint8_t* block, int c) const {
     return _mm512_loadu_si512(block + (c / 4) * 64);
   }
 };
@@ -211,8 +218,8 @@ struct Int8Decoder {
   }
   using Line = const uint8_t*;  // row c's codes
   Line line(const uint8_t* block, int c) const { return block + c * kRowBytes; }
-  template <int J>
-  METRALE_AVX512 void row(Line line, int c, __m512& lo, __m512& hi) const {
+  template <int J, int kKeep>
+  METRALE_AVX512_INLINE void row(Line line, int c, __m512& lo, __m512& hi) const {
     const uint8_t* codes = line + J * kRowBytes;
     lo = _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
@@ -237,30 +244,38 @@ struct Fp8Decoder {
   }
   using Line = const uint8_t*;  // row c's codes
   Line line(const uint8_t* block, int c) const { return block + c * kRowBytes; }
-  template <int J>
-  METRALE_AVX512 void row(Line line, int c, __m512& lo, __m512& hi) const {
+  template <int J, int kKeep>
+  METRALE_AVX512_INLINE void row(Line line, int c, __m512& lo, __m512& hi) const {
     const uint8_t* codes = line + J * kRowBytes;
     lo = _mm512_mul_ps(E4m3Div256(codes), _mm512_set1_ps(Opaque(slots.s_lo)[c + J]));
     hi = _mm512_mul_ps(E4m3Div256(codes + 16), _mm512_set1_ps(Opaque(slots.s_hi)[c + J]));
   }
 };
 
-// Row c + J of a GEMV block: decoded, then into its R accumulators.
+// Row c + J of a GEMV block: decoded, then into its R accumulators. Per-row tables that may
+// stay in registers (row<J, kKeep>): with one x row, 16 accumulators + 8 tables fill the 32
+// registers (all 16 would push accumulators out, a load and a store each per block; none costs
+// 15% in load bandwidth); with more x rows the accumulators and x vectors need the room.
 template <class D, int R, int C, int J>
-METRALE_AVX512 inline void GemvRow(const D& dec, typename D::Line line, int c0, int c,
+METRALE_AVX512_INLINE void GemvRow(const D& dec, typename D::Line line, int c0, int c,
                                    const __m512 (&xl)[R], const __m512 (&xh)[R],
                                    __m512 (&acc)[R][C]) {
   __m512 wl, wh;
-  dec.template row<J>(line, c0 + c, wl, wh);
+  dec.template row<J, R == 1 ? 8 : 0>(line, c0 + c, wl, wh);
   METRALE_UNROLL for (int r = 0; r < R; ++r) {
     acc[r][c + J] = _mm512_fmadd_ps(xl[r], wl, acc[r][c + J]);
     acc[r][c + J] = _mm512_fmadd_ps(xh[r], wh, acc[r][c + J]);
   }
 }
 
+// The GEMV reads each tile as one stream but, being compute-bound, leaves the hardware
+// prefetchers behind at DRAM latency now and then; each line of codes is prefetched this far
+// ahead (nvfp4 from DRAM, 2 threads: 110 -> 90 us at [1024, 3072]; int4 within noise).
+constexpr int64_t kPrefetchAhead = 2048;
+
 // One block of the GEMV: x rows at the block's inputs, tile rows [c0, c0 + C).
 template <class D, int R, int C>
-METRALE_AVX512 inline void GemvBlock(const D& dec, const uint8_t* block, const float* const* x,
+METRALE_AVX512_INLINE void GemvBlock(const D& dec, const uint8_t* block, const float* const* x,
                                      int64_t k, int c0, __m512 (&acc)[R][C]) {
   __m512 xl[R], xh[R];
   METRALE_UNROLL for (int r = 0; r < R; ++r) {
@@ -268,6 +283,9 @@ METRALE_AVX512 inline void GemvBlock(const D& dec, const uint8_t* block, const f
     xh[r] = _mm512_loadu_ps(x[r] + k + 16);
   }
   METRALE_UNROLL for (int c = 0; c < C; c += 4) {
+    const char* ahead = reinterpret_cast<const char*>(block) + (c0 + c) * D::kRowBytes;
+    for (int64_t l = 0; l < 4 * D::kRowBytes; l += 64)
+      _mm_prefetch(ahead + kPrefetchAhead + l, _MM_HINT_T0);
     const typename D::Line line = dec.line(block, c0 + c);
     GemvRow<D, R, C, 0>(dec, line, c0, c, xl, xh, acc);
     GemvRow<D, R, C, 1>(dec, line, c0, c, xl, xh, acc);
@@ -387,9 +405,9 @@ float* GemmScratch() {
 
 // Row c + J of a block decoded into the GEMM scratch (row at (c + J) * kSlice).
 template <class D, int J>
-METRALE_AVX512 inline void DecodeRow(const D& dec, typename D::Line line, int c, float* out) {
+METRALE_AVX512_INLINE void DecodeRow(const D& dec, typename D::Line line, int c, float* out) {
   __m512 lo, hi;
-  dec.template row<J>(line, c, lo, hi);
+  dec.template row<J, kQuantRows>(line, c, lo, hi);
   _mm512_store_ps(out + (c + J) * kSlice, lo);
   _mm512_store_ps(out + (c + J) * kSlice + 16, hi);
 }

@@ -43,11 +43,11 @@
 // at prepare (exact too, so the product is the reference's). prepare rejects fp8 NaN codes,
 // which the shift cannot represent, and fp8 scales whose * 256 overflows f32.
 //
-// Cost (Zen 4, one row, per 32 weights): int4 / nvfp4 2 permutes + 2 FMAs + 1.75 shifts, int8
-// and fp8 a widening, a conversion and a multiply per 16 on top of the FMA. That is more
-// arithmetic than the bf16 kernel's (2 FMAs + 2 bit ops), so with weights in cache a 4-bit GEMV
-// runs about as fast as bf16; from DRAM (a decode step) it reads 3.5-4x fewer bytes and runs
-// 2-2.5x faster (bench/kernels_bench.cc BM_QuantLinear, cold).
+// Cost (Zen 4, one row, per 32 weights): int4 / nvfp4 2 permutes + 2 FMAs + 1.75 shifts; int8
+// and fp8 also widen, convert and multiply every 16. That is more arithmetic than the bf16
+// kernel's 2 FMAs + 2 bit ops, so with the weight in cache a 4-bit GEMV takes ~1.3x bf16's
+// time; from DRAM, as in a decode step, it reads 3.6x fewer bytes and takes 2.1-2.9x less time
+// than bf16 (int8 / fp8: 1.2-1.6x less). bench/kernels_bench.cc BM_QuantLinear, `cold`.
 //
 // Summation order of one output, identical for every row count (GEMV for up to 4 rows, decoding
 // into registers; GEMM for more, decoding a tile's K slice into an f32 scratch first), tiling,
