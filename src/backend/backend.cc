@@ -41,6 +41,8 @@ std::string_view op_name(Op op) {
       return "delta_rule";
     case Op::kSigmoidMul:
       return "sigmoid_mul";
+    case Op::kLatentAttention:
+      return "latent_attention";
   }
   return "unknown-op";
 }
@@ -257,10 +259,10 @@ void Backend::rope(const RopeArgs& a) {
   METRALE_CHECK(a.table.cos != nullptr && a.table.sin != nullptr, "rope: no table");
   METRALE_CHECK(a.n_heads > 0 && a.head_dim > 0, "rope: bad head layout ", a.n_heads, " x ",
                 a.head_dim);
-  METRALE_CHECK(
-      a.table.rotary_dim > 0 && a.table.rotary_dim % 2 == 0 && a.table.rotary_dim <= a.head_dim,
-      "rope: rotary_dim ", a.table.rotary_dim, " must be even and in [2, head_dim ", a.head_dim,
-      "]");
+  METRALE_CHECK(a.table.rotary_dim > 0 && a.table.rotary_dim % 2 == 0 && a.offset >= 0 &&
+                    a.offset + a.table.rotary_dim <= a.head_dim,
+                "rope: rotary_dim ", a.table.rotary_dim, " must be even and fit head_dim ",
+                a.head_dim, " after offset ", a.offset);
   check_rows({"rope", "", "input"}, a.x, a.x.n_rows, a.n_heads * a.head_dim);
   check_span({"rope", "", "positions"}, a.positions, a.x.n_rows);
   for (size_t i = 0; i < a.positions.size(); ++i) {
@@ -329,6 +331,18 @@ void Backend::route(const RouteArgs& a) {
                 " experts]");
   check_span({"route", "", "experts"}, a.experts, n * a.top_k);
   check_span({"route", "", "weights"}, a.weights, n * a.top_k);
+  if (a.scoring == RouteScoring::kSigmoid) {
+    check_span({"route", "", "correction_bias"}, a.correction_bias, e);
+    METRALE_CHECK(a.n_group >= 1 && e % a.n_group == 0 && e / a.n_group >= 2, "route: n_group ",
+                  a.n_group, " must divide the ", e, " experts into groups of at least 2");
+    METRALE_CHECK(a.topk_group >= 1 && a.topk_group <= a.n_group, "route: topk_group ",
+                  a.topk_group, " must be in [1, n_group ", a.n_group, "]");
+    METRALE_CHECK(a.top_k <= a.topk_group * (e / a.n_group), "route: top_k ", a.top_k,
+                  " exceeds the ", a.topk_group * (e / a.n_group), " experts of the kept groups");
+  } else {
+    METRALE_CHECK(a.n_group == 1 && a.correction_bias.empty() && a.scale == 1.0f,
+                  "route: softmax routing takes no groups, correction bias or scale");
+  }
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kRoute, nullptr);
   do_route(a);
@@ -428,6 +442,41 @@ void Backend::sigmoid_mul(const SigmoidMulArgs& a) {
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kSigmoidMul, nullptr);
   do_sigmoid_mul(a);
+}
+
+void Backend::latent_attention(const LatentAttentionArgs& a) {
+  const KvLayout& kv = a.cache.layout;
+  METRALE_CHECK(a.cache.k != nullptr && kv.keys_only && kv.n_kv_heads == 1,
+                "latent_attention: the cache must be a keys-only cache of one head");
+  METRALE_CHECK(a.n_heads > 0 && a.kv_rank > 0 && a.kv_rank < kv.head_dim,
+                "latent_attention: ", a.n_heads, " heads of latent width ", a.kv_rank,
+                " do not fit the cache's rows of ", kv.head_dim);
+  METRALE_CHECK(a.scale > 0.0f, "latent_attention: scale must be positive, found ", a.scale);
+  const int64_t n = a.q.n_rows, rope_dim = kv.head_dim - a.kv_rank;
+  METRALE_CHECK(a.nope_dim >= 0, "latent_attention: negative nope_dim ", a.nope_dim);
+  check_rows({"latent_attention", "", "q_latent"}, a.q_latent, n, a.n_heads * a.kv_rank);
+  check_rows({"latent_attention", "", "q"}, a.q, n, a.n_heads * (a.nope_dim + rope_dim));
+  check_rows({"latent_attention", "", "kv"}, a.kv, n, kv.head_dim);
+  check_rows({"latent_attention", "", "out"}, a.out, n, a.n_heads * a.kv_rank);
+  check_span({"latent_attention", "", "slots"}, a.slots, n);
+  check_span({"latent_attention", "", "row_seq"}, a.row_seq, n);
+  check_span({"latent_attention", "", "positions"}, a.positions, n);
+  for (size_t i = 0; i < a.seqs.size(); ++i) check_table(a.seqs[i], kv, i);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t slot = a.slots[static_cast<size_t>(r)];
+    METRALE_CHECK(slot >= 0 && slot < kv.n_slots(), "latent_attention: slot ", slot, " of row ", r,
+                  " is outside the cache's [0, ", kv.n_slots(), ")");
+    const int32_t s = a.row_seq[static_cast<size_t>(r)];
+    METRALE_CHECK(s >= 0 && static_cast<size_t>(s) < a.seqs.size(), "latent_attention: row ", r,
+                  " names sequence ", s, " of ", a.seqs.size());
+    const int32_t p = a.positions[static_cast<size_t>(r)];
+    METRALE_CHECK(p >= 0 && p < a.seqs[static_cast<size_t>(s)].seq_len, "latent_attention: row ", r,
+                  " at position ", p, " is outside its sequence's ",
+                  a.seqs[static_cast<size_t>(s)].seq_len, " stored tokens");
+  }
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kLatentAttention, nullptr);
+  do_latent_attention(a);
 }
 
 }  // namespace metrale

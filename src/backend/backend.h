@@ -45,8 +45,9 @@ enum class Op : uint8_t {
   kCausalConv,       // depthwise causal conv1d over each sequence's rows, rolling state, SiLU
   kDeltaRule,        // gated delta rule (Gated DeltaNet): a recurrent state per sequence
   kSigmoidMul,       // y *= sigmoid(gate) (gated attention output, shared-expert gate)
+  kLatentAttention,  // MLA over a keys-only latent cache (store, then attend in latent space)
 };
-inline constexpr int kOpCount = 13;
+inline constexpr int kOpCount = 14;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -118,6 +119,13 @@ struct RopeArgs {
   int64_t head_dim = 0;                // the first table.rotary_dim values of each head rotate
   std::span<const int32_t> positions;  // [n_tokens]
   RopeCache table;
+  // Where the rotated values start in each head (MLA: after the qk_nope_head_dim values).
+  int64_t offset = 0;
+  // false: rotate_half (value i pairs with i + rotary_dim / 2). true: DeepSeek-V3's
+  // rope_interleave, adjacent pairs (2i, 2i + 1) rotated by frequency i, left in place (HF's
+  // apply_rotary_pos_emb_interleave also moves the evens before the odds; queries and keys
+  // move alike, so their dot products are the same).
+  bool pairs = false;
 };
 
 struct KvStoreArgs {
@@ -151,6 +159,34 @@ struct AttentionArgs {
   AttentionShape shape;
 };
 
+// Multi-head latent attention (DeepSeek-V2/V3 MLA) in latent space, over a keys-only cache of
+// one head: each cached token is [latent (kv_rank) | rope key (rope_dim)], the kv_a_layernorm-ed
+// latent and the roped key. First this pass's rows `kv` are stored at `slots`; then row r,
+// head h, whose query is [q_latent | q_rope] (q_latent: q_nope of head h times the key half of
+// kv_b_proj for head h, i.e. the key expansion absorbed into the query; q_rope from q), attends
+// causally as
+// `attention` does: score(t) = scale * q . cache[t], out = sum_t softmax(score)_t latent[t].
+// The caller multiplies out by the value half of kv_b_proj per head. Softmax in f32: the max,
+// then the sum of exp(score - max) in key order, then the weighted latents in key order, so a
+// row's result depends only on its query and its sequence's cache.
+struct LatentAttentionArgs {
+  ConstRows q_latent;  // [n_rows, n_heads * kv_rank] the absorbed q_nope of each head
+  // [n_rows, n_heads * (nope_dim + rope_dim)] the query as projected (HF's layout): head h's
+  // roped part, the rest of q, starts at h * (nope_dim + rope_dim) + nope_dim.
+  ConstRows q;
+  int64_t nope_dim = 0;
+  ConstRows kv;                    // [n_rows, kv_rank + rope_dim] this pass's tokens
+  std::span<const int64_t> slots;  // [n_rows] where kv's rows are stored
+  Rows out;                        // [n_rows, n_heads * kv_rank]
+  KvLayerView cache;               // keys_only, 1 head of kv_rank + rope_dim
+  std::span<const KvPageTable> seqs;
+  std::span<const int32_t> row_seq;    // [n_rows]
+  std::span<const int32_t> positions;  // [n_rows]
+  int64_t n_heads = 0;
+  int64_t kv_rank = 0;
+  float scale = 0.0f;  // the softmax scale (MLA: qk_head_dim^-0.5, YaRN-adjusted)
+};
+
 enum class Activation : uint8_t {
   kSilu,      // x * sigmoid(x)                        (HF "silu")
   kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))  (HF "gelu_pytorch_tanh")
@@ -163,14 +199,28 @@ struct GatedActivationArgs {
   Activation act = Activation::kSilu;
 };
 
-// MoE router (Qwen3-MoE / Mixtral style): p = softmax(logits) in f32, the top_k largest
-// (descending; ties to the lower expert), optionally divided by their sum.
+enum class RouteScoring : uint8_t {
+  kSoftmax,  // Qwen3-MoE / Mixtral: p = softmax(logits)
+  kSigmoid,  // DeepSeek-V3 / GLM-4.5: p = sigmoid(logits), chosen by p + correction_bias
+};
+
+// MoE router, in f32. kSoftmax: p = softmax(logits), the top_k largest (descending; ties to
+// the lower expert), optionally divided by their sum. kSigmoid (DeepseekV3TopkRouter): p =
+// sigmoid(logits); the choice score c = p + correction_bias; the experts form n_group equal
+// groups, each scored by the sum of its two largest c; the topk_group best groups are kept
+// (ties to the lower group) and the top_k largest c among their experts chosen; the weights are
+// the chosen p (not c), divided by (their sum + 1e-20) when normalize, times scale.
 struct RouteArgs {
   ConstRows logits;  // [n_rows, n_experts]
   int64_t top_k = 0;
   bool normalize = false;      // norm_topk_prob
   std::span<int32_t> experts;  // [n_rows * top_k] out
   std::span<float> weights;    // [n_rows * top_k] out
+  RouteScoring scoring = RouteScoring::kSoftmax;
+  std::span<const float> correction_bias;  // kSigmoid: [n_experts] e_score_correction_bias
+  int64_t n_group = 1;                     // kSigmoid: divides n_experts, >= 2 experts each
+  int64_t topk_group = 1;                  // kSigmoid: in [1, n_group]
+  float scale = 1.0f;                      // kSigmoid: routed_scaling_factor
 };
 
 // One routed expert: a gated MLP. gate_up is gate_proj and up_proj stacked along the outputs
@@ -320,6 +370,7 @@ class Backend {
   void causal_conv(const CausalConvArgs& a);
   void delta_rule(const DeltaRuleArgs& a);
   void sigmoid_mul(const SigmoidMulArgs& a);
+  void latent_attention(const LatentAttentionArgs& a);
 
   // Every later op call is bracketed by observer->begin/end (nullptr: none). Not owned.
   void set_observer(OpObserver* observer) { observer_ = observer; }
@@ -340,6 +391,7 @@ class Backend {
   virtual void do_causal_conv(const CausalConvArgs& a) = 0;
   virtual void do_delta_rule(const DeltaRuleArgs& a) = 0;
   virtual void do_sigmoid_mul(const SigmoidMulArgs& a) = 0;
+  virtual void do_latent_attention(const LatentAttentionArgs& a) = 0;
   // Packing tags (WeightTensor::packing) this backend's prepare() produces; 0 always passes.
   virtual bool knows_packing(const WeightTensor& w) const = 0;
   // Largest head_dim the attention implementation accepts.

@@ -10,11 +10,27 @@
 
 namespace metrale {
 
+// What one layer keeps per token: n_kv_heads x head_dim keys and as many values, or keys only
+// (keys_only: multi-head latent attention, whose cached latent serves as key and value). No
+// heads: the layer keeps nothing in the KV cache (a Gated DeltaNet layer).
+struct KvShape {
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  bool keys_only = false;
+
+  bool empty() const { return n_kv_heads == 0; }
+  int64_t elems_per_token() const { return (keys_only ? 1 : 2) * n_kv_heads * head_dim; }
+  int64_t bytes_per_token() const {  // f32 storage
+    return elems_per_token() * static_cast<int64_t>(sizeof(float));
+  }
+};
+
 struct KvLayout {
   int64_t n_pages = 0;
   int64_t page_size = 0;  // tokens per page
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
+  bool keys_only = false;  // KvShape::keys_only: no V pages
 
   int64_t row_elems() const { return n_kv_heads * head_dim; }  // one token's K (or V)
   int64_t page_elems() const { return page_size * row_elems(); }
@@ -25,7 +41,7 @@ struct KvLayout {
 // One layer's K and V pages (memory owned by whoever allocated the cache).
 struct KvLayerView {
   float* k = nullptr;  // [n_pages, n_kv_heads, head_dim, page_size]
-  float* v = nullptr;  // [n_pages, page_size, n_kv_heads, head_dim]
+  float* v = nullptr;  // [n_pages, page_size, n_kv_heads, head_dim]; null when keys_only
   KvLayout layout;
 
   // K of kv head `h` in `page`: element (dim d, offset o) at [d * page_size + o].

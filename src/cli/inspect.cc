@@ -66,6 +66,53 @@ bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
+// DeepSeek-V3 / GLM-4.5 keep their multi-token-prediction layers after the decoder layers.
+bool is_mtp_layer_tensor(const ModelConfig& config, std::string_view name) {
+  for (int64_t i = 0; i < config.n_mtp_layers; ++i) {
+    if (starts_with(name, "model.layers." + std::to_string(config.n_layers + i) + ".")) return true;
+  }
+  return false;
+}
+
+bool has_mtp_layer_tensors(const ModelConfig& config, const Checkpoint& checkpoint) {
+  for (const CheckpointTensor& t : checkpoint.tensors())
+    if (is_mtp_layer_tensor(config, t.name())) return true;
+  return false;
+}
+
+// KV cache bytes per token (f32 storage), per layer and in all, beside the uncompressed layout
+// HF's cache keeps (they differ for multi-head latent attention only).
+void print_kv_bytes(const ModelConfig& config) {
+  const std::vector<KvShape> kv = kv_shapes(config), full = uncompressed_kv_shapes(config);
+  int64_t total = 0, total_full = 0;
+  std::map<std::pair<int64_t, int64_t>, int64_t> kinds;  // (bytes, uncompressed) -> layers
+  for (size_t i = 0; i < kv.size(); ++i) {
+    total += kv[i].bytes_per_token();
+    total_full += full[i].bytes_per_token();
+    ++kinds[{kv[i].bytes_per_token(), full[i].bytes_per_token()}];
+  }
+  std::printf("kv cache per token (f32): %lld bytes over %zu layers", static_cast<long long>(total),
+              kv.size());
+  if (config.is_mla()) {
+    std::printf(" (uncompressed: %lld, %.1fx)", static_cast<long long>(total_full),
+                total > 0 ? static_cast<double>(total_full) / static_cast<double>(total) : 0.0);
+  }
+  std::printf("\n");
+  for (const auto& [bytes, n] : kinds) {
+    std::printf("  %lld layer(s): %lld bytes per token per layer", static_cast<long long>(n),
+                static_cast<long long>(bytes.first));
+    if (bytes.first == 0) {
+      std::printf(" (linear attention: no KV cache)");
+    } else if (config.is_mla()) {
+      std::printf(" (latent %lld + rope key %lld values; uncompressed K+V %lld bytes)",
+                  static_cast<long long>(config.mla.kv_lora_rank),
+                  static_cast<long long>(config.mla.qk_rope_head_dim),
+                  static_cast<long long>(bytes.second));
+    }
+    std::printf("\n");
+  }
+}
+
 // Quantized checkpoints: the declared method, then every linear module's format as loaded
 // and the rule that decided it (a config group, an ignore entry, or the tensors). Loading is
 // the only way to say it truthfully (the tensors are checked against the config), so this
@@ -126,7 +173,7 @@ void run_inspect(const std::string& dir, const std::optional<StateFlags>& state)
   for (const CheckpointTensor& t : checkpoint.tensors()) {
     params += t.info->shape.numel();
     if (starts_with(t.name(), "model.visual.")) ++n_visual;
-    if (starts_with(t.name(), "mtp.")) ++n_mtp;
+    if (starts_with(t.name(), "mtp.") || is_mtp_layer_tensor(config, t.name())) ++n_mtp;
     const std::string key = std::regex_replace(std::string(t.name()), layer_index, ".*.",
                                                std::regex_constants::format_first_only);
     const std::string sd = std::string(dtype_name(t.info->dtype)) + t.info->shape.str();
@@ -157,9 +204,13 @@ void run_inspect(const std::string& dir, const std::optional<StateFlags>& state)
                 static_cast<long long>(n_visual), n_visual == 1 ? "tensor" : "tensors");
   }
   if (n_mtp > 0) {
-    std::printf("MTP layers: %lld %s (mtp.*) recognised, not loaded\n",
-                static_cast<long long>(n_mtp), n_mtp == 1 ? "tensor" : "tensors");
+    std::printf("MTP layers: %lld %s (%s) recognised, not loaded\n", static_cast<long long>(n_mtp),
+                n_mtp == 1 ? "tensor" : "tensors",
+                config.n_mtp_layers > 0 && has_mtp_layer_tensors(config, checkpoint)
+                    ? "model.layers.<num_hidden_layers + i>.*"
+                    : "mtp.*");
   }
+  print_kv_bytes(config);
   for (const std::string& w : checkpoint.warnings()) std::printf("warning: %s\n", w.c_str());
   print_quantization(dir, config, checkpoint);
   if (state) print_state_reserve(config, *state);

@@ -4,20 +4,58 @@
 
 namespace metrale {
 
-KvPool::KvPool(Backend& backend, int64_t n_layers, KvLayout layout) : layout_(layout) {
-  METRALE_CHECK(layout.n_pages > 0 && layout.page_size > 0 && layout.row_elems() > 0,
-                "kv cache: bad layout (", layout.n_pages, " pages of ", layout.page_size,
-                " tokens)");
-  METRALE_CHECK(layout.n_pages <= INT32_MAX, "kv cache: too many pages: ", layout.n_pages);
-  const size_t bytes = static_cast<size_t>(layout.layer_elems()) * sizeof(float);
-  buffers_.reserve(static_cast<size_t>(n_layers));
-  for (int64_t i = 0; i < n_layers; ++i) {
-    buffers_.push_back(backend.allocate(2 * bytes));
-    float* base = buffers_.back().as<float>();
-    layers_.push_back({.k = base, .v = base + layout.layer_elems(), .layout = layout});
+std::vector<KvShape> kv_shapes(const ModelConfig& c) {
+  std::vector<KvShape> out;
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    if (c.layer_kind(i) == LayerKind::kLinearAttention) {
+      out.emplace_back();
+    } else if (c.is_mla()) {
+      out.push_back({1, c.mla.kv_lora_rank + c.mla.qk_rope_head_dim, true});
+    } else {
+      out.push_back({c.n_kv_heads, c.head_dim, false});
+    }
   }
-  free_.reserve(static_cast<size_t>(layout.n_pages));
-  for (int64_t p = layout.n_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
+  return out;
+}
+
+std::vector<KvShape> uncompressed_kv_shapes(const ModelConfig& c) {
+  std::vector<KvShape> out = kv_shapes(c);
+  if (!c.is_mla()) return out;
+  const MlaConfig& m = c.mla;
+  for (KvShape& s : out) {
+    s = {c.n_heads, m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim, true};
+  }
+  return out;
+}
+
+KvPool::KvPool(Backend& backend, int64_t n_pages, int64_t page_size,
+               std::span<const KvShape> layers)
+    : layout_{.n_pages = n_pages, .page_size = page_size} {
+  METRALE_CHECK(n_pages > 0 && page_size > 0, "kv cache: bad layout (", n_pages, " pages of ",
+                page_size, " tokens)");
+  METRALE_CHECK(n_pages <= INT32_MAX, "kv cache: too many pages: ", n_pages);
+  buffers_.reserve(layers.size());
+  for (const KvShape& shape : layers) {
+    KvLayout layout = layout_;
+    layout.n_kv_heads = shape.n_kv_heads;
+    layout.head_dim = shape.head_dim;
+    layout.keys_only = shape.keys_only;
+    if (shape.empty()) {
+      layers_.push_back({.layout = layout});
+      continue;
+    }
+    METRALE_CHECK(layout.row_elems() > 0, "kv cache: bad layer shape ", shape.n_kv_heads, " x ",
+                  shape.head_dim);
+    bytes_per_token_ += shape.bytes_per_token();
+    const size_t bytes = static_cast<size_t>(layout.layer_elems()) * sizeof(float);
+    buffers_.push_back(backend.allocate(shape.keys_only ? bytes : 2 * bytes));
+    float* base = buffers_.back().as<float>();
+    layers_.push_back({.k = base,
+                       .v = shape.keys_only ? nullptr : base + layout.layer_elems(),
+                       .layout = layout});
+  }
+  free_.reserve(static_cast<size_t>(n_pages));
+  for (int64_t p = n_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
 }
 
 void KvPool::reserve(std::vector<int32_t>& block_table, int64_t n_tokens) {

@@ -3,17 +3,32 @@
 // same page index used in every layer. A sequence owns a block table (its pages in token
 // order); pages return to the free list when the sequence is released.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
+#include "io/config/model_config.h"
 
 namespace metrale {
 
+// What each layer keeps per token in the KV cache, from the config alone (`metrale inspect`
+// reports it; Model::load checks the built layers agree): K and V of n_kv_heads x head_dim for
+// softmax attention, the latent plus the rope key (keys only) for MLA, nothing for a linear-
+// attention layer.
+std::vector<KvShape> kv_shapes(const ModelConfig& config);
+// The same for the uncompressed layout HF's cache keeps: an MLA layer's expanded per-head keys
+// [k_nope | k_rope] and values; other layers as kv_shapes says.
+std::vector<KvShape> uncompressed_kv_shapes(const ModelConfig& config);
+
 class KvPool {
  public:
-  KvPool(Backend& backend, int64_t n_layers, KvLayout layout);
+  // n_pages pages of page_size tokens; layer i keeps layers[i] per token (nothing when empty).
+  KvPool(Backend& backend, int64_t n_pages, int64_t page_size, std::span<const KvShape> layers);
 
+  // The pages (n_pages, page_size); each layer's heads are in layer(i).layout.
   const KvLayout& layout() const { return layout_; }
+  // Bytes one token takes over all layers.
+  int64_t bytes_per_token() const { return bytes_per_token_; }
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
   KvLayerView layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
 
@@ -29,7 +44,8 @@ class KvPool {
 
  private:
   KvLayout layout_;
-  std::vector<Buffer> buffers_;  // per layer: K pages then V pages
+  int64_t bytes_per_token_ = 0;
+  std::vector<Buffer> buffers_;  // per layer: K pages then V pages (none for an empty shape)
   std::vector<KvLayerView> layers_;
   std::vector<int32_t> free_;  // a stack: most recently freed pages reused first
 };

@@ -52,11 +52,18 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : std::min<int64_t>(context, 4096);
     m->context_ = std::min(context, kv_tokens);
     m->rope_ = RopeTable::build(rope_table_config(c), m->context_);
-    const KvLayout layout{.n_pages = (kv_tokens + o.page_size - 1) / o.page_size,
-                          .page_size = o.page_size,
-                          .n_kv_heads = c.n_kv_heads,
-                          .head_dim = c.head_dim};
-    m->kv_ = std::make_unique<KvPool>(*m->backend_, c.n_layers, layout);
+    // `metrale inspect` reports the KV sizes from the config alone; the layers must agree.
+    const std::vector<KvShape> kv = kv_shapes(c);
+    for (size_t i = 0; i < m->arch_->layers.size(); ++i) {
+      const KvShape got = m->arch_->layers[i].mixer().kv_shape();
+      METRALE_CHECK(i < kv.size() && got.n_kv_heads == kv[i].n_kv_heads &&
+                        got.head_dim == kv[i].head_dim && got.keys_only == kv[i].keys_only,
+                    "layer ", i, " keeps ", got.elems_per_token(),
+                    " KV values per token; the config implies ",
+                    i < kv.size() ? kv[i].elems_per_token() : 0);
+    }
+    m->kv_ = std::make_unique<KvPool>(*m->backend_, (kv_tokens + o.page_size - 1) / o.page_size,
+                                      o.page_size, kv);
     std::vector<LayerStateShape> shapes;
     bool any_state = false;
     for (const DecoderLayer& layer : m->arch_->layers) {

@@ -29,6 +29,7 @@ class GqaAttention final : public Mixer {
   size_t workspace_floats(int64_t max_rows) const override;
   std::string describe() const override;
   uint64_t active_bytes_per_token() const override;
+  KvShape kv_shape() const override { return {shape_.n_kv_heads, shape_.head_dim, false}; }
 
   const Linear& qkv() const { return qkv_; }
   const Linear& o() const { return o_; }

@@ -34,6 +34,8 @@ class Mixer {
   virtual uint64_t active_bytes_per_token() const = 0;
   // The recurrent state it keeps per sequence, in elements (zero: none, e.g. attention).
   virtual LayerStateShape state_shape() const { return {}; }
+  // What it keeps per token in the paged KV cache (empty: nothing, e.g. Gated DeltaNet).
+  virtual KvShape kv_shape() const { return {}; }
 };
 
 // Transforms each row on its own (dense MLP, mixture of experts).

@@ -54,17 +54,34 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
                 "num_experts_per_tok <= num_experts;"
                 " found ",
                 E, ", ", I, ", ", m.n_experts_per_tok);
-  METRALE_CHECK(m.scoring == MoeScoring::kSoftmax && m.n_shared_experts == 0 && m.n_group == 1,
-                c.source,
-                ": this MoE block routes by softmax top-k, without ungated shared experts or "
-                "expert groups");
+  METRALE_CHECK(m.scoring == MoeScoring::kSigmoid || (m.n_shared_experts == 0 && m.n_group == 1),
+                c.source, ": softmax routing comes without ungated shared experts or groups");
   METRALE_CHECK(m.shared_expert_intermediate_size == 0 || m.has_shared_expert_gate, c.source,
                 ": a shared expert without its sigmoid gate is not supported");
   auto f = std::make_unique<MoeFfn>();
   f->top_k_ = m.n_experts_per_tok;
   f->normalize_ = m.norm_topk_prob;
   f->act_ = activation_for(c);
-  f->router_ = load_linear(l, p + "gate", E, H, false);
+  if (m.scoring == MoeScoring::kSigmoid) {
+    // DeepseekV3TopkRouter / Glm4MoeTopkRouter hold a bare parameter, not an nn.Linear, so a
+    // quantization config never covers it: FP8 checkpoints ship it plain.
+    f->router_ = Linear::separate({l.matrix(p + "gate.weight", E, H)}, {{p + "gate", 0, E}});
+  } else {
+    f->router_ = load_linear(l, p + "gate", E, H, false);
+  }
+  if (m.scoring == MoeScoring::kSigmoid) {
+    // DeepseekV3TopkRouter / Glm4MoeTopkRouter; the config parser checked the group counts.
+    METRALE_CHECK(E % m.n_group == 0 && m.topk_group <= m.n_group, c.source, ": n_group ",
+                  m.n_group, " / topk_group ", m.topk_group, " do not fit ", E, " experts");
+    f->scoring_ = RouteScoring::kSigmoid;
+    f->n_group_ = m.n_group;
+    f->topk_group_ = m.topk_group;
+    f->scale_ = static_cast<float>(m.routed_scaling_factor);
+    if (m.has_e_score_correction_bias)
+      f->correction_bias_ = l.floats(p + "gate.e_score_correction_bias", {E});
+    else
+      f->correction_bias_.assign(static_cast<size_t>(E), 0.0f);
+  }
   f->experts_.resize(static_cast<size_t>(E));
   const std::string fused_gate_up = p + "experts.gate_up_proj";
   if (l.has(fused_gate_up)) {
@@ -83,6 +100,8 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
   if (m.shared_expert_intermediate_size > 0) {
     f->shared_ = DenseFfn::load(c, l, p + "shared_expert.", m.shared_expert_intermediate_size);
     f->shared_gate_ = load_linear(l, p + "shared_expert_gate", 1, H, false);
+  } else if (m.n_shared_experts > 0) {  // DeepSeek-V3 / GLM-4.5: one ungated MLP
+    f->shared_ = DenseFfn::load(c, l, p + "shared_experts.", m.n_shared_experts * I);
   }
   // An expert past num_experts means the config undercounts the checkpoint's experts.
   const std::string extra = p + "experts." + std::to_string(E) + ".gate_proj.weight";
@@ -96,7 +115,7 @@ size_t MoeFfn::workspace_floats(int64_t max_rows) const {
   const size_t routed = rows_floats(max_rows, n_experts()) + 2 * span_floats(nk);
   if (!shared_) return routed;
   // After the routed experts: the shared expert's output and gate, then its own workspace.
-  const auto H = static_cast<int64_t>(shared_gate_.n_in());
+  const auto H = static_cast<int64_t>(router_.n_in());
   return std::max(routed, rows_floats(max_rows, H) + rows_floats(max_rows, 1) +
                               shared_->workspace_floats(max_rows));
 }
@@ -112,7 +131,12 @@ void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace
             .top_k = top_k_,
             .normalize = normalize_,
             .experts = ids,
-            .weights = weights});
+            .weights = weights,
+            .scoring = scoring_,
+            .correction_bias = correction_bias_,
+            .n_group = n_group_,
+            .topk_group = topk_group_,
+            .scale = scale_});
   be.moe({.x = x,
           .experts = ids,
           .weights = weights,
@@ -121,13 +145,16 @@ void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace
           .act = act_,
           .out = out});
   if (shared_) {
-    // HF: routed + sigmoid(shared_expert_gate(x)) * shared_expert(x).
+    // HF: routed + sigmoid(shared_expert_gate(x)) * shared_expert(x), or (DeepSeek-V3,
+    // GLM-4.5) routed + shared_experts(x).
     Workspace tmp = ws;  // the routing scratch is no longer needed
     const Rows shared = tmp.rows(n, out.n_cols);
     const Rows gate = tmp.rows(n, 1);
     shared_->forward(ctx, x, shared, tmp);
-    shared_gate_.forward(be, x, gate);
-    be.sigmoid_mul({.gate = gate, .y = shared});
+    if (!shared_gate_.empty()) {
+      shared_gate_.forward(be, x, gate);
+      be.sigmoid_mul({.gate = gate, .y = shared});
+    }
     be.add(shared, out);
   }
 }
@@ -136,7 +163,13 @@ std::string MoeFfn::describe() const {
   std::ostringstream os;
   os << "moe " << n_experts() << " experts x " << experts_[0].down.n_in << ", top-" << top_k_
      << (normalize_ ? " (renormalised)" : "");
-  if (shared_) os << ", gated shared " << shared_->describe();
+  if (scoring_ == RouteScoring::kSigmoid) {
+    os << ", sigmoid + correction bias";
+    if (n_group_ > 1) os << ", " << topk_group_ << " of " << n_group_ << " groups";
+    if (scale_ != 1.0f) os << ", x" << scale_;
+  }
+  if (shared_)
+    os << (shared_gate_.empty() ? ", shared " : ", gated shared ") << shared_->describe();
   return os.str();
 }
 

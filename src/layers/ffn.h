@@ -33,7 +33,9 @@ class DenseFfn final : public Ffn {
 };
 
 // sum over the row's top_k experts e of weight_e * expert_e(x), with softmax routing, plus
-// sigmoid(x . shared_expert_gate) * shared_expert(x) when the config has a shared expert.
+// sigmoid(x . shared_expert_gate) * shared_expert(x) when the config has a shared expert; or
+// (DeepSeek-V3, GLM-4.5) with group-limited sigmoid routing (RouteArgs) plus the ungated
+// shared_experts MLP of width n_shared_experts * moe_intermediate_size.
 class MoeFfn final : public Ffn {
  public:
   // Reads prefix + gate.weight (the router) and the experts, in either layout:
@@ -41,7 +43,8 @@ class MoeFfn final : public Ffn {
   //  - transformers 5 save_pretrained: prefix + experts.gate_up_proj [E, 2I, H] (gate rows
   //    first) and prefix + experts.down_proj [E, H, I];
   // and, with a shared expert, prefix + shared_expert.{gate,up,down}_proj and
-  // prefix + shared_expert_gate.weight [1, H].
+  // prefix + shared_expert_gate.weight [1, H]; sigmoid routers also prefix +
+  // gate.e_score_correction_bias [E] and prefix + shared_experts.{gate,up,down}_proj.
   static std::unique_ptr<MoeFfn> load(const ModelConfig& config, TensorLoader& loader,
                                       const std::string& prefix);
 
@@ -60,7 +63,12 @@ class MoeFfn final : public Ffn {
   bool normalize_ = false;
   Activation act_ = Activation::kSilu;
   std::unique_ptr<DenseFfn> shared_;  // null: no shared expert
-  Linear shared_gate_;                // [1, H]
+  Linear shared_gate_;                // [1, H]; empty: the shared expert is ungated
+  // kSigmoid (DeepSeek-V3, GLM-4.5): group-limited choice by sigmoid + correction bias.
+  RouteScoring scoring_ = RouteScoring::kSoftmax;
+  std::vector<float> correction_bias_;  // [E] gate.e_score_correction_bias
+  int64_t n_group_ = 1, topk_group_ = 1;
+  float scale_ = 1.0f;  // routed_scaling_factor
 };
 
 }  // namespace metrale

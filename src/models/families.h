@@ -1,6 +1,8 @@
 #pragma once
 // The builders of the families in this folder (one file each), for registry.cc.
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "layers/architecture.h"
 
@@ -12,5 +14,13 @@ std::unique_ptr<Architecture> build_qwen3_moe(const ModelConfig& config,
                                               TensorLoader& loader);  // qwen3_moe.cc
 std::unique_ptr<Architecture> build_qwen3_next(const ModelConfig& config,
                                                TensorLoader& loader);  // qwen3_next.cc
+std::unique_ptr<Architecture> build_deepseek_v3(const ModelConfig& config,
+                                                TensorLoader& loader);  // deepseek_v3.cc
+std::unique_ptr<Architecture> build_glm4_moe(const ModelConfig& config,
+                                             TensorLoader& loader);  // glm4_moe.cc
+
+// The multi-token-prediction layers DeepSeek-V3 / GLM-4.5 checkpoints append after their
+// decoder layers: "model.layers.<n_layers + i>." for i < n_mtp_layers (deepseek_v3.cc).
+std::vector<std::string> mtp_layer_prefixes(const ModelConfig& config);
 
 }  // namespace metrale

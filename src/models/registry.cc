@@ -7,7 +7,7 @@
 namespace metrale {
 
 std::span<const ArchitectureEntry> architectures() {
-  static constexpr std::array<ArchitectureEntry, 10> kFamilies = {{
+  static constexpr std::array<ArchitectureEntry, 12> kFamilies = {{
       {"llama", &build_dense_decoder},
       {"mistral", &build_dense_decoder},
       {"qwen2", &build_dense_decoder},
@@ -18,6 +18,8 @@ std::span<const ArchitectureEntry> architectures() {
       {"qwen3_5_text", &build_qwen3_next},
       {"qwen3_5_moe", &build_qwen3_next},
       {"qwen3_5_moe_text", &build_qwen3_next},
+      {"deepseek_v3", &build_deepseek_v3},
+      {"glm4_moe", &build_glm4_moe},
   }};
   return kFamilies;
 }

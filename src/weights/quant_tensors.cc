@@ -91,7 +91,7 @@ void read_scale_grid(const Module& m, const CheckpointTensor& s, const ModuleSch
              (scheme.strategy == "block" || !scheme.block.empty() ||
               (scheme.strategy.empty() && sh[0] != N)) &&
              sh[0] == block_rows && sh[1] == block_cols) {
-    q.group = bk;
+    q.group = std::min(bk, K);  // a block wider than the matrix: one group of all K inputs
     q.n_groups = block_cols;
     q.scales = expand_rows(raw, es, block_cols, bn, N);
     grid = "block " + std::to_string(bn) + "x" + std::to_string(bk);

@@ -386,6 +386,45 @@ std::vector<float> TensorLoader::floats(const std::string& name,
   return out;
 }
 
+std::vector<float> TensorLoader::linear_floats(const std::string& prefix, int64_t n_out,
+                                               int64_t n_in) {
+  const ModuleScheme scheme = scheme_of(prefix);
+  const std::string name = prefix + ".weight";
+  if (!quantized(prefix, scheme)) {
+    std::vector<float> out = floats(name, {n_out, n_in});
+    report(prefix, std::string(dtype_name(checkpoint_.find(name)->info->dtype)), scheme.rule);
+    return out;
+  }
+  // A quantized module decodes through the format's reference (dequantize_row): the values
+  // the producer's formula gives, as the kernels compute them.
+  const QuantizedWeight q = read_quantized(checkpoint_, prefix, scheme, n_out, n_in);
+  for (const std::string& t : q.tensors) {
+    claimed_.insert(t);
+    advance(checkpoint_.find(t)->info->nbytes());
+  }
+  report(prefix, q.describe() + ", " + q.layout + ", dequantized at load", scheme.rule);
+  const QuantParams params = q.params();
+  const size_t row_bytes = weight_row_bytes(q.format, n_in);
+  std::vector<float> out(static_cast<size_t>(n_out * n_in));
+  for (int64_t r = 0; r < n_out; ++r) {
+    dequantize_row(q.format, q.codes.data() + static_cast<size_t>(r) * row_bytes, params, r, n_in,
+                   out.data() + r * n_in);
+  }
+  return out;
+}
+
+WeightTensor TensorLoader::derived_matrix(const std::string& name, int64_t n_out, int64_t n_in,
+                                          std::span<const float> values) {
+  METRALE_CHECK(n_out > 0 && n_in > 0 && static_cast<int64_t>(values.size()) == n_out * n_in, name,
+                ": expected ", n_out, " x ", n_in, " values, found ", values.size());
+  WeightTensor w{.name = name,
+                 .format = WeightFormat::kF32,
+                 .n_out = n_out,
+                 .n_in = n_in,
+                 .data = values.data()};
+  return copy_prepared(std::move(w), nullptr);
+}
+
 void TensorLoader::ignore(const std::string& name) { claimed_.insert(name); }
 
 int64_t TensorLoader::ignore_prefix(std::string_view prefix) {

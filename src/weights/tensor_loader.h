@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +75,14 @@ class TensorLoader {
   // matrices, slice i named "name[i]"; copied, or read in place when asked and aligned.
   std::vector<WeightTensor> stacked_matrices(const std::string& name, int64_t n_stack,
                                              int64_t n_out, int64_t n_in);
+  // `prefix`.weight [n_out, n_in] widened to f32 rows in host memory, for a layer that derives
+  // its own matrices from it (MLA absorbs kv_b_proj into per-head query and value matrices).
+  // Plain f32 / bf16 / f16 weights, or a quantized module decoded by its format's reference.
+  std::vector<float> linear_floats(const std::string& prefix, int64_t n_out, int64_t n_in);
+  // A [n_out, n_in] f32 matrix a layer computed at load (`values` row-major), copied into
+  // backend memory and prepared; `name` says where it came from, for messages.
+  WeightTensor derived_matrix(const std::string& name, int64_t n_out, int64_t n_in,
+                              std::span<const float> values);
   // Whether the checkpoint holds `name` (claims nothing).
   bool has(const std::string& name) const { return checkpoint_.find(name) != nullptr; }
   const Checkpoint& checkpoint() const { return checkpoint_; }

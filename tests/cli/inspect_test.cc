@@ -190,5 +190,30 @@ TEST(Inspect, VisionAndMtpTensorsAreNamed) {
   EXPECT_FALSE(has(t.out, "MTP layers: ")) << t.out;
 }
 
+// The KV bytes per token per layer: MLA's latent layout beside HF's uncompressed one, and the
+// MTP layer a DeepSeek-V3 checkpoint appends named as recognised and not loaded.
+TEST(Inspect, KvBytesPerTokenAndMtpLayers) {
+  const CliRun r = inspect({"tests/data/fixtures/deepseek_v3_mtp_bf16"});
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(has(r.out,
+                  "\nMTP layers: 42 tensors (model.layers.<num_hidden_layers + i>.*) "
+                  "recognised, not loaded\n"))
+      << r.out;
+  // 3 layers of (kv_lora_rank 24 + rope 8) f32 = 128 B; HF: 4 heads x (16 + 8 + 12) x 4 = 576.
+  EXPECT_TRUE(has(r.out,
+                  "\nkv cache per token (f32): 384 bytes over 3 layers (uncompressed: "
+                  "1728, 4.5x)\n"))
+      << r.out;
+  EXPECT_TRUE(has(r.out,
+                  "  3 layer(s): 128 bytes per token per layer (latent 24 + rope key 8 "
+                  "values; uncompressed K+V 576 bytes)\n"))
+      << r.out;
+
+  const CliRun g = inspect({"tests/data/fixtures/glm4_moe_qknorm_bf16"});  // GQA 2 kv x 32
+  EXPECT_EQ(0, g.status) << g.out;
+  EXPECT_TRUE(has(g.out, "\nkv cache per token (f32): 1024 bytes over 2 layers\n")) << g.out;
+  EXPECT_TRUE(has(g.out, "  2 layer(s): 512 bytes per token per layer\n")) << g.out;
+}
+
 }  // namespace
 }  // namespace metrale

@@ -206,7 +206,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance,
                                            "qwen3_next_f32", "qwen3_5_text_bf16@bf16",
                                            "qwen3_5_moe_f32", "quant_ct_gptq_actorder",
                                            "quant_ct_w4a16_asym", "quant_modelopt_nvfp4",
-                                           "quant_fp8_block", "quant_ct_w8a16"),
+                                           "quant_fp8_block", "quant_ct_w8a16",
+                                           // the latent KV cache: chunks and decode read it
+                                           "deepseek_v3_mtp_bf16", "deepseek_v3_noqlora_bf16",
+                                           "deepseek_v3_noqlora_bf16@bf16", "glm4_moe_qknorm_bf16"),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string name = p.param;
                            for (char& ch : name) ch = ch == '@' ? '_' : ch;

@@ -2,8 +2,9 @@
 // within the fixture README's tolerance, greedy continuations identical — for llama, qwen2,
 // qwen3, qwen3_moe (norm_topk_prob both ways, dense/MoE layer mixes) and the hybrid types
 // qwen3_next, qwen3_5(_text), qwen3_5_moe(_text) (text-only and vision-language checkpoints)
-// with f32 and bf16 weights; and quantized checkpoints as their producers write them
-// (compressed-tensors int4 / int8 / fp8 / nvfp4, ModelOpt FP8 / NVFP4, fp8 block-scaled),
+// with f32 and bf16 weights, deepseek_v3 (MLA) and glm4_moe; and quantized checkpoints as their
+// producers write them (compressed-tensors int4 / int8 / fp8 / nvfp4, ModelOpt FP8 / NVFP4, fp8
+// block-scaled, DeepSeek-V3's FP8 release layout),
 // against transformers on the producer's own f32 dequantization of the same weights.
 #include <gtest/gtest.h>
 
@@ -138,7 +139,16 @@ INSTANTIATE_TEST_SUITE_P(Quantized, ModelParity,
                                            "quant_ct_gptq_actorder", "quant_ct_w8a16",
                                            "quant_ct_mixed", "quant_ct_fp8_dynamic", "quant_ct_fp8",
                                            "quant_ct_nvfp4a16", "quant_modelopt_fp8",
-                                           "quant_modelopt_nvfp4", "quant_fp8_block"));
+                                           "quant_modelopt_nvfp4", "quant_fp8_block",
+                                           "deepseek_v3_fp8"));
+// DeepSeek-V3 (multi-head latent attention over the latent cache, YaRN with mscale, q_lora_rank
+// set and null, interleaved and rotate_half rope, an MTP layer left unloaded) and GLM-4.5
+// (partial rotary, q/k/v bias, qk-norm on and off), both with sigmoid group-limited routing:
+// bf16 weights computed in f32 against transformers' f32 forward of the same weights, so the
+// f32 tolerance holds (fixture README, "MLA and GLM-4.5").
+INSTANTIATE_TEST_SUITE_P(Mla, ModelParity,
+                         ::testing::Values("deepseek_v3_mtp_bf16", "deepseek_v3_noqlora_bf16",
+                                           "glm4_moe_qknorm_bf16", "glm4_moe_plain_bf16"));
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridDecodeParity,
                          ::testing::Values("qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_text_f32",
                                            "qwen3_5_text_bf16", "qwen3_5_moe_text_f32",

@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
   void do_causal_conv(const CausalConvArgs& a) override;
   void do_delta_rule(const DeltaRuleArgs& a) override;
   void do_sigmoid_mul(const SigmoidMulArgs& a) override;
+  void do_latent_attention(const LatentAttentionArgs& a) override;
   bool knows_packing(const WeightTensor& w) const override;
   int64_t max_head_dim() const override { return cpu::kMaxHeadDim; }
 
@@ -80,6 +81,7 @@ class CpuBackend final : public Backend {
     std::vector<cpu::LinearJob> jobs;
   };
   MoeScratch moe_;
+  std::vector<float> route_scratch_;  // cpu_moe.cc: a sigmoid router's choice and group scores
   // cpu_gated_delta.cc: each sequence's rows in a causal_conv / delta_rule call, and every
   // thread's scratch (thread t's share starts at t * its size, 64-byte aligned).
   int64_t state_spans(std::span<const int32_t> row_seq, const StateSlice& state);

@@ -28,9 +28,68 @@ void grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// DeepseekV3TopkRouter / Glm4MoeTopkRouter, one row at a time. c[e] = sigmoid + bias sits in
+// `choice`, the group scores in `group`; a kept group is marked by a non-negative score.
+void route_sigmoid(const RouteArgs& a, std::vector<float>& scratch) {
+  const int64_t n_experts = a.logits.n_cols, k = a.top_k, n_group = a.n_group;
+  const int64_t per = n_experts / n_group;
+  grow(scratch, static_cast<size_t>(n_experts + n_group));
+  float* choice = scratch.data();
+  float* group = choice + n_experts;
+  for (int64_t r = 0; r < a.logits.n_rows; ++r) {
+    const float* x = a.logits.row(r);
+    for (int64_t e = 0; e < n_experts; ++e)
+      choice[e] = 1.0f / (1.0f + std::exp(-x[e])) + a.correction_bias[static_cast<size_t>(e)];
+    for (int64_t g = 0; g < n_group; ++g) {
+      float top1 = -INFINITY, top2 = -INFINITY;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        if (choice[e] > top1) {
+          top2 = top1;
+          top1 = choice[e];
+        } else if (choice[e] > top2) {
+          top2 = choice[e];
+        }
+      }
+      group[g] = top1 + top2;
+    }
+    // Keep the topk_group best groups: mark them by moving them to +inf, the rest to -inf.
+    for (int64_t j = 0; j < a.topk_group; ++j) {
+      int64_t best = -1;
+      for (int64_t g = 0; g < n_group; ++g) {
+        if (group[g] != INFINITY && (best < 0 || group[g] > group[best])) best = g;
+      }
+      group[best] = INFINITY;
+    }
+    int32_t* ids = a.experts.data() + r * k;
+    float* w = a.weights.data() + r * k;
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t best = -1;
+      for (int64_t e = 0; e < n_experts; ++e) {
+        if (group[e / per] != INFINITY) continue;
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || ids[i] == e;
+        if (!taken && (best < 0 || choice[e] > choice[best])) best = static_cast<int32_t>(e);
+      }
+      ids[j] = best;
+      w[j] = 1.0f / (1.0f + std::exp(-x[best]));  // the score without the bias
+    }
+    if (a.normalize) {
+      float total = 0.0f;
+      for (int64_t j = 0; j < k; ++j) total += w[j];
+      total += 1e-20f;
+      for (int64_t j = 0; j < k; ++j) w[j] /= total;
+    }
+    for (int64_t j = 0; j < k; ++j) w[j] *= a.scale;
+  }
+}
+
 }  // namespace
 
 void CpuBackend::do_route(const RouteArgs& a) {
+  if (a.scoring == RouteScoring::kSigmoid) {
+    route_sigmoid(a, route_scratch_);
+    return;
+  }
   const int64_t n_experts = a.logits.n_cols, k = a.top_k;
   for (int64_t r = 0; r < a.logits.n_rows; ++r) {
     const float* x = a.logits.row(r);

@@ -114,7 +114,15 @@ void RopeRows(const RopeArgs& a, int64_t r_begin, int64_t r_end) {
     const float* c = a.table.cos + pos * half;
     const float* s = a.table.sin + pos * half;
     for (int64_t h = 0; h < a.n_heads; ++h) {
-      float* x1 = a.x.row(r) + h * a.head_dim;
+      float* x1 = a.x.row(r) + h * a.head_dim + a.offset;
+      if (a.pairs) {  // HF apply_rotary_pos_emb_interleave: (x1 cos - x2 sin, x2 cos + x1 sin)
+        for (int64_t i = 0; i < half; ++i) {
+          const float v1 = x1[2 * i], v2 = x1[2 * i + 1];
+          x1[2 * i] = v1 * c[i] - v2 * s[i];
+          x1[2 * i + 1] = v2 * c[i] + v1 * s[i];
+        }
+        continue;
+      }
       float* x2 = x1 + half;
       int64_t i = 0;
       for (; i + nl <= half; i += nl) {

@@ -65,12 +65,14 @@ void rope(const RopeArgs& a) {
   for (int64_t r = 0; r < a.x.n_rows; ++r) {
     const int64_t pos = a.positions[static_cast<size_t>(r)];
     for (int64_t h = 0; h < a.n_heads; ++h) {
-      float* x = a.x.row(r) + h * a.head_dim;
+      float* x = a.x.row(r) + h * a.head_dim + a.offset;
       for (int64_t i = 0; i < half; ++i) {
         const float c = a.table.cos[pos * half + i], s = a.table.sin[pos * half + i];
-        const float x1 = x[i], x2 = x[i + half];
-        x[i] = x1 * c + (-x2) * s;  // rotate_half: first half takes -x2
-        x[i + half] = x2 * c + x1 * s;
+        // rotate_half pairs i with i + half; interleaved pairs are (2i, 2i + 1).
+        const int64_t i1 = a.pairs ? 2 * i : i, i2 = a.pairs ? 2 * i + 1 : i + half;
+        const float x1 = x[i1], x2 = x[i2];
+        x[i1] = x1 * c + (-x2) * s;  // the first of the pair takes -x2
+        x[i2] = x2 * c + x1 * s;
       }
     }
   }

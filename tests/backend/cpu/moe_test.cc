@@ -162,6 +162,76 @@ TEST(Moe, RouteIsSoftmaxTopKWithOptionalRenormalisation) {
   }
 }
 
+// DeepseekV3TopkRouter: sigmoid, + bias for the choice, groups by their top-2 sum.
+TEST(Moe, SigmoidRouteKeepsTheBestGroupsAndWeighsByUnbiasedScores) {
+  ThreadPool pool(2);
+  CpuBackend be(pool);
+  const int64_t n = 7, groups = 4, per = kE / groups, keep = 2;
+  const auto logits = random_vector(static_cast<size_t>(n * kE), 21, -3.0f, 3.0f);
+  const auto bias = random_vector(kE, 22, -0.3f, 0.3f);
+  for (bool normalize : {false, true}) {
+    std::vector<int32_t> ids(static_cast<size_t>(n * kK));
+    std::vector<float> w(ids.size());
+    be.route({.logits = rows_of(logits.data(), n, kE),
+              .top_k = kK,
+              .normalize = normalize,
+              .experts = ids,
+              .weights = w,
+              .scoring = RouteScoring::kSigmoid,
+              .correction_bias = bias,
+              .n_group = groups,
+              .topk_group = keep,
+              .scale = 2.5f});
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<double> p(kE), c(kE), g(groups);
+      for (int64_t e = 0; e < kE; ++e) {
+        p[e] = 1.0 / (1.0 + std::exp(-double{logits[static_cast<size_t>(r * kE + e)]}));
+        c[e] = p[e] + bias[static_cast<size_t>(e)];
+      }
+      for (int64_t q = 0; q < groups; ++q) {
+        std::vector<double> m(c.begin() + q * per, c.begin() + (q + 1) * per);
+        std::sort(m.rbegin(), m.rend());
+        g[q] = m[0] + m[1];
+      }
+      std::vector<int64_t> gorder(groups);
+      std::iota(gorder.begin(), gorder.end(), 0);
+      std::stable_sort(gorder.begin(), gorder.end(),
+                       [&](int64_t a, int64_t b) { return g[a] > g[b]; });
+      std::vector<int32_t> order;
+      for (int64_t e = 0; e < kE; ++e) {
+        if (std::find(gorder.begin(), gorder.begin() + keep, e / per) != gorder.begin() + keep)
+          order.push_back(static_cast<int32_t>(e));
+      }
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return c[a] > c[b]; });
+      double total = 0;
+      for (int64_t j = 0; j < kK; ++j) total += p[order[j]];
+      for (int64_t j = 0; j < kK; ++j) {
+        EXPECT_EQ(ids[static_cast<size_t>(r * kK + j)], order[j]) << "row " << r;
+        const double want = p[order[j]] / (normalize ? total : 1.0) * 2.5;
+        EXPECT_NEAR(w[static_cast<size_t>(r * kK + j)], want, 1e-5) << "row " << r;
+      }
+    }
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(n * kK));
+  std::vector<float> w(ids.size());
+  RouteArgs bad{.logits = rows_of(logits.data(), n, kE),
+                .top_k = kK,
+                .experts = ids,
+                .weights = w,
+                .scoring = RouteScoring::kSigmoid,
+                .correction_bias = bias,
+                .n_group = 5,  // does not divide 12 experts
+                .topk_group = 1};
+  EXPECT_THROW(be.route(bad), Error);
+  bad.n_group = 4;
+  bad.topk_group = 5;
+  EXPECT_THROW(be.route(bad), Error);
+  bad.topk_group = 1;
+  bad.correction_bias = std::span(bias).first(kE - 1);
+  EXPECT_THROW(be.route(bad), Error);
+}
+
 TEST(Moe, RejectsBadRoutesAndShapes) {
   ThreadPool pool(1);
   CpuBackend be(pool);

@@ -1,0 +1,145 @@
+#include "layers/mla_attention.h"
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace metrale {
+
+std::unique_ptr<MlaAttention> MlaAttention::load(const ModelConfig& c, TensorLoader& l,
+                                                 const std::string& p) {
+  const MlaConfig& m = c.mla;
+  METRALE_CHECK(c.is_mla() && m.qk_nope_head_dim > 0 && m.qk_rope_head_dim > 0 && m.v_head_dim > 0,
+                c.source,
+                ": multi-head latent attention needs kv_lora_rank, qk_nope_head_dim, "
+                "qk_rope_head_dim and v_head_dim > 0");
+  METRALE_CHECK(c.rope.rotary_dim == m.qk_rope_head_dim, c.source, ": the rope rotates ",
+                c.rope.rotary_dim, " values, expected qk_rope_head_dim ", m.qk_rope_head_dim);
+  auto a = std::make_unique<MlaAttention>();
+  const int64_t H = c.hidden_size, N = c.n_heads, R = m.kv_lora_rank;
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, V = m.v_head_dim;
+  a->n_heads_ = N;
+  a->kv_rank_ = R;
+  a->nope_dim_ = nope;
+  a->rope_dim_ = rope;
+  a->v_dim_ = V;
+  a->scale_ = static_cast<float>(c.attention_scale);
+  a->pairs_ = c.rope.pairs_interleaved;
+  // DeepseekV3RMSNorm(q_lora_rank) / (kv_lora_rank): HF's default eps, not rms_norm_eps.
+  auto latent_norm = [&](const std::string& name, int64_t width) {
+    Norm n = load_norm(l, c, name, width);
+    n.eps = static_cast<float>(m.latent_norm_eps);
+    return n;
+  };
+  const bool bias = c.attention_qkv_bias;  // q_a_proj and kv_a_proj_with_mqa
+  if (m.q_lora_rank) {
+    METRALE_CHECK(!l.has(p + "q_proj.weight"), c.source, ": q_lora_rank is ", *m.q_lora_rank,
+                  " but the checkpoint has a full-rank '", p, "q_proj.weight' (expected null)");
+    a->q_a_ = load_linear(l, p + "q_a_proj", *m.q_lora_rank, H, bias);
+    a->q_a_norm_ = latent_norm(p + "q_a_layernorm.weight", *m.q_lora_rank);
+    a->q_ = load_linear(l, p + "q_b_proj", N * (nope + rope), *m.q_lora_rank, false);
+  } else {
+    METRALE_CHECK(!l.has(p + "q_a_proj.weight"), c.source,
+                  ": q_lora_rank is null but the checkpoint has '", p, "q_a_proj.weight'");
+    a->q_ = load_linear(l, p + "q_proj", N * (nope + rope), H, false);
+  }
+  a->kv_a_ = load_linear(l, p + "kv_a_proj_with_mqa", R + rope, H, bias);
+  a->kv_a_norm_ = latent_norm(p + "kv_a_layernorm.weight", R);
+  // kv_b_proj [N * (nope + V), R]: per head nope key rows, then V value rows.
+  const std::vector<float> kv_b = l.linear_floats(p + "kv_b_proj", N * (nope + V), R);
+  std::vector<float> k_t(static_cast<size_t>(R * nope)), v(static_cast<size_t>(V * R));
+  for (int64_t h = 0; h < N; ++h) {
+    const float* rows = kv_b.data() + h * (nope + V) * R;
+    for (int64_t j = 0; j < nope; ++j)
+      for (int64_t r = 0; r < R; ++r) k_t[static_cast<size_t>(r * nope + j)] = rows[j * R + r];
+    std::copy(rows + nope * R, rows + (nope + V) * R, v.begin());
+    const std::string head = p + "kv_b_proj (head " + std::to_string(h);
+    a->k_absorb_.push_back(l.derived_matrix(head + " keys, transposed)", R, nope, k_t));
+    a->v_up_.push_back(l.derived_matrix(head + " values)", V, R, v));
+  }
+  a->o_ = load_linear(l, p + "o_proj", H, N * V, c.attention_out_bias);
+  return a;
+}
+
+size_t MlaAttention::workspace_floats(int64_t max_rows) const {
+  const int64_t qk = n_heads_ * (nope_dim_ + rope_dim_);
+  return (q_a_.empty() ? 0 : rows_floats(max_rows, q_a_.n_out())) + rows_floats(max_rows, qk) +
+         rows_floats(max_rows, kv_rank_ + rope_dim_) +
+         2 * rows_floats(max_rows, n_heads_ * kv_rank_) + rows_floats(max_rows, n_heads_ * v_dim_);
+}
+
+void MlaAttention::forward(const ForwardContext& ctx, const LayerState& state, ConstRows x,
+                           Rows out, Workspace ws) const {
+  Backend& be = *ctx.backend;
+  const int64_t n = ctx.n_rows, N = n_heads_, R = kv_rank_, qk = nope_dim_ + rope_dim_;
+  const Rows q = ws.rows(n, N * qk);
+  if (!q_a_.empty()) {
+    const Rows qa = ws.rows(n, q_a_.n_out());
+    q_a_.forward(be, x, qa);
+    q_a_norm_.apply(be, qa, qa);
+    q_.forward(be, qa, q);
+  } else {
+    q_.forward(be, x, q);
+  }
+  const Rows ckv = ws.rows(n, R + rope_dim_);
+  kv_a_.forward(be, x, ckv);
+  kv_a_norm_.apply(be, column_slice(ckv, 0, R), column_slice(ckv, 0, R));
+  be.rope({.x = q,
+           .n_heads = N,
+           .head_dim = qk,
+           .positions = ctx.positions,
+           .table = ctx.rope,
+           .offset = nope_dim_,
+           .pairs = pairs_});
+  be.rope({.x = column_slice(ckv, R, rope_dim_),
+           .n_heads = 1,
+           .head_dim = rope_dim_,
+           .positions = ctx.positions,
+           .table = ctx.rope,
+           .pairs = pairs_});
+  const Rows q_latent = ws.rows(n, N * R);
+  for (int64_t h = 0; h < N; ++h) {
+    be.linear(column_slice(ConstRows(q), h * qk, nope_dim_), k_absorb_[static_cast<size_t>(h)],
+              column_slice(q_latent, h * R, R));
+  }
+  const Rows latent_out = ws.rows(n, N * R);
+  be.latent_attention({.q_latent = q_latent,
+                       .q = q,
+                       .nope_dim = nope_dim_,
+                       .kv = ckv,
+                       .slots = ctx.slots,
+                       .out = latent_out,
+                       .cache = state.kv,
+                       .seqs = ctx.seqs,
+                       .row_seq = ctx.row_seq,
+                       .positions = ctx.positions,
+                       .n_heads = N,
+                       .kv_rank = R,
+                       .scale = scale_});
+  const Rows attn = ws.rows(n, N * v_dim_);
+  for (int64_t h = 0; h < N; ++h) {
+    be.linear(column_slice(ConstRows(latent_out), h * R, R), v_up_[static_cast<size_t>(h)],
+              column_slice(attn, h * v_dim_, v_dim_));
+  }
+  o_.forward(be, attn, out);
+}
+
+std::string MlaAttention::describe() const {
+  std::ostringstream os;
+  os << "mla " << n_heads_ << " heads, ";
+  if (!q_a_.empty()) os << "q_lora " << q_a_.n_out() << ", ";
+  os << "kv_lora " << kv_rank_ << ", nope " << nope_dim_ << " + rope " << rope_dim_ << ", v "
+     << v_dim_ << (pairs_ ? ", interleaved rope" : "") << "; latent KV "
+     << kv_shape().bytes_per_token() << " B/token (uncompressed "
+     << uncompressed_kv_shape().bytes_per_token() << ")";
+  return os.str();
+}
+
+uint64_t MlaAttention::active_bytes_per_token() const {
+  uint64_t b = q_a_.bytes() + q_.bytes() + kv_a_.bytes() + o_.bytes();
+  for (const WeightTensor& w : k_absorb_) b += weight_bytes(w);
+  for (const WeightTensor& w : v_up_) b += weight_bytes(w);
+  return b;
+}
+
+}  // namespace metrale
