@@ -116,16 +116,16 @@ TEST_P(DecodeAllocations, StepsAllocateNothing) {
   for (Sequence& s : seqs) m->release(s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DecodeAllocations,
-                         ::testing::Combine(::testing::Values("qwen3_bf16", "qwen3_moe_bf16",
-                                                              "qwen3_next_bf16", "qwen3_5_moe_f32",
-                                                              "quant_ct_gptq_actorder",
-                                                              "quant_modelopt_nvfp4"),
-                                            ::testing::Values(Compute::kF32, Compute::kBF16)),
-                         [](const auto& p) {
-                           return std::get<0>(p.param) +
-                                  (std::get<1>(p.param) == Compute::kF32 ? "_f32" : "_bf16");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, DecodeAllocations,
+    ::testing::Combine(::testing::Values("qwen3_bf16", "qwen3_moe_bf16", "qwen3_next_bf16",
+                                         "qwen3_5_moe_f32", "quant_ct_gptq_actorder",
+                                         "deepseek_v3_mtp_bf16", "glm4_moe_qknorm_bf16",
+                                         "deepseek_v3_fp8", "quant_modelopt_nvfp4"),
+                       ::testing::Values(Compute::kF32, Compute::kBF16)),
+    [](const auto& p) {
+      return std::get<0>(p.param) + (std::get<1>(p.param) == Compute::kF32 ? "_f32" : "_bf16");
+    });
 
 }  // namespace
 }  // namespace metrale
