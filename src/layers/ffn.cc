@@ -62,15 +62,13 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
   f->top_k_ = m.n_experts_per_tok;
   f->normalize_ = m.norm_topk_prob;
   f->act_ = activation_for(c);
-  if (m.scoring == MoeScoring::kSigmoid) {
-    // DeepseekV3TopkRouter / Glm4MoeTopkRouter hold a bare parameter, not an nn.Linear, so a
-    // quantization config never covers it: FP8 checkpoints ship it plain.
-    f->router_ = Linear::separate({l.matrix(p + "gate.weight", E, H)}, {{p + "gate", 0, E}});
-  } else {
+  if (m.scoring == MoeScoring::kSoftmax) {
     f->router_ = load_linear(l, p + "gate", E, H, false);
-  }
-  if (m.scoring == MoeScoring::kSigmoid) {
-    // DeepseekV3TopkRouter / Glm4MoeTopkRouter; the config parser checked the group counts.
+  } else {
+    // DeepseekV3TopkRouter / Glm4MoeTopkRouter hold a bare parameter, not an nn.Linear, so a
+    // quantization config never covers it: FP8 checkpoints ship it plain. The config parser
+    // checked the group counts.
+    f->router_ = Linear::separate({l.matrix(p + "gate.weight", E, H)}, {{p + "gate", 0, E}});
     METRALE_CHECK(E % m.n_group == 0 && m.topk_group <= m.n_group, c.source, ": n_group ",
                   m.n_group, " / topk_group ", m.topk_group, " do not fit ", E, " experts");
     f->scoring_ = RouteScoring::kSigmoid;
