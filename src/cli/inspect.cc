@@ -81,7 +81,7 @@ bool has_mtp_layer_tensors(const ModelConfig& config, const Checkpoint& checkpoi
 }
 
 // KV cache bytes per token (f32 storage), per layer and in all, beside the uncompressed layout
-// HF's cache keeps (they differ for multi-head latent attention only).
+// (per-head expanded keys and values; they differ for multi-head latent attention only).
 void print_kv_bytes(const ModelConfig& config) {
   const std::vector<KvShape> kv = kv_shapes(config), full = uncompressed_kv_shapes(config);
   int64_t total = 0, total_full = 0;

@@ -16,8 +16,9 @@ namespace metrale {
 // softmax attention, the latent plus the rope key (keys only) for MLA, nothing for a linear-
 // attention layer.
 std::vector<KvShape> kv_shapes(const ModelConfig& config);
-// The same for the uncompressed layout HF's cache keeps: an MLA layer's expanded per-head keys
-// [k_nope | k_rope] and values; other layers as kv_shapes says.
+// The same for the uncompressed layout: an MLA layer's expanded per-head keys [k_nope | k_rope]
+// and values, what a plain multi-head cache of them would hold (transformers 5 itself caches
+// the latents and re-expands them on every call); other layers as kv_shapes says.
 std::vector<KvShape> uncompressed_kv_shapes(const ModelConfig& config);
 
 class KvPool {

@@ -37,7 +37,7 @@ class MlaAttention final : public Mixer {
   uint64_t active_bytes_per_token() const override;
   // The latent and the roped key, keys only.
   KvShape kv_shape() const override { return {1, kv_rank_ + rope_dim_, true}; }
-  // What HF's expanded cache keeps per token: every head's key and value.
+  // The uncompressed layout per token: every head's expanded key and value.
   KvShape uncompressed_kv_shape() const { return {n_heads_, nope_dim_ + rope_dim_ + v_dim_, true}; }
 
  private:

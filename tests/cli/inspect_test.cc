@@ -190,7 +190,7 @@ TEST(Inspect, VisionAndMtpTensorsAreNamed) {
   EXPECT_FALSE(has(t.out, "MTP layers: ")) << t.out;
 }
 
-// The KV bytes per token per layer: MLA's latent layout beside HF's uncompressed one, and the
+// The KV bytes per token per layer: MLA's latent layout beside the uncompressed one, and the
 // MTP layer a DeepSeek-V3 checkpoint appends named as recognised and not loaded.
 TEST(Inspect, KvBytesPerTokenAndMtpLayers) {
   const CliRun r = inspect({"tests/data/fixtures/deepseek_v3_mtp_bf16"});

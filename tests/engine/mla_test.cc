@@ -26,7 +26,7 @@ TEST(LatentCache, KeepsOnlyTheLatentAndTheRopeKey) {
     EXPECT_EQ(v.layout.head_dim, 24 + 8);
   }
   EXPECT_EQ(m->kv_pool().bytes_per_token(), 3 * (24 + 8) * 4);
-  // HF's expanded cache: 4 heads x (nope 16 + rope 8 + v 12) per layer.
+  // Uncompressed: 4 heads x (expanded key nope 16 + rope 8, value 12) per layer.
   const std::vector<KvShape> full = uncompressed_kv_shapes(m->config());
   ASSERT_EQ(full.size(), 3u);
   EXPECT_EQ(full[0].bytes_per_token(), 4 * (16 + 8 + 12) * 4);
