@@ -121,7 +121,12 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16Compute,
                                            "qwen3_moe_bf16", "qwen3_moe_nonorm_bf16",
                                            "qwen3_next_bf16", "qwen3_5_text_bf16",
                                            "qwen3_5_moe_text_bf16", "qwen3_5_bf16",
-                                           "qwen3_5_moe_bf16"));
+                                           "qwen3_5_moe_bf16",
+                                           // MLA + sigmoid routing; the other two MLA-family
+                                           // fixtures were not chosen for this (their native bf16
+                                           // runs route other experts than the f32 ones on some
+                                           // prompt tokens: fixture README)
+                                           "deepseek_v3_mtp_bf16", "glm4_moe_qknorm_bf16"));
 
 TEST(Bf16ComputeOptions, InPlaceWeightsAreRejected) {
   LoadOptions o = bf16_options();
