@@ -206,6 +206,9 @@ struct QuantConfig::Impl {
   // modelopt / fp8: one scheme for every module not excluded
   ModuleScheme all;
   std::string ignore_field;  // "ignore", "exclude_modules", "modules_to_not_convert"
+  // fp8 without modules_to_not_convert: transformers' get_keys_to_not_convert keeps the output
+  // embedding (lm_head) unquantized, as DeepSeek-V3's FP8 release relies on.
+  bool default_skips_lm_head = false;
 
   void parse_compressed_tensors(const JsonFields& q);
   void parse_modelopt(const JsonFields& q);
@@ -307,6 +310,9 @@ void QuantConfig::Impl::parse_fp8(const JsonFields& q) {
       ignore_field = key;
     }
   }
+  // HfQuantizer.get_modules_to_not_convert: skip_modules None -> the model's default skips.
+  default_skips_lm_head =
+      !q.has("modules_to_not_convert") || q.object().at("modules_to_not_convert").is_null();
 }
 
 QuantConfig::QuantConfig() : impl_(std::make_unique<Impl>()) {}
@@ -374,6 +380,10 @@ ModuleScheme QuantConfig::scheme_for(std::string_view module) const {
       s.rule = impl.ignore_field + " '" + m.text + "'";
       return s;
     }
+  }
+  if (impl.default_skips_lm_head && module == "lm_head") {
+    s.rule = "no modules_to_not_convert: transformers keeps the output embedding unquantized";
+    return s;
   }
   if (impl.dialect != QuantDialect::kCompressedTensors) return impl.all;
   for (const auto& [gi, ti] : impl.order) {

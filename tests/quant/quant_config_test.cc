@@ -139,6 +139,23 @@ TEST(QuantConfig, Fp8ModulePathsAsTransformersReadsThem) {
   EXPECT_EQ(c.scheme_for("lm_head").kind, Kind::kUnquantized);
 }
 
+// DeepSeek-V3's FP8 release has no modules_to_not_convert; transformers then keeps the output
+// embedding unquantized (get_keys_to_not_convert), and only then.
+TEST(QuantConfig, Fp8WithoutExclusionsKeepsTheHeadUnquantized) {
+  const QuantConfig c = QuantConfig::parse(R"({
+    "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128]})",
+                                           no_dir());
+  const ModuleScheme head = c.scheme_for("lm_head");
+  EXPECT_EQ(head.kind, Kind::kUnquantized);
+  EXPECT_NE(head.rule.find("no modules_to_not_convert"), std::string::npos) << head.rule;
+  EXPECT_EQ(c.scheme_for("model.layers.0.self_attn.kv_b_proj").kind, Kind::kFloat8);
+  const QuantConfig listed = QuantConfig::parse(R"({
+    "quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": []})",
+                                                no_dir());
+  EXPECT_EQ(listed.scheme_for("lm_head").kind, Kind::kFloat8);
+}
+
 TEST(QuantConfig, RefusesMalformedEntriesNamingTheField) {
   EXPECT_NE(parse_error(R"({"quant_method": "compressed-tensors", "config_groups": {"g": {
       "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group",
