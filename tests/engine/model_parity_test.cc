@@ -141,14 +141,16 @@ INSTANTIATE_TEST_SUITE_P(Quantized, ModelParity,
                                            "quant_ct_nvfp4a16", "quant_modelopt_fp8",
                                            "quant_modelopt_nvfp4", "quant_fp8_block",
                                            "deepseek_v3_fp8"));
-// DeepSeek-V3 (multi-head latent attention over the latent cache, YaRN with mscale, q_lora_rank
-// set and null, interleaved and rotate_half rope, an MTP layer left unloaded) and GLM-4.5
+// DeepSeek-V3 (multi-head latent attention over the latent cache, YaRN with mscale and with
+// mscale_all_dim alone, q_lora_rank set and null, interleaved and rotate_half rope, attention
+// biases, an MTP layer left unloaded) and GLM-4.5
 // (partial rotary, q/k/v bias, qk-norm on and off), both with sigmoid group-limited routing:
 // bf16 weights computed in f32 against transformers' f32 forward of the same weights, so the
 // f32 tolerance holds (fixture README, "MLA and GLM-4.5").
 INSTANTIATE_TEST_SUITE_P(Mla, ModelParity,
                          ::testing::Values("deepseek_v3_mtp_bf16", "deepseek_v3_noqlora_bf16",
-                                           "glm4_moe_qknorm_bf16", "glm4_moe_plain_bf16"));
+                                           "deepseek_v3_bias_bf16", "glm4_moe_qknorm_bf16",
+                                           "glm4_moe_plain_bf16"));
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridDecodeParity,
                          ::testing::Values("qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_text_f32",
                                            "qwen3_5_text_bf16", "qwen3_5_moe_text_f32",
