@@ -376,9 +376,11 @@ def main() -> None:
     ap.add_argument("--llama-outtype", choices=["bf16", "q8_0"], default=None,
                     help="the former single-format option: bf16 = --llama-formats bf16, q8_0 "
                          "= --llama-formats q8_0-convert")
-    ap.add_argument("--compute", choices=["bf16", "f32"], default="bf16",
+    ap.add_argument("--compute", choices=["bf16", "int8", "f32"], default="bf16",
                     help="metrale's --compute: bf16 (default; the precision of llama.cpp's BF16 "
-                         "and HF's bf16 run) or f32 (metrale's HF-parity path)")
+                         "and HF's bf16 run), int8 (bf16 weights as bf16; int4 / int8 / nvfp4 "
+                         "weights meet activations quantized to int8 per 32, as llama.cpp's "
+                         "Q4_0 / Q8_0 do) or f32 (metrale's HF-parity path)")
     ap.add_argument("--weights", choices=["copy", "mmap"], default="copy",
                     help="metrale's --weights (llama.cpp always runs with -lm none, i.e. copied)")
     ap.add_argument("--metrale-bin", type=Path, default=RELEASE / "src" / "metrale")
@@ -566,9 +568,9 @@ def main() -> None:
         gcompute = dict(zip(mflags[::2], mflags[1::2])).get("--compute", "(metrale default)")
         results["greedy"] = {"pairs": []}
         for mrow, lrow in pairs:
-            precision = ("bf16 both" if gcompute == "bf16" and mrow.format == lrow.format ==
-                         "bf16" else f"metrale {mrow.format} --compute {gcompute}, "
-                                     f"llama.cpp {lrow.format}")
+            bf16_both = gcompute in ("bf16", "int8") and mrow.format == lrow.format == "bf16"
+            precision = ("bf16 both" if bf16_both else
+                         f"metrale {mrow.format} --compute {gcompute}, llama.cpp {lrow.format}")
             results["greedy"]["pairs"].append(greedy_check(
                 metrale, mrow.model_dir, args.cache_dir, lrow.gguf, max(args.threads),
                 args.greedy_tokens, mflags, precision, args.timeout, (mrow.format, lrow.format),

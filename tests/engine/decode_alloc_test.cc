@@ -116,16 +116,18 @@ TEST_P(DecodeAllocations, StepsAllocateNothing) {
   for (Sequence& s : seqs) m->release(s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DecodeAllocations,
-                         ::testing::Combine(::testing::Values("qwen3_bf16", "qwen3_moe_bf16",
-                                                              "qwen3_next_bf16", "qwen3_5_moe_f32",
-                                                              "quant_ct_gptq_actorder",
-                                                              "quant_modelopt_nvfp4"),
-                                            ::testing::Values(Compute::kF32, Compute::kBF16)),
-                         [](const auto& p) {
-                           return std::get<0>(p.param) +
-                                  (std::get<1>(p.param) == Compute::kF32 ? "_f32" : "_bf16");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, DecodeAllocations,
+    ::testing::Combine(::testing::Values("qwen3_bf16", "qwen3_moe_bf16", "qwen3_next_bf16",
+                                         "qwen3_5_moe_f32", "quant_ct_gptq_actorder",
+                                         "quant_modelopt_nvfp4"),
+                       ::testing::Values(Compute::kF32, Compute::kBF16, Compute::kInt8)),
+    [](const auto& p) {
+      const Compute c = std::get<1>(p.param);
+      return std::get<0>(p.param) + (c == Compute::kF32    ? "_f32"
+                                     : c == Compute::kBF16 ? "_bf16"
+                                                           : "_int8");
+    });
 
 }  // namespace
 }  // namespace metrale
