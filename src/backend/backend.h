@@ -344,7 +344,9 @@ class Backend {
   virtual void do_causal_conv(const CausalConvArgs& a) = 0;
   virtual void do_delta_rule(const DeltaRuleArgs& a) = 0;
   virtual void do_sigmoid_mul(const SigmoidMulArgs& a) = 0;
-  // Packing tags (WeightTensor::packing) this backend's prepare() produces; 0 always passes.
+  // Whether ops can read w as its packing tag (WeightTensor::packing) says: the tags this
+  // backend's prepare() produces, and 0 (checkpoint rows) for formats that have a kernel on
+  // plain rows; a quantized weight passes only as prepare() packed it.
   virtual bool knows_packing(const WeightTensor& w) const = 0;
   // Largest head_dim the attention implementation accepts.
   virtual int64_t max_head_dim() const = 0;
