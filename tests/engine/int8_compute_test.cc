@@ -68,7 +68,7 @@ INSTANTIATE_TEST_SUITE_P(Quantized, Int8Compute,
                          ::testing::Values("quant_ct_w4a16", "quant_ct_w4a16_asym",
                                            "quant_ct_gptq_actorder", "quant_ct_w8a16",
                                            "quant_ct_mixed", "quant_ct_nvfp4a16",
-                                           "quant_modelopt_nvfp4"));
+                                           "quant_modelopt_nvfp4", "quant_modelopt_w4a16_nvfp4"));
 
 }  // namespace
 }  // namespace metrale

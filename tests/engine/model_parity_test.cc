@@ -138,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(Quantized, ModelParity,
                                            "quant_ct_gptq_actorder", "quant_ct_w8a16",
                                            "quant_ct_mixed", "quant_ct_fp8_dynamic", "quant_ct_fp8",
                                            "quant_ct_nvfp4a16", "quant_modelopt_fp8",
-                                           "quant_modelopt_nvfp4", "quant_fp8_block"));
+                                           "quant_modelopt_nvfp4", "quant_modelopt_w4a16_nvfp4",
+                                           "quant_fp8_block"));
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridDecodeParity,
                          ::testing::Values("qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_text_f32",
                                            "qwen3_5_text_bf16", "qwen3_5_moe_text_f32",
