@@ -105,12 +105,13 @@ constexpr QuantVariant kQuantVariants[] = {
     {"nvfp4", WeightFormat::kNvfp4, 16, false, DType::kF8E4M3},
 };
 
-// args: n_out, n_in, rows, variant (kQuantVariants), cold (as BM_Linear). Bytes: the packed
-// weight the kernel streams (codes, scales, zero points).
+// args: n_out, n_in, rows, variant (kQuantVariants), cold (as BM_Linear), int8 (1:
+// Compute::kInt8, the q8 layouts with int8 activations, which fp8 does not have). Bytes: the
+// packed weight the kernel streams (codes, scales, zero points).
 void BM_QuantLinear(benchmark::State& state) {
   const int64_t n_out = state.range(0), n_in = state.range(1), rows = state.range(2);
   const QuantVariant& v = kQuantVariants[state.range(3)];
-  CpuBackend be(pool());
+  CpuBackend be(pool(), state.range(5) != 0 ? Compute::kInt8 : Compute::kF32);
   std::mt19937 rng(1);
   std::vector<uint8_t> codes(weight_row_bytes(v.format, n_in) * static_cast<size_t>(n_out));
   for (uint8_t& b : codes) {
@@ -163,11 +164,15 @@ void BM_QuantLinear(benchmark::State& state) {
 }
 // Qwen3-0.6B's MLP shapes: decode (1 row, hot and cold) and a prefill chunk (64 rows).
 void QuantShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"out", "in", "rows", "variant", "cold"});
+  b->ArgNames({"out", "in", "rows", "variant", "cold", "int8"});
   for (auto [rows, cold] : {std::pair<int64_t, int64_t>{1, 0}, {1, 1}, {64, 0}}) {
     for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{3072, 1024}, {1024, 3072}}) {
-      for (int64_t v = 0; v < static_cast<int64_t>(std::size(kQuantVariants)); ++v)
-        b->Args({n_out, n_in, rows, v, cold});
+      for (int64_t v = 0; v < static_cast<int64_t>(std::size(kQuantVariants)); ++v) {
+        for (int64_t int8 : {0, 1}) {
+          if (int8 == 1 && kQuantVariants[v].format == WeightFormat::kFp8) continue;
+          b->Args({n_out, n_in, rows, v, cold, int8});
+        }
+      }
     }
   }
 }

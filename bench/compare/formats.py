@@ -3,13 +3,15 @@ how it is made, the weight bytes one decode step of it reads, and which llama.cp
 compared with.
 
 A row is one engine on one format. metrale (--formats): bf16 (the random-weight checkpoint)
-or a scheme of tools/bench/quantize_checkpoint.py (w4a16, w8a16, fp8, nvfp4: that checkpoint
-quantized by llm-compressor, loaded as the producer wrote it). llama.cpp (--llama-formats): a
+or a scheme of tools/bench/quantize_checkpoint.py (w4a16, w8a16, fp8, nvfp4, ...: that
+checkpoint quantized by llm-compressor; modelopt-fp8, modelopt-nvfp4: by NVIDIA ModelOpt;
+loaded as the producer wrote it). llama.cpp (--llama-formats): a
 format of tools/bench/llama_cpp_peer.FORMATS (bf16 converted; q4_0, q8_0 and variants made by
 the pinned llama-quantize from the bf16 GGUF). hf: bf16 only. Row ids: the engine for bf16
 ("metrale", "llama.cpp", "hf" — as before formats existed), else "<engine> <format>".
 Each metrale / hf row is compared with every --llama-formats row of the same weight bit width
-(4: w4a16, nvfp4 -> q4_0*; 8: w8a16, fp8 -> q8_0*; 16: bf16), else with the first llama.cpp
+(4: w4a16, nvfp4, modelopt-nvfp4 -> q4_0*; 8: w8a16, fp8, modelopt-fp8 -> q8_0*; 16: bf16),
+else with the first llama.cpp
 row; the first of them is its peer (greedy check, the peer's bytes in the notes).
 """
 
@@ -81,10 +83,17 @@ def plan_rows(engines: list[str], metrale_formats: list[str], llama_formats: lis
     return rows
 
 
-def quantized_missing(rows: list[Row], cache: Path, model_dir: Path) -> bool:
-    """Whether some metrale row needs llm-compressor to run (so its venv is needed)."""
-    return any(r.engine == "metrale" and r.format != "bf16" and
-               not quantize_checkpoint.is_ready(cache, model_dir, r.format) for r in rows)
+def quantizers(rows: list[Row]) -> list[str]:
+    """The producers (quantize_checkpoint.PRODUCERS) of the metrale rows' schemes."""
+    return list(dict.fromkeys(quantize_checkpoint.producer(r.format) for r in rows
+                              if r.engine == "metrale" and r.format != "bf16"))
+
+
+def quantized_missing(rows: list[Row], cache: Path, model_dir: Path) -> list[str]:
+    """The producers that must run (so their venvs are needed) for metrale rows whose
+    quantized checkpoint is not cached; [] when none."""
+    return quantizers([r for r in rows if r.engine == "metrale" and r.format != "bf16" and
+                       not quantize_checkpoint.is_ready(cache, model_dir, r.format)])
 
 
 def llama_needs(rows: list[Row], cache: Path, model_dir: Path) -> tuple[bool, bool]:
@@ -155,8 +164,12 @@ WEIGHT_COMPONENTS = (
     ("norms", ("norm.weight",)),
 )
 # Tensors a quantized checkpoint stores per module that no decode step reads: compressed-
-# tensors' weight_shape (the unpacked shape, int64 x 2; metadata the loader uses once).
-UNREAD_SUFFIXES = (".weight_shape",)
+# tensors' weight_shape (the unpacked shape, int64 x 2; metadata the loader uses once), and
+# static activation scales (ModelOpt's input_scale, compressed-tensors' input_global_scale /
+# input_zero_point: metrale reads them at load and computes with unquantized activations).
+UNREAD_SUFFIXES = {"metadata": (".weight_shape",),
+                   "activation_scales": (".input_scale", ".input_global_scale",
+                                         ".input_zero_point")}
 
 
 def weight_component(name: str) -> str:
@@ -181,7 +194,8 @@ def checkpoint_weight_bytes(model_dir: Path, batches: list[int]) -> dict:
     stored: packed values, scales, zero points, g_idx, global scales — each is read once per
     step by the layer using it), except that an untied input embedding is only gathered (a few
     rows), not streamed, that a multi-token-prediction head (mtp.*) is not run by a plain
-    decode step, that compressed-tensors' weight_shape is metadata, and that a mixture-of-
+    decode step, that compressed-tensors' weight_shape is metadata and static activation scales
+    (input_scale, ...) are not used by a weight-only decode step, and that a mixture-of-
     experts layer reads only the experts its rows were routed to. With E experts, k per token
     and uniform routing (what random weights give), a batch of B rows touches an expected
     1 - (1 - k/E)^B of each layer's experts: exactly k/E at batch 1. Shared experts
@@ -192,15 +206,16 @@ def checkpoint_weight_bytes(model_dir: Path, batches: list[int]) -> dict:
     bytes, "per_step": {B: bytes}, "moe": {...} or None, "components": dense bytes by kind
     (lm_head, router, shared_expert, attention, linear_attention, norms, other) plus
     "experts_b1" (routed-expert bytes one token reads), "by_kind": bytes read by tensor
-    suffix and dtype ("weight_packed I32", "weight_scale BF16", "embedding/lm_head BF16", ...),
-    "unread": {...}}."""
+    suffix and dtype ("weight_packed I32", "weight_scale BF16", "embedding/lm_head BF16",
+    ModelOpt's "weight U8" / "weight_scale F8_E4M3" / "weight_scale_2 F32", ...), "unread":
+    {embed_tokens, mtp, metadata, activation_scales: bytes}}."""
     config = json.loads((model_dir / "config.json").read_text())
     config = config.get("text_config", config)
     tied = config.get("tie_word_embeddings", False)
     total = dense = experts = 0
     components: dict[str, int] = {}
     by_kind: dict[str, int] = {}
-    unread = {"embed_tokens": 0, "mtp": 0, "metadata": 0}
+    unread = {"embed_tokens": 0, "mtp": 0, **{k: 0 for k in UNREAD_SUFFIXES}}
     for f in sorted(model_dir.glob("*.safetensors")):
         with open(f, "rb") as fh:
             n = struct.unpack("<Q", fh.read(8))[0]
@@ -216,8 +231,9 @@ def checkpoint_weight_bytes(model_dir: Path, batches: list[int]) -> dict:
             if name.endswith("embed_tokens.weight") and not tied:
                 unread["embed_tokens"] += size
                 continue
-            if name.endswith(UNREAD_SUFFIXES):
-                unread["metadata"] += size
+            skip = next((k for k, s in UNREAD_SUFFIXES.items() if name.endswith(s)), None)
+            if skip:
+                unread[skip] += size
                 continue
             kind = tensor_kind(name, meta["dtype"])
             by_kind[kind] = by_kind.get(kind, 0) + size
@@ -259,7 +275,8 @@ def quantizer_note(metrale: Row, llama: Row) -> str:
     """How the two rows' weights were made, for the greedy check's line."""
     if metrale.format == "bf16" and llama.format == "bf16":
         return "same bf16 weights"
+    name = metrale.producer.get("producer", "llmcompressor")
     m = ("bf16 checkpoint" if metrale.format == "bf16" else
-         f"llm-compressor {metrale.producer.get('versions', {}).get('llmcompressor', '?')} "
-         f"{metrale.format}")
+         f"{quantize_checkpoint.PRODUCERS[name]['label']} "
+         f"{metrale.producer.get('versions', {}).get(name, '?')} {metrale.format}")
     return f"different quantizers: metrale {m}, llama.cpp {llama.format}"

@@ -238,6 +238,16 @@ def format_notes(results: dict) -> list[str]:
                      + (f", `llama-quantize {' '.join(cmd[1:-4] + ['BF16.gguf', 'OUT.gguf'] + cmd[-2:-1])}`"
                         if cmd else "") + "); tensor types: " +
                      "; ".join(f"{t} {', '.join(n)}" for t, n in types.items()))
+        elif prod.get("producer") == "nvidia-modelopt":
+            v, recipe = prod.get("versions") or {}, prod.get("recipe") or {}
+            cal = recipe.get("calibration") or {}
+            exclude = ((prod.get("hf_quant_config") or {}).get("quantization") or {}).get(
+                "exclude_modules")
+            line += (f"{prod.get('description', r['format'])}: nvidia-modelopt "
+                     f"{v.get('nvidia-modelopt', '?')}, mtq {recipe.get('preset', '?')} "
+                     f"calibrated on {cal.get('sequences', '?')} x {cal.get('tokens', '?')} "
+                     f"random ids (seed {cal.get('seed', '?')}), export_hf_checkpoint, "
+                     f"excluded {exclude}")
         else:
             v = prod.get("versions") or {}
             line += (f"{prod.get('description', r['format'])}: llmcompressor "

@@ -26,9 +26,10 @@ wait4() (max over the process and the children it waited for). Medians over roun
 <out>/table.md, results.json (every sample too) and chart.png. See docs/performance.md.
 
 Weight formats (bench/compare/formats.py): every row of the table is one engine on one format.
---formats picks metrale's: bf16 and/or w4a16, w8a16, fp8, nvfp4 — the same checkpoint
-quantized by llm-compressor (tools/bench/quantize_checkpoint.py, in its own pinned venv under
---cache-dir, made through prereqs like everything else) and loaded as the producer wrote it.
+--formats picks metrale's: bf16 and/or w4a16, w8a16, fp8, nvfp4, ... (the same checkpoint
+quantized by llm-compressor) or modelopt-fp8, modelopt-nvfp4 (by NVIDIA ModelOpt), made by
+tools/bench/quantize_checkpoint.py with each producer in its own pinned venv under
+--cache-dir (made through prereqs like everything else), loaded as the producer wrote it.
 --llama-formats picks llama.cpp's: bf16, q4_0, q8_0 (the pinned llama-quantize of the bf16
 GGUF), q4_0-pure, q4_0-bf16head / q8_0-bf16head (embedding / output head kept bf16, as the
 llm-compressor checkpoints keep theirs), q8_0-convert. Each metrale row is compared with every
@@ -302,10 +303,11 @@ def greedy_check(metrale: Path, model_dir: Path, cache: Path, gguf: Path, thread
 
 
 def plan_prerequisites(args, engines: list[str], build: bool,
-                       rows: list[formats.Row]) -> tuple[list[str], list[str], bool]:
-    """(Python modules, Debian packages, whether llm-compressor's venv is needed) that the
-    steps this run will take need. Steps whose output is cached (checkpoint, GGUFs, quantized
-    checkpoints, llama.cpp build, probe) need nothing."""
+                       rows: list[formats.Row]) -> tuple[list[str], list[str], list[str]]:
+    """(Python modules, Debian packages, the quantizers whose venvs are needed: names of
+    quantize_checkpoint.PRODUCERS) that the steps this run will take need. Steps whose output
+    is cached (checkpoint, GGUFs, quantized checkpoints, llama.cpp build, probe) need
+    nothing."""
     modules, debian = [], []
     if not args.no_chart:
         modules += prereqs.CHART
@@ -329,13 +331,13 @@ def plan_prerequisites(args, engines: list[str], build: bool,
             debian += [prereqs.BUILD_TOOLS["c++"]]
         if not ckpt_ready or convert:
             modules += prereqs.GGUF_CONVERSION
-    venv = any(r.engine == "metrale" and r.format != "bf16" for r in rows) and (
-        not ckpt_ready or formats.quantized_missing(rows, args.cache_dir, model_dir))
+    venvs = (formats.quantizers(rows) if not ckpt_ready else
+             formats.quantized_missing(rows, args.cache_dir, model_dir))
     if "metrale" in engines and build and args.metrale_bin == RELEASE / "src" / "metrale":
         debian += prereqs.metrale_debian_packages()
     if not (RELEASE / "bench" / "bandwidth_probe").is_file():
         debian += ["g++"]
-    return modules, debian, venv
+    return modules, debian, venvs
 
 
 def main() -> None:
@@ -363,8 +365,9 @@ def main() -> None:
     ap.add_argument("--formats", default="bf16",
                     help="metrale's weight formats, one table row each: bf16 (the checkpoint) "
                          "and/or " + ", ".join(formats.METRALE_FORMATS[1:]) + " (the "
-                         "checkpoint quantized by llm-compressor, tools/bench/"
-                         "quantize_checkpoint.py, in its own venv under --cache-dir)")
+                         "checkpoint quantized by llm-compressor, or by ModelOpt for "
+                         "modelopt-*: tools/bench/quantize_checkpoint.py, each in its own "
+                         "venv under --cache-dir)")
     ap.add_argument("--llama-formats", default=None,
                     help="llama.cpp's GGUF formats, one row each: " +
                          ", ".join(formats.LLAMA_FORMATS) + " (q*: the pinned llama-quantize "
@@ -376,9 +379,11 @@ def main() -> None:
     ap.add_argument("--llama-outtype", choices=["bf16", "q8_0"], default=None,
                     help="the former single-format option: bf16 = --llama-formats bf16, q8_0 "
                          "= --llama-formats q8_0-convert")
-    ap.add_argument("--compute", choices=["bf16", "f32"], default="bf16",
+    ap.add_argument("--compute", choices=["bf16", "int8", "f32"], default="bf16",
                     help="metrale's --compute: bf16 (default; the precision of llama.cpp's BF16 "
-                         "and HF's bf16 run) or f32 (metrale's HF-parity path)")
+                         "and HF's bf16 run), int8 (bf16 weights as bf16; int4 / int8 / nvfp4 "
+                         "weights meet activations quantized to int8 per 32, as llama.cpp's "
+                         "Q4_0 / Q8_0 do) or f32 (metrale's HF-parity path)")
     ap.add_argument("--weights", choices=["copy", "mmap"], default="copy",
                     help="metrale's --weights (llama.cpp always runs with -lm none, i.e. copied)")
     ap.add_argument("--metrale-bin", type=Path, default=RELEASE / "src" / "metrale")
@@ -431,12 +436,11 @@ def main() -> None:
     metrale_fixed = [a for k, v in metrale_flags.items() for a in (k, v)] + extra
 
     # --- prerequisites: checked (and installed, or named) before any work ---
-    modules, debian, venv = plan_prerequisites(args, engines, build, rows)
+    modules, debian, venvs = plan_prerequisites(args, engines, build, rows)
     prereqs.ensure(modules, debian, install=not args.no_install)
-    if venv:  # llm-compressor's own virtual environment (made once, or named and stopped)
-        prereqs.ensure_venv(formats.quantize_checkpoint.venv_dir(args.cache_dir),
-                            formats.quantize_checkpoint.REQUIREMENTS,
-                            install=not args.no_install)
+    for producer in venvs:  # each quantizer's own venv (made once, or named and stopped)
+        formats.quantize_checkpoint.ensure_venv(args.cache_dir, producer,
+                                                install=not args.no_install)
 
     # --- prepare everything before the first timed run ---
     if args.model_shape:
@@ -566,9 +570,9 @@ def main() -> None:
         gcompute = dict(zip(mflags[::2], mflags[1::2])).get("--compute", "(metrale default)")
         results["greedy"] = {"pairs": []}
         for mrow, lrow in pairs:
-            precision = ("bf16 both" if gcompute == "bf16" and mrow.format == lrow.format ==
-                         "bf16" else f"metrale {mrow.format} --compute {gcompute}, "
-                                     f"llama.cpp {lrow.format}")
+            bf16_both = gcompute in ("bf16", "int8") and mrow.format == lrow.format == "bf16"
+            precision = ("bf16 both" if bf16_both else
+                         f"metrale {mrow.format} --compute {gcompute}, llama.cpp {lrow.format}")
             results["greedy"]["pairs"].append(greedy_check(
                 metrale, mrow.model_dir, args.cache_dir, lrow.gguf, max(args.threads),
                 args.greedy_tokens, mflags, precision, args.timeout, (mrow.format, lrow.format),

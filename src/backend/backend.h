@@ -72,11 +72,15 @@ struct WeightTensor {
 };
 
 // What a backend's linear layers compute in (set when the backend is made, honoured by
-// prepare(kCopy) of bf16 weights). kF32: f32 activations, HF's upcast numerics (the default).
-// kBF16: input rows rounded to bf16 and bf16 x bf16 products summed in f32 (llama.cpp's BF16
-// type); results differ from kF32 by bf16 rounding of the activations, and a row still
-// depends only on itself. A backend without a bf16 kernel computes in f32.
-enum class Compute : uint8_t { kF32, kBF16 };
+// prepare(kCopy) of bf16 weights and prepare() of quantized ones). kF32: f32 activations, HF's
+// upcast numerics (the default; quantized weights dequantized exactly). kBF16: for bf16
+// weights, input rows rounded to bf16 and bf16 x bf16 products summed in f32 (llama.cpp's BF16
+// type); quantized weights as kF32. kInt8: bf16 weights as kBF16; int4 / int8 / nvfp4 weights
+// meet input rows quantized to int8 per block of 32 (llama.cpp's Q8_0 activations for its
+// Q4_0 / Q8_0 weights), integer products summed exactly, scales applied in f32; fp8 as kF32.
+// Results differ from kF32 by the activations' rounding; a row still depends only on itself.
+// A backend without such a kernel computes in f32.
+enum class Compute : uint8_t { kF32, kBF16, kInt8 };
 
 enum class PrepareMode : uint8_t {
   kInPlace,  // keep reading the caller's memory (e.g. the safetensors mmap)
@@ -392,7 +396,9 @@ class Backend {
   virtual void do_delta_rule(const DeltaRuleArgs& a) = 0;
   virtual void do_sigmoid_mul(const SigmoidMulArgs& a) = 0;
   virtual void do_latent_attention(const LatentAttentionArgs& a) = 0;
-  // Packing tags (WeightTensor::packing) this backend's prepare() produces; 0 always passes.
+  // Whether ops can read w as its packing tag (WeightTensor::packing) says: the tags this
+  // backend's prepare() produces, and 0 (checkpoint rows) for formats that have a kernel on
+  // plain rows; a quantized weight passes only as prepare() packed it.
   virtual bool knows_packing(const WeightTensor& w) const = 0;
   // Largest head_dim the attention implementation accepts.
   virtual int64_t max_head_dim() const = 0;

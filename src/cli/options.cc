@@ -63,9 +63,10 @@ void ModelFlags::add_to(CLI::App& cmd) {
                  "where decode reads weights: copy (anonymous memory) or mmap")
       ->check(CLI::IsMember({"copy", "mmap"}));
   cmd.add_option("--compute", compute,
-                 "linear-layer arithmetic: f32 (HF numerics) or bf16 (inputs rounded to bf16, "
-                 "as llama.cpp's BF16; needs --weights copy)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+                 "linear-layer arithmetic: f32 (HF numerics), bf16 (inputs rounded to bf16, "
+                 "as llama.cpp's BF16; needs --weights copy) or int8 (bf16, and int4 / int8 / "
+                 "nvfp4 weights meet inputs quantized to int8 per 32, as llama.cpp's Q4_0 / Q8_0)")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd.add_option("--max-seqs", max_seqs,
                  "hybrid models: sequences that hold a recurrent-state slot at once")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
@@ -83,7 +84,9 @@ LoadOptions ModelFlags::load_options() const {
   o.kv_tokens = kv_tokens;
   o.max_rows = max_rows;
   o.placement = placement == "mmap" ? WeightPlacement::kInPlace : WeightPlacement::kCopy;
-  o.compute = compute == "bf16" ? Compute::kBF16 : Compute::kF32;
+  o.compute = compute == "bf16"   ? Compute::kBF16
+              : compute == "int8" ? Compute::kInt8
+                                  : Compute::kF32;
   o.max_seqs = max_seqs;
   o.state_dtype = state_dtype == "f16" ? DType::kF16 : DType::kF32;
   if (!state_budget.empty()) o.state_budget = parse_byte_size(state_budget, "--state-budget");

@@ -34,8 +34,8 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     }
     m->pool_ = std::make_unique<ThreadPool>(o.n_threads > 0 ? o.n_threads : default_thread_count());
     METRALE_CHECK(o.compute == Compute::kF32 || o.placement == WeightPlacement::kCopy,
-                  "LoadOptions: compute bf16 repacks the weights and needs placement copy, not "
-                  "in-place (mmap)");
+                  "LoadOptions: compute bf16 / int8 repacks the weights and needs placement copy, "
+                  "not in-place (mmap)");
     m->backend_ = make_backend({.device = o.device, .pool = m->pool_.get(), .compute = o.compute});
     m->checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(dir));
     {

@@ -260,7 +260,7 @@ void QuantConfig::Impl::parse_modelopt(const JsonFields& q) {
   } else if (algo == "FP8_PB_WO" || algo == "fp8_pb_wo") {
     all.kind = Kind::kFloat8;
     all.strategy = "block";
-  } else if (algo == "NVFP4") {
+  } else if (algo == "NVFP4" || algo == "W4A16_NVFP4") {  // the latter weight-only: no input_scale
     all.kind = Kind::kNvfp4;
     all.group_size = q.int_or("group_size", 16);
     if (all.group_size != 16)
@@ -269,7 +269,7 @@ void QuantConfig::Impl::parse_modelopt(const JsonFields& q) {
   } else {
     throw q.error("quant_algo", "ModelOpt algorithm \"", algo,
                   "\" is not supported by this build (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, "
-                  "NVFP4)");
+                  "NVFP4, W4A16_NVFP4)");
   }
   all.bits = all.kind == Kind::kNvfp4 ? 4 : 8;
   all.rule = "quant_algo " + algo;

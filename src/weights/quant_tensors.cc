@@ -267,6 +267,22 @@ QuantizedWeight read_quantized(const Checkpoint& ckpt, const std::string& prefix
     return *scale;
   };
 
+  // The tensor holding the codes, one row of `cols` per output: claimed, checked, read.
+  auto take_codes = [&](const CheckpointTensor& t, WeightFormat f, const char* layout,
+                        int64_t cols) {
+    claim(&t);
+    q.format = f;
+    q.layout = layout;
+    METRALE_CHECK(shape_is(t, {n_out, cols}), m.where(t), " has shape ", t.info->shape.str(),
+                  ", expected [", n_out, ", ", cols, "]");
+    q.codes = m.bytes(t);
+  };
+  auto take_nvfp4_codes = [&](const CheckpointTensor& t, const char* layout) {
+    METRALE_CHECK(n_in % 16 == 0, m.where(t), ": ", n_in,
+                  " inputs per row is not a multiple of NVFP4's group of 16");
+    take_codes(t, WeightFormat::kNvfp4, layout, n_in / 2);
+  };
+
   if (packed != nullptr && packed->info->dtype == DType::kI32) {
     // compressed-tensors pack-quantized int4 / int8.
     claim(packed);
@@ -302,15 +318,7 @@ QuantizedWeight read_quantized(const Checkpoint& ckpt, const std::string& prefix
       read_zero_points(m, *zero, bits, q);
     }
   } else if (packed != nullptr && packed->info->dtype == DType::kU8) {
-    // compressed-tensors nvfp4-pack-quantized.
-    claim(packed);
-    q.format = WeightFormat::kNvfp4;
-    q.layout = "compressed-tensors nvfp4-pack-quantized";
-    METRALE_CHECK(n_in % 16 == 0, m.where(*packed), ": ", n_in,
-                  " inputs per row is not a multiple of NVFP4's group of 16");
-    METRALE_CHECK(shape_is(*packed, {n_out, n_in / 2}), m.where(*packed), " has shape ",
-                  packed->info->shape.str(), ", expected [", n_out, ", ", n_in / 2, "]");
-    q.codes = m.bytes(*packed);
+    take_nvfp4_codes(*packed, "compressed-tensors nvfp4-pack-quantized");
     METRALE_CHECK(global != nullptr, ckpt.dir().string(), ": module '", prefix,
                   "' (nvfp4) has no '", prefix, ".weight_global_scale'");
     claim(global);
@@ -318,41 +326,24 @@ QuantizedWeight read_quantized(const Checkpoint& ckpt, const std::string& prefix
     const CheckpointTensor& s = need_scale("nvfp4");
     check_scale_dtype(m, s, true);
   } else if (weight != nullptr && weight->info->dtype == DType::kU8 && scale_2 != nullptr) {
-    // ModelOpt NVFP4.
-    claim(weight);
+    take_nvfp4_codes(*weight, "ModelOpt NVFP4");
     claim(scale_2);
-    q.format = WeightFormat::kNvfp4;
-    q.layout = "ModelOpt NVFP4";
-    METRALE_CHECK(n_in % 16 == 0, m.where(*weight), ": ", n_in,
-                  " inputs per row is not a multiple of NVFP4's group of 16");
-    METRALE_CHECK(shape_is(*weight, {n_out, n_in / 2}), m.where(*weight), " has shape ",
-                  weight->info->shape.str(), ", expected [", n_out, ", ", n_in / 2, "]");
-    q.codes = m.bytes(*weight);
     q.scale_global = m.scalar(*scale_2);
     const CheckpointTensor& s = need_scale("nvfp4");
     check_scale_dtype(m, s, true);
   } else if (weight != nullptr && weight->info->dtype == DType::kF8E4M3) {
-    claim(weight);
-    q.format = WeightFormat::kFp8;
-    METRALE_CHECK(shape_is(*weight, {n_out, n_in}), m.where(*weight), " has shape ",
-                  weight->info->shape.str(), ", expected [", n_out, ", ", n_in, "]");
-    q.codes = m.bytes(*weight);
+    take_codes(*weight, WeightFormat::kFp8, "float8 scaled", n_in);
     check_fp8_codes(m, *weight, q);
     const CheckpointTensor* s = scale_inv != nullptr ? scale_inv : scale;
     METRALE_CHECK(s != nullptr, ckpt.dir().string(), ": module '", prefix,
                   "' has float8 weights but neither '", prefix, ".weight_scale' nor '", prefix,
                   ".weight_scale_inv'");
     claim(s);
-    q.layout = scale_inv != nullptr ? "fp8 block-scaled (weight_scale_inv)" : "float8 scaled";
+    if (scale_inv != nullptr) q.layout = "fp8 block-scaled (weight_scale_inv)";
     check_scale_dtype(m, *s, false);
     read_scale_grid(m, *s, scheme, q, grid);
   } else if (weight != nullptr && weight->info->dtype == DType::kI8 && scale != nullptr) {
-    claim(weight);
-    q.format = WeightFormat::kInt8;
-    q.layout = "compressed-tensors int-quantized";
-    METRALE_CHECK(shape_is(*weight, {n_out, n_in}), m.where(*weight), " has shape ",
-                  weight->info->shape.str(), ", expected [", n_out, ", ", n_in, "]");
-    q.codes = m.bytes(*weight);
+    take_codes(*weight, WeightFormat::kInt8, "compressed-tensors int-quantized", n_in);
     const CheckpointTensor& s = need_scale("int-quantized");
     check_scale_dtype(m, s, false);
     read_scale_grid(m, s, scheme, q, grid);

@@ -2,7 +2,8 @@
 // prefill == one-piece prefill, 1 thread == 2 threads, a k-row verify == k single decodes, one
 // ragged step == its parts run alone, and truncate + continue == never having gone further —
 // bit for bit (docs/architecture.md, numerics).
-// A parameter "<fixture>@bf16" runs the same checks under LoadOptions::compute = kBF16.
+// A parameter "<fixture>@bf16" / "<fixture>@int8" runs the same checks under
+// LoadOptions::compute = kBF16 / kInt8.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -21,7 +22,9 @@ std::unique_ptr<Model> load(const std::string& param, int threads, int64_t max_r
   o.n_threads = threads;
   o.kv_tokens = 512;
   o.max_rows = max_rows;
-  o.compute = param.ends_with("@bf16") ? Compute::kBF16 : Compute::kF32;
+  o.compute = param.ends_with("@bf16")   ? Compute::kBF16
+              : param.ends_with("@int8") ? Compute::kInt8
+                                         : Compute::kF32;
   return Model::load(testing::fixture_dir(fixture_of(param)), o);
 }
 
@@ -199,22 +202,22 @@ TEST_P(BatchInvariance, TruncateThenContinueEqualsFresh) {
   m->release(s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance,
-                         ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32",
-                                           "qwen3_bf16@bf16", "llama_bf16@bf16", "qwen3_moe_f32",
-                                           "qwen3_moe_nonorm_f32", "qwen3_moe_bf16@bf16",
-                                           "qwen3_next_f32", "qwen3_5_text_bf16@bf16",
-                                           "qwen3_5_moe_f32", "quant_ct_gptq_actorder",
-                                           "quant_ct_w4a16_asym", "quant_modelopt_nvfp4",
-                                           "quant_fp8_block", "quant_ct_w8a16",
-                                           // the latent KV cache: chunks and decode read it
-                                           "deepseek_v3_mtp_bf16", "deepseek_v3_noqlora_bf16",
-                                           "deepseek_v3_noqlora_bf16@bf16", "glm4_moe_qknorm_bf16"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string name = p.param;
-                           for (char& ch : name) ch = ch == '@' ? '_' : ch;
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, BatchInvariance,
+    ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32", "qwen3_bf16@bf16", "llama_bf16@bf16",
+                      "qwen3_moe_f32", "qwen3_moe_nonorm_f32", "qwen3_moe_bf16@bf16",
+                      "qwen3_next_f32", "qwen3_5_text_bf16@bf16", "qwen3_5_moe_f32",
+                      "quant_ct_gptq_actorder", "quant_ct_w4a16_asym", "quant_modelopt_nvfp4",
+                      "quant_fp8_block", "quant_ct_w8a16", "quant_ct_gptq_actorder@int8",
+                      "quant_ct_w4a16_asym@int8", "quant_modelopt_nvfp4@int8",
+                      "quant_ct_w8a16@int8",
+                      // the latent KV cache: chunks and decode read it
+                      "deepseek_v3_mtp_bf16", "deepseek_v3_noqlora_bf16",
+                      "deepseek_v3_noqlora_bf16@bf16", "glm4_moe_qknorm_bf16"),
+    [](const ::testing::TestParamInfo<std::string>& p) {
+      std::string name = p.param;
+      for (char& ch : name) ch = ch == '@' ? '_' : ch;
+      return name;
 
 }  // namespace
 }  // namespace metrale

@@ -122,9 +122,12 @@ INSTANTIATE_TEST_SUITE_P(
                                          "qwen3_5_moe_f32", "quant_ct_gptq_actorder",
                                          "deepseek_v3_mtp_bf16", "glm4_moe_qknorm_bf16",
                                          "deepseek_v3_fp8", "quant_modelopt_nvfp4"),
-                       ::testing::Values(Compute::kF32, Compute::kBF16)),
+                       ::testing::Values(Compute::kF32, Compute::kBF16, Compute::kInt8)),
     [](const auto& p) {
-      return std::get<0>(p.param) + (std::get<1>(p.param) == Compute::kF32 ? "_f32" : "_bf16");
+      const Compute c = std::get<1>(p.param);
+      return std::get<0>(p.param) + (c == Compute::kF32    ? "_f32"
+                                     : c == Compute::kBF16 ? "_bf16"
+                                                           : "_int8");
     });
 
 }  // namespace

@@ -139,8 +139,8 @@ INSTANTIATE_TEST_SUITE_P(Quantized, ModelParity,
                                            "quant_ct_gptq_actorder", "quant_ct_w8a16",
                                            "quant_ct_mixed", "quant_ct_fp8_dynamic", "quant_ct_fp8",
                                            "quant_ct_nvfp4a16", "quant_modelopt_fp8",
-                                           "quant_modelopt_nvfp4", "quant_fp8_block",
-                                           "deepseek_v3_fp8"));
+                                           "quant_modelopt_nvfp4", "quant_modelopt_w4a16_nvfp4",
+                                           "quant_fp8_block", "deepseek_v3_fp8"));
 // DeepSeek-V3 (multi-head latent attention over the latent cache, YaRN with mscale and with
 // mscale_all_dim alone, q_lora_rank set and null, interleaved and rotate_half rope, attention
 // biases, an MTP layer left unloaded) and GLM-4.5

@@ -66,7 +66,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, QuantLayout,
                                            "quant_ct_gptq_actorder", "quant_ct_w8a16",
                                            "quant_ct_mixed", "quant_ct_fp8_dynamic", "quant_ct_fp8",
                                            "quant_ct_nvfp4a16", "quant_modelopt_fp8",
-                                           "quant_modelopt_nvfp4", "quant_fp8_block"));
+                                           "quant_modelopt_nvfp4", "quant_modelopt_w4a16_nvfp4",
+                                           "quant_fp8_block"));
 
 TEST(QuantLayout, IgnoreListsAreReported) {
   const std::unique_ptr<Model> model =

@@ -123,11 +123,13 @@ WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
   if (is_quantized(w.format)) {
     // Always repacked (either mode): codes, scales, zero points and the input order folded
     // into one buffer the kernels stream (cpu/linear_quant.h); nothing refers to w's memory.
-    const size_t data_bytes = cpu::quant_packed_bytes(w);
+    // Compute::kInt8 packs the q8 layout where the format has one (cpu/linear_quant.h).
+    const bool q8 = compute_ == Compute::kInt8 && cpu::q8_packable(w.format);
+    const size_t data_bytes = cpu::quant_packed_bytes(w, q8);
     const size_t bias_offset = round_up(data_bytes, kSmallAlign);
     const size_t bias_bytes = w.bias != nullptr ? static_cast<size_t>(w.n_out) * sizeof(float) : 0;
     auto [buffer, base] = weight_memory(bias_offset + bias_bytes);
-    cpu::pack_quant(w, base);
+    cpu::pack_quant(w, base, q8);
     out.data = base;
     out.packing = cpu::kPackingQuant;
     out.quant = QuantParams{};
@@ -145,7 +147,7 @@ WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
   // rows stay as they are and the Highway kernel reads them): the pair layout for bf16
   // compute, else the 16-row tiles of the f32-activation kernel.
   const bool copy_bf16 = mode == PrepareMode::kCopy && w.format == WeightFormat::kBF16;
-  const bool pairs = copy_bf16 && compute_ == Compute::kBF16 && cpu::pairs_packable(w.n_in);
+  const bool pairs = copy_bf16 && compute_ != Compute::kF32 && cpu::pairs_packable(w.n_in);
   const bool pack = copy_bf16 && !pairs && cpu::packable_bf16(w.n_in) && cpu::packed_bf16_enabled();
   const size_t data_bytes = mode != PrepareMode::kCopy ? 0
                             : pairs                    ? cpu::pairs_bf16_bytes(w.n_out, w.n_in)
@@ -195,15 +197,19 @@ void LinearJob::run(int64_t o_begin, int64_t o_end) const {
 }
 
 LinearJob make_linear_job(ConstRows x, const uint16_t* x_bf16, const WeightTensor& w, Rows y,
-                          const float* x_quant) {
+                          const void* x_quant) {
   LinearJob j;
   j.n_out = w.n_out;
   const auto* bias = static_cast<const float*>(w.bias);
   if (w.packing == kPackingQuant) {
-    const int64_t kp = quant_gather_cols(w);
+    const QuantLayout& l = quant_layout(w);
     j.kind = LinearJob::Kind::kQuant;
-    j.quant = QuantTask{.x = kp != 0 ? ConstRows{x_quant, x.n_rows, kp, kp} : x,
-                        .w = &quant_layout(w),
+    ConstRows xk = x;
+    if (!l.q8 && l.perm != 0)
+      xk = ConstRows{static_cast<const float*>(x_quant), x.n_rows, l.kp, l.kp};
+    j.quant = QuantTask{.x = xk,
+                        .x8 = l.q8 ? static_cast<const uint8_t*>(x_quant) : nullptr,
+                        .w = &l,
                         .bias = bias,
                         .y = y};
     return j;
@@ -240,13 +246,14 @@ void CpuBackend::do_linear(ConstRows x, const WeightTensor& w, Rows y) {
                [&](int64_t b, int64_t e) { cpu::round_rows_bf16(x, b, e, x_bf16_.data()); });
     x_bf16 = x_bf16_.data();
   }
-  const float* x_quant = nullptr;
-  if (const int64_t kp = cpu::quant_gather_cols(w); kp != 0) {
-    // The input in the weight's packed order (g_idx, padded groups), once per call.
-    const size_t need = static_cast<size_t>(x.n_rows * kp);
+  const void* x_quant = nullptr;
+  if (const int64_t bytes = cpu::quant_input_bytes(w); bytes != 0) {
+    // The input as the quantized kernel reads it (in packed order; int8 for q8 layouts), once
+    // per call.
+    const size_t need = static_cast<size_t>(x.n_rows * bytes) / sizeof(float);
     if (x_quant_.size() < need) x_quant_.resize(need);
     input_pass(*pool_, x.n_rows, need, [&](int64_t b, int64_t e) {
-      cpu::gather_quant_input(cpu::quant_layout(w), x, b, e, x_quant_.data());
+      cpu::prepare_quant_input(cpu::quant_layout(w), x, b, e, x_quant_.data());
     });
     x_quant = x_quant_.data();
   }

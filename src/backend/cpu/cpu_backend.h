@@ -18,9 +18,10 @@ class ThreadPool;
 
 class CpuBackend final : public Backend {
  public:
-  // `pool` must outlive the backend; every op runs its work on it. Compute::kBF16 applies to
-  // bf16 weights prepared with kCopy (AVX-512 BF16, with twins computing the same bits on
-  // AVX-512F, AVX2 and scalar CPUs).
+  // `pool` must outlive the backend; every op runs its work on it. Compute::kBF16 and kInt8
+  // apply to bf16 weights prepared with kCopy (AVX-512 BF16, with twins computing the same bits
+  // on AVX-512F, AVX2 and scalar CPUs); kInt8 also to int4 / int8 / nvfp4 weights (the q8
+  // layouts of cpu/linear_quant.h: AVX-512 VNNI, with a portable twin).
   explicit CpuBackend(ThreadPool& pool, Compute compute = Compute::kF32);
 
   std::string_view name() const override { return "cpu"; }
@@ -63,7 +64,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Buffer> weight_chunk_;
   size_t weight_chunk_used_ = 0;
   std::vector<uint16_t> x_bf16_;  // input rows rounded to bf16 (Compute::kBF16)
-  std::vector<float> x_quant_;    // input rows in a quantized weight's packed order
+  std::vector<float> x_quant_;    // input rows as a quantized kernel reads them (any bytes)
   std::vector<cpu::AttentionRowSpan> attention_spans_;
   struct MoeScratch {                         // cpu_moe.cc: the rows of one call grouped by expert
     std::vector<int32_t> count, start, fill;  // [n_experts]
@@ -71,7 +72,7 @@ class CpuBackend final : public Backend {
     std::vector<int32_t> order;               // [n * k] choices of a row by ascending expert
     std::vector<float> x, h, y;               // grouped input, gate|up, output rows
     std::vector<uint16_t> x_bf16, h_bf16;     // bf16-rounded inputs of the pairs kernel
-    std::vector<float> x_quant, h_quant;      // inputs in quantized experts' packed order
+    std::vector<float> x_quant, h_quant;      // inputs as quantized experts' kernels read them
     std::vector<int32_t> expert_of;           // [n * k] expert of each grouped row
     struct Item {
       int32_t job;

@@ -173,40 +173,40 @@ void CpuBackend::do_moe(const MoeArgs& a) {
   const Rows gx = rows_of(s.x.data(), nk, hidden);
   const Rows gh = rows_of(s.h.data(), nk, 2 * inter);
   const Rows gy = rows_of(s.y.data(), nk, hidden);
-  // Quantized experts whose kernel reads its input in packed order (cpu/linear_quant.h: g_idx,
-  // padded groups): each grouped row is gathered with its expert's order once, an expert's
-  // rows back to back from its first row's place, grouped rows `cols` floats apart.
+  // Quantized experts whose kernel reads its own input (cpu/linear_quant.h: packed order for
+  // g_idx or padded groups, int8 for q8 layouts): each grouped row is prepared for its expert
+  // once, an expert's rows back to back from its first row's place, grouped rows `bytes` apart.
   auto quant_weight = [&](bool gate_up, size_t e) -> const WeightTensor& {
     return gate_up ? a.expert_weights[e].gate_up : a.expert_weights[e].down;
   };
-  auto quant_cols = [&](bool gate_up) {
-    int64_t cols = 0;
+  auto quant_bytes = [&](bool gate_up) {
+    int64_t bytes = 0;
     for (size_t e = 0; e < ue; ++e)
-      if (s.count[e] > 0) cols = std::max(cols, cpu::quant_gather_cols(quant_weight(gate_up, e)));
-    return cols;
+      if (s.count[e] > 0) bytes = std::max(bytes, cpu::quant_input_bytes(quant_weight(gate_up, e)));
+    return bytes;
   };
-  const int64_t xq_cols = quant_cols(true), hq_cols = quant_cols(false);
-  grow(s.x_quant, unk * static_cast<size_t>(xq_cols));
-  grow(s.h_quant, unk * static_cast<size_t>(hq_cols));
-  auto quant_input = [&](bool gate_up, size_t e) -> float* {
-    if (cpu::quant_gather_cols(quant_weight(gate_up, e)) == 0) return nullptr;
-    return gate_up ? s.x_quant.data() + s.start[e] * xq_cols
-                   : s.h_quant.data() + s.start[e] * hq_cols;
+  const int64_t xq_bytes = quant_bytes(true), hq_bytes = quant_bytes(false);
+  grow(s.x_quant, unk * static_cast<size_t>(xq_bytes) / sizeof(float));
+  grow(s.h_quant, unk * static_cast<size_t>(hq_bytes) / sizeof(float));
+  auto quant_input = [&](bool gate_up, size_t e) -> uint8_t* {
+    if (cpu::quant_input_bytes(quant_weight(gate_up, e)) == 0) return nullptr;
+    return gate_up ? reinterpret_cast<uint8_t*>(s.x_quant.data()) + s.start[e] * xq_bytes
+                   : reinterpret_cast<uint8_t*>(s.h_quant.data()) + s.start[e] * hq_bytes;
   };
   auto gather_quant = [&](bool gate_up, ConstRows src, int64_t g) {
     const auto e = static_cast<size_t>(s.expert_of[static_cast<size_t>(g)]);
-    float* out = quant_input(gate_up, e);
+    uint8_t* out = quant_input(gate_up, e);
     if (out == nullptr) return;
     const ConstRows rows{src.row(s.start[e]), s.count[e], src.n_cols, src.stride};
     const int64_t r = g - s.start[e];
-    cpu::gather_quant_input(cpu::quant_layout(quant_weight(gate_up, e)), rows, r, r + 1, out);
+    cpu::prepare_quant_input(cpu::quant_layout(quant_weight(gate_up, e)), rows, r, r + 1, out);
   };
   auto gather = [&](int64_t i_begin, int64_t i_end) {
     for (int64_t i = i_begin; i < i_end; ++i) {
       const int64_t g = s.slot[static_cast<size_t>(i)];
       std::copy_n(a.x.row(i / k), hidden, gx.row(g));
       if (x_bf16) cpu::round_rows_bf16(gx, g, g + 1, s.x_bf16.data());
-      if (xq_cols != 0) gather_quant(/*gate_up=*/true, gx, g);
+      if (xq_bytes != 0) gather_quant(/*gate_up=*/true, gx, g);
     }
   };
   // Small passes run on this thread: a dispatch would cost more than it saves.
@@ -277,7 +277,7 @@ void CpuBackend::do_moe(const MoeArgs& a) {
     cpu::gated_activation_rows(act, b, e);
     const ConstRows h = column_slice(ConstRows(gh), 0, inter);
     if (h_bf16) cpu::round_rows_bf16(h, b, e, s.h_bf16.data());
-    if (hq_cols != 0) {
+    if (hq_bytes != 0) {
       for (int64_t g = b; g < e; ++g) gather_quant(/*gate_up=*/false, h, g);
     }
   });

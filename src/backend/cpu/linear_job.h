@@ -34,9 +34,10 @@ struct LinearJob {
 inline bool reads_bf16_input(const WeightTensor& w) { return w.packing == kPackingBf16Pairs; }
 
 // x: f32 rows; x_bf16: the same rows rounded to bf16, back to back (only when
-// reads_bf16_input(w)); x_quant: the same rows in w's packed order, quant_gather_cols(w) values
-// each, back to back (only when that is not 0; gather_quant_input, once per call).
+// reads_bf16_input(w)); x_quant: the same rows as w's quantized kernel reads them,
+// quant_input_bytes(w) each, back to back (only when that is not 0; prepare_quant_input, once
+// per call).
 LinearJob make_linear_job(ConstRows x, const uint16_t* x_bf16, const WeightTensor& w, Rows y,
-                          const float* x_quant = nullptr);
+                          const void* x_quant = nullptr);
 
 }  // namespace metrale::cpu

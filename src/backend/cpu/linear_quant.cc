@@ -557,6 +557,10 @@ void linear_quant_avx512(const QuantTask&, int64_t, int64_t) { std::abort(); }
 #endif
 
 void linear_quant(const QuantTask& t, int64_t o_begin, int64_t o_end) {
+  if (t.w->q8) {
+    if (q8_simd_enabled()) return linear_q8_avx512(t, o_begin, o_end);
+    return linear_q8_portable(t, o_begin, o_end);
+  }
   if (quant_simd_enabled()) {
     linear_quant_avx512(t, o_begin, o_end);
   } else {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <vector>
 
@@ -29,7 +30,7 @@ struct Plan {
   };
   std::vector<int32_t> perm;  // [kp]
   std::vector<Seg> segs;
-  bool per_half = false, identity = false, asymmetric = false, e4m3_slots = false;
+  bool per_half = false, identity = false, asymmetric = false, e4m3_slots = false, q8 = false;
   int64_t kp = 0;
   int64_t tile_bytes = 0;
   size_t perm_offset = 0, segments_offset = 0, tables_offset = 0, tiles_offset = 0, total = 0;
@@ -56,10 +57,13 @@ void check_fp8(const WeightTensor& w) {
   }
 }
 
-Plan make_plan(const WeightTensor& w) {
+Plan make_plan(const WeightTensor& w, bool q8) {
   const QuantParams& q = w.quant;
+  METRALE_CHECK(!q8 || q8_packable(w.format), "weight '", w.name,
+                "': ", weight_format_name(w.format), " has no q8 layout");
   if (w.format == WeightFormat::kFp8) check_fp8(w);
   Plan p;
+  p.q8 = q8;
   p.asymmetric = q.zeros != nullptr;
   p.e4m3_slots = w.format == WeightFormat::kNvfp4 && q.scale_dtype == DType::kF8E4M3;
   // Columns grouped by scale group, ascending within a group (a stable counting sort).
@@ -128,7 +132,7 @@ Plan make_plan(const WeightTensor& w) {
   }
   p.segments_offset = at;
   at = round_up(at + p.segs.size() * sizeof(QuantSegment), 64);
-  if (p.e4m3_slots) {
+  if (p.e4m3_slots && !p.q8) {
     p.tables_offset = at;
     at += kScaleTableFloats * sizeof(float);
   }
@@ -174,23 +178,66 @@ inline float decode_value(WeightFormat f, uint32_t code, SlotValue v) {
   }
 }
 
-// Byte offset inside a block of the code of tile row c at packed position j (linear_quant.h):
-// 4-bit codes interleave four rows per 64-byte line, 8-bit codes keep rows whole.
-inline int64_t code_offset(int64_t row_bytes, int64_t c, int64_t j) {
-  if (row_bytes == 16) return (c / 4) * 64 + 4 * (j % 16) + c % 4;
-  return c * row_bytes + j;
+// Where a block keeps the code of tile row c at packed position j (linear_quant.h): its byte
+// offset, and for 4-bit codes the shift of its nibble. f32 layouts: 4-bit codes interleave four
+// rows per 64-byte line, 8-bit codes keep rows whole; q8 layouts: dword lane c of each line.
+struct CodePlace {
+  int64_t offset;
+  int shift;
+};
+inline CodePlace code_place(bool q8, int64_t row_bytes, int64_t c, int64_t j) {
+  if (q8 && row_bytes == 16) return {(j / 8) * 64 + 4 * c + j % 4, 4 * static_cast<int>(j % 8 / 4)};
+  if (q8) return {(j / 4) * 64 + 4 * c + j % 4, 0};
+  if (row_bytes == 16) return {(c / 4) * 64 + 4 * (j % 16) + c % 4, 4 * static_cast<int>(j / 16)};
+  return {c * row_bytes + j, 0};
+}
+
+// q8 layouts (linear_quant.h): the offset of a group with zero point z, and the unsigned code
+// u of a stored code (int8 is stored as u already; nvfp4 keeps the nibble).
+inline float q8_offset(WeightFormat f, int z) {
+  if (f == WeightFormat::kInt8) return static_cast<float>(128 + z);
+  if (f == WeightFormat::kNvfp4) return 12.0f;
+  return static_cast<float>(8 + z);
+}
+inline int32_t q8_unsigned(WeightFormat f, uint32_t stored) {
+  return f == WeightFormat::kNvfp4 ? kQ8Nvfp4Codes[stored] : static_cast<int32_t>(stored);
+}
+
+// The stored code of tile row c at position j of a block.
+inline uint32_t stored_code(const QuantLayout& l, const uint8_t* block, int64_t c, int64_t j) {
+  const int64_t rb = l.row_bytes();
+  const CodePlace at = code_place(l.q8, rb, c, j);
+  const uint8_t byte = block[at.offset];
+  return rb == 16 ? (byte >> at.shift) & 0xFu : byte;
+}
+
+// q8 slots: s and off of tile row c (the SIMD kernel's formulas).
+inline SlotValue q8_slot(const QuantLayout& l, const uint8_t* tile, uint32_t slot, int64_t c) {
+  const uint8_t* at = tile + slot;
+  SlotValue v{};
+  if (l.e4m3_slots) {
+    v.s = f16_to_f32(e4m3_as_f16(at[c])) * l.q8_scale;
+  } else {
+    v.s = load_f32(at + 4 * c);
+  }
+  v.z = l.asymmetric ? load_f32(at + 64 + 4 * c) : q8_offset(l.format, 0);
+  return v;
 }
 
 // Tile row c of block `b` of segment `s` into out[0..32).
 void decode_block(const QuantLayout& l, const uint8_t* tile, const QuantSegment& s, int64_t b,
                   int64_t c, float* out) {
-  const int64_t rb = l.row_bytes();
-  const uint8_t* block = tile + s.codes + b * kQuantRows * rb;
+  const uint8_t* block = tile + s.codes + b * kQuantRows * l.row_bytes();
   for (int64_t j = 0; j < kQuantK; ++j) {
-    const uint8_t byte = block[code_offset(rb, c, j)];
-    const uint32_t code = rb == 16 ? (byte >> (4 * (j / 16))) & 0xFu : byte;
+    const uint32_t code = stored_code(l, block, c, j);
     const uint32_t slot = j < 16 ? s.slot_lo : s.slot_hi;
-    if (l.e4m3_slots) {  // the table row of the slot's scale code
+    if (l.q8) {  // (u - off) * s; for nvfp4 u - off = 2 e2m1, written so that -0 stays -0
+      const SlotValue v = q8_slot(l, tile, slot, c);
+      const float steps = l.format == WeightFormat::kNvfp4
+                              ? 2.0f * e2m1_to_f32(static_cast<uint8_t>(code))
+                              : static_cast<float>(q8_unsigned(l.format, code)) - v.z;
+      out[j] = steps * v.s;
+    } else if (l.e4m3_slots) {  // the table row of the slot's scale code
       out[j] = l.scale_tables()[tile[slot + static_cast<size_t>(c)] * 16 + code];
     } else {
       out[j] = decode_value(l.format, code, slot_value(l, tile, slot, c));
@@ -211,10 +258,10 @@ void decode_packed_row(const QuantLayout& l, int64_t row, float* out) {
 
 }  // namespace
 
-size_t quant_packed_bytes(const WeightTensor& w) { return make_plan(w).total; }
+size_t quant_packed_bytes(const WeightTensor& w, bool q8) { return make_plan(w, q8).total; }
 
-void pack_quant(const WeightTensor& w, void* dst) {
-  const Plan p = make_plan(w);
+void pack_quant(const WeightTensor& w, void* dst, bool q8) {
+  const Plan p = make_plan(w, q8);
   const QuantParams& q = w.quant;
   auto* base = static_cast<uint8_t*>(dst);
   std::memset(base, 0, p.total);
@@ -223,6 +270,8 @@ void pack_quant(const WeightTensor& w, void* dst) {
   head.asymmetric = p.asymmetric;
   head.e4m3_slots = p.e4m3_slots;
   head.per_half = p.per_half;
+  head.q8 = p.q8;
+  if (p.q8 && p.e4m3_slots) head.q8_scale = q.scale_global * 128.0f;
   head.n_out = w.n_out;
   head.n_in = w.n_in;
   head.kp = p.kp;
@@ -232,7 +281,7 @@ void pack_quant(const WeightTensor& w, void* dst) {
   head.segments = p.segments_offset;
   head.tiles = p.tiles_offset;
   head.tables = p.tables_offset;
-  if (p.e4m3_slots) {
+  if (p.e4m3_slots && !p.q8) {
     // Every (scale code, nibble) value, each the f32 products dequantize_row computes.
     auto* table = reinterpret_cast<float*>(base + p.tables_offset);
     for (uint32_t code = 0; code < 256; ++code) {
@@ -317,9 +366,10 @@ void pack_quant(const WeightTensor& w, void* dst) {
         }
         float s = real ? quant_scale(q, o, g) : 0.0f;
         if (w.format == WeightFormat::kFp8) s *= 256.0f;  // the f16 trick's / 256, exactly undone
+        if (p.q8 && w.format == WeightFormat::kNvfp4) s *= 0.5f;  // u counts half steps
         std::memcpy(tile + slot + 4 * c, &s, sizeof s);
         if (p.asymmetric) {
-          const auto z = static_cast<float>(zero_of(g));
+          const float z = p.q8 ? q8_offset(w.format, zero_of(g)) : static_cast<float>(zero_of(g));
           std::memcpy(tile + slot + 64 + 4 * c, &z, sizeof z);
         }
       };
@@ -330,11 +380,15 @@ void pack_quant(const WeightTensor& w, void* dst) {
         for (int64_t b = 0; b < ps.n_blocks; ++b) {
           uint8_t* block = tile + segs[i].codes + b * kQuantRows * rb;
           const uint8_t* codes = packed.data() + (ps.block_begin + b) * kQuantK;
-          if (nibbles) {
-            for (int64_t j = 0; j < 16; ++j)
-              block[code_offset(rb, c, j)] = static_cast<uint8_t>(codes[j] | (codes[j + 16] << 4));
-          } else {
-            std::memcpy(block + code_offset(rb, c, 0), codes, kQuantK);
+          for (int64_t j = 0; j < kQuantK; ++j) {
+            const CodePlace place = code_place(p.q8, rb, c, j);
+            if (nibbles) {
+              block[place.offset] =
+                  static_cast<uint8_t>(block[place.offset] | (codes[j] << place.shift));
+            } else {  // q8 int8 stores u = q + 128
+              block[place.offset] =
+                  p.q8 ? static_cast<uint8_t>(codes[j] ^ 0x80u) : static_cast<uint8_t>(codes[j]);
+            }
           }
         }
       }
@@ -342,13 +396,51 @@ void pack_quant(const WeightTensor& w, void* dst) {
   }
 }
 
-void gather_quant_input(const QuantLayout& l, ConstRows x, int64_t r_begin, int64_t r_end,
-                        float* out) {
+void prepare_quant_input(const QuantLayout& l, ConstRows x, int64_t r_begin, int64_t r_end,
+                         void* out) {
+  if (l.q8) {
+    if (q8_simd_enabled()) return quantize_q8_rows_avx512(l, x, r_begin, r_end, out);
+    return quantize_q8_rows_portable(l, x, r_begin, r_end, out);
+  }
   const int32_t* perm = l.permutation();
   for (int64_t r = r_begin; r < r_end; ++r) {
     const float* src = x.row(r);
-    float* dst = out + r * l.kp;
+    float* dst = static_cast<float*>(out) + r * l.kp;
     for (int64_t p = 0; p < l.kp; ++p) dst[p] = perm[p] >= 0 ? src[perm[p]] : 0.0f;
+  }
+}
+
+void quantize_q8_rows_portable(const QuantLayout& l, ConstRows x, int64_t r_begin, int64_t r_end,
+                               void* out) {
+  const int32_t* perm = l.permutation();
+  const int64_t stride = q8_row_bytes(l.kp);
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const float* src = x.row(r);
+    auto* q = static_cast<int8_t*>(out) + r * stride;
+    auto* blocks = reinterpret_cast<Q8Block*>(q + l.kp);
+    for (int64_t b = 0; b < l.kp / kQuantK; ++b) {
+      float v[kQuantK];
+      float amax = 0.0f;
+      bool finite = true;
+      for (int64_t j = 0; j < kQuantK; ++j) {
+        const int64_t p = b * kQuantK + j;
+        v[j] = perm == nullptr ? src[p] : perm[p] >= 0 ? src[perm[p]] : 0.0f;
+        finite = finite && std::isfinite(v[j]);
+        amax = std::max(amax, std::fabs(v[j]));
+      }
+      Q8Block& out_b = blocks[b];
+      int32_t sum[2] = {0, 0};
+      const float id = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int64_t j = 0; j < kQuantK; ++j) {
+        const auto c = id == 0.0f ? 0 : static_cast<int32_t>(std::nearbyint(v[j] * id));
+        q[b * kQuantK + j] = static_cast<int8_t>(c);
+        sum[j / 16] += c;
+      }
+      out_b.d = !finite ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+      out_b.s = static_cast<float>(sum[0] + sum[1]);
+      out_b.s_lo = static_cast<float>(sum[0]);
+      out_b.s_hi = static_cast<float>(sum[1]);
+    }
   }
 }
 
@@ -362,8 +454,57 @@ void unpack_quant_row(const QuantLayout& l, int64_t row, float* out) {
   }
 }
 
+void linear_q8_portable(const QuantTask& t, int64_t o_begin, int64_t o_end) {
+  const QuantLayout& l = *t.w;
+  const int64_t stride = q8_row_bytes(l.kp);
+  const QuantSegment* segs = l.segment_table();
+  const int64_t rb = l.row_bytes();
+  // I = sum of u * q over positions [j0, j1) of a block.
+  auto dot = [&](const uint8_t* block, int64_t c, const int8_t* q, int64_t j0, int64_t j1) {
+    int32_t sum = 0;
+    for (int64_t j = j0; j < j1; ++j)
+      sum += q8_unsigned(l.format, stored_code(l, block, c, j)) * static_cast<int32_t>(q[j]);
+    return static_cast<float>(sum);
+  };
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const uint8_t* tile = l.tile(o / kQuantRows);
+    const int64_t c = o % kQuantRows;
+    for (int64_t r = 0; r < t.x.n_rows; ++r) {
+      const auto* q = reinterpret_cast<const int8_t*>(t.x8 + r * stride);
+      const auto* blocks = reinterpret_cast<const Q8Block*>(q + l.kp);
+      float acc = 0.0f;
+      for (int64_t i = 0; i < l.n_segments; ++i) {
+        const QuantSegment& s = segs[i];
+        const uint8_t* codes = tile + s.codes;
+        if (l.per_half) {
+          const int64_t b = s.block_begin;
+          const Q8Block& x = blocks[b];
+          const SlotValue lo = q8_slot(l, tile, s.slot_lo, c), hi = q8_slot(l, tile, s.slot_hi, c);
+          const float t_lo = dot(codes, c, q + b * kQuantK, 0, 16) - lo.z * x.s_lo;
+          const float t_hi = dot(codes, c, q + b * kQuantK, 16, 32) - hi.z * x.s_hi;
+          acc = std::fma(std::fma(t_lo, x.d, 0.0f), lo.s, acc);
+          acc = std::fma(std::fma(t_hi, x.d, 0.0f), hi.s, acc);
+          continue;
+        }
+        const SlotValue v = q8_slot(l, tile, s.slot_lo, c);
+        float g = 0.0f;
+        for (int64_t k = 0; k < s.n_blocks; ++k) {
+          const int64_t b = s.block_begin + k;
+          const float tb =
+              dot(codes + k * kQuantRows * rb, c, q + b * kQuantK, 0, 32) - v.z * blocks[b].s;
+          g = std::fma(tb, blocks[b].d, g);
+        }
+        acc = std::fma(g, v.s, acc);
+      }
+      if (t.bias != nullptr) acc += t.bias[o];
+      t.y.row(r)[o] = acc;
+    }
+  }
+}
+
 void linear_quant_portable(const QuantTask& t, int64_t o_begin, int64_t o_end) {
   const QuantLayout& l = *t.w;
+  if (l.q8) return linear_q8_portable(t, o_begin, o_end);
   // One packed row at a time; grows once per thread.
   thread_local std::vector<float> wrow;
   if (wrow.size() < static_cast<size_t>(l.kp)) wrow.resize(static_cast<size_t>(l.kp));

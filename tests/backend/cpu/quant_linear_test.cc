@@ -129,18 +129,70 @@ Source make_source(const Spec& spec, int64_t n_out, int64_t n_in, uint32_t seed)
   return s;
 }
 
-// Runs the portable kernel on a prepared weight (gathering x as the backend does).
+// The q8 input rows of x for w (q8 layout), by the portable quantizer.
+std::vector<uint8_t> q8_input_portable(const WeightTensor& w, ConstRows x) {
+  std::vector<uint8_t> out(static_cast<size_t>(x.n_rows * cpu::quant_input_bytes(w)));
+  cpu::quantize_q8_rows_portable(cpu::quant_layout(w), x, 0, x.n_rows, out.data());
+  return out;
+}
+
+// Runs the portable kernel on a prepared weight (preparing x as the backend does, with the
+// portable quantizer for q8 layouts).
 void run_portable(const WeightTensor& w, ConstRows x, Rows y) {
+  const cpu::QuantLayout& l = cpu::quant_layout(w);
   std::vector<float> gathered;
+  std::vector<uint8_t> q8;
   ConstRows xq = x;
-  if (const int64_t kp = cpu::quant_gather_cols(w); kp != 0) {
-    gathered.resize(static_cast<size_t>(x.n_rows * kp));
-    cpu::gather_quant_input(cpu::quant_layout(w), x, 0, x.n_rows, gathered.data());
-    xq = ConstRows{gathered.data(), x.n_rows, kp, kp};
+  if (l.q8) {
+    q8 = q8_input_portable(w, x);
+  } else if (const int64_t bytes = cpu::quant_input_bytes(w); bytes != 0) {
+    gathered.resize(static_cast<size_t>(x.n_rows * l.kp));
+    cpu::prepare_quant_input(l, x, 0, x.n_rows, gathered.data());
+    xq = ConstRows{gathered.data(), x.n_rows, l.kp, l.kp};
   }
-  const cpu::QuantTask t{
-      .x = xq, .w = &cpu::quant_layout(w), .bias = static_cast<const float*>(w.bias), .y = y};
+  const cpu::QuantTask t{.x = xq,
+                         .x8 = q8.empty() ? nullptr : q8.data(),
+                         .w = &l,
+                         .bias = static_cast<const float*>(w.bias),
+                         .y = y};
   cpu::linear_quant_portable(t, 0, w.n_out);
+}
+
+// q8 layouts: what the kernel should compute, in double from the dequantized rows: per block
+// of 32 packed positions, d * sum of q * w, with q and d as linear_quant.h defines them
+// (recomputed here from x, not read from the quantizer); also the bound on its distance from
+// the f32 result, sum of |w| * d / 2.
+struct Q8Reference {
+  std::vector<double> y, bound;
+};
+Q8Reference q8_reference(const cpu::QuantLayout& l, ConstRows x,
+                         const std::vector<std::vector<float>>& rows, const float* bias) {
+  const int32_t* perm = l.permutation();
+  Q8Reference ref;
+  for (int64_t r = 0; r < x.n_rows; ++r) {
+    for (size_t o = 0; o < rows.size(); ++o) {
+      double y = bias != nullptr ? bias[o] : 0.0, bound = 0.0;
+      for (int64_t b = 0; b < l.kp / 32; ++b) {
+        float v[32], w[32], amax = 0.0f;
+        for (int64_t j = 0; j < 32; ++j) {
+          const int64_t p = b * 32 + j;
+          const int64_t col = perm != nullptr ? perm[p] : p;
+          v[j] = col >= 0 ? x.row(r)[col] : 0.0f;
+          w[j] = col >= 0 ? rows[o][static_cast<size_t>(col)] : 0.0f;
+          amax = std::max(amax, std::abs(v[j]));
+        }
+        if (amax == 0.0f) continue;
+        const float id = 127.0f / amax, d = amax / 127.0f;
+        for (int64_t j = 0; j < 32; ++j) {
+          y += static_cast<double>(d) * std::nearbyint(v[j] * id) * w[j];
+          bound += std::abs(static_cast<double>(w[j])) * d / 2;
+        }
+      }
+      ref.y.push_back(y);
+      ref.bound.push_back(bound);
+    }
+  }
+  return ref;
 }
 
 void expect_same_bits(const float* a, const float* b, int64_t n, const char* what) {
@@ -156,12 +208,15 @@ void check_spec(CpuBackend& be, const Spec& spec, int64_t n_out, int64_t n_in, b
   const WeightTensor raw = src.tensor(with_bias);
   const WeightTensor w = be.prepare(raw, mode);
   ASSERT_EQ(w.packing, cpu::kPackingQuant);
+  const bool q8 = be.compute() == Compute::kInt8 && spec.format != WeightFormat::kFp8;
+  ASSERT_EQ(cpu::quant_layout(w).q8, q8);
   // The layout this case is meant to cover (linear_quant.h): a gathered input for g_idx and
   // padded groups, two groups per block for group 16, raw e4m3 slots for NVFP4.
   const cpu::QuantLayout& layout = cpu::quant_layout(w);
   const int64_t group = spec.group > 0 ? spec.group : n_in;
-  EXPECT_EQ(cpu::quant_gather_cols(w) != 0,
+  EXPECT_EQ(layout.perm != 0,
             spec.order != Order::kNone || n_in % 32 != 0 || (group % 32 != 0 && group != 16));
+  EXPECT_EQ(cpu::quant_input_bytes(w) != 0, q8 || layout.perm != 0);
   if (spec.order != Order::kRandom) {
     EXPECT_EQ(layout.per_half, group <= 16);
   }
@@ -187,7 +242,31 @@ void check_spec(CpuBackend& be, const Spec& spec, int64_t n_out, int64_t n_in, b
                          static_cast<const float*>(raw.bias), rows_of(ref.data(), kRows, n_out));
   std::vector<float> all(ref.size(), NAN);
   be.linear(xr, w, rows_of(all.data(), kRows, n_out));
-  for (int64_t r = 0; r < kRows; ++r) {
+  if (q8) {
+    // The quantized input: the SIMD quantizer's bytes are the portable one's.
+    std::vector<uint8_t> simd(static_cast<size_t>(kRows * cpu::quant_input_bytes(w)));
+    cpu::prepare_quant_input(layout, xr, 0, kRows, simd.data());
+    const std::vector<uint8_t> portable = q8_input_portable(w, xr);
+    for (int64_t r = 0; r < kRows; ++r) {
+      // Compare codes and blocks only (the row's tail up to 64 bytes is not written).
+      const size_t at = static_cast<size_t>(r * cpu::quant_input_bytes(w));
+      const size_t used = static_cast<size_t>(layout.kp + layout.kp / 32 * 16);
+      ASSERT_TRUE(std::equal(simd.begin() + at, simd.begin() + at + used, portable.begin() + at))
+          << "q8 input row " << r;
+    }
+    // The integer dot per block, then d and the scales: close to its double-precision value,
+    // and within the activations' rounding of the f32 result.
+    const Q8Reference q = q8_reference(layout, xr, rows, with_bias ? src.bias.data() : nullptr);
+    for (size_t i = 0; i < all.size(); ++i) {
+      double s = with_bias ? std::abs(src.bias[i % static_cast<size_t>(n_out)]) : 0.0;
+      s += q.bound[i] * 254.0;  // >= sum of |d q w|
+      ASSERT_NEAR(all[i], q.y[i], 1e-6 + s * 4e-7 * std::sqrt(static_cast<double>(n_in) + 1.0))
+          << "q8 vs its double reference at " << i;
+      ASSERT_NEAR(all[i], ref[i], q.bound[i] * 1.001 + 1e-5 + s * 1e-6)
+          << "q8 vs f32 beyond the activations' rounding at " << i;
+    }
+  }
+  for (int64_t r = 0; !q8 && r < kRows; ++r) {
     for (int64_t o = 0; o < n_out; ++o) {
       double s = with_bias ? std::abs(src.bias[static_cast<size_t>(o)]) : 0.0;
       for (int64_t k = 0; k < n_in; ++k)
@@ -229,9 +308,13 @@ struct Layout {
   int64_t n_in;
 };
 
-TEST(QuantLinear, MatchesReferenceInEveryFormatAndLayout) {
+// Every test runs under Compute::kF32 (f32 layouts) and Compute::kInt8 (q8 layouts for int4,
+// int8 and nvfp4; fp8 stays f32).
+class QuantLinear : public ::testing::TestWithParam<Compute> {};
+
+TEST_P(QuantLinear, MatchesReferenceInEveryFormatAndLayout) {
   ThreadPool pool(2);
-  CpuBackend be(pool);
+  CpuBackend be(pool, GetParam());
   // n_in 320: group 128 leaves a partial last group of 64, group 48 is no multiple of 32 (groups
   // padded), group 16 puts two groups in a block; n_in 80 pads per channel and at group 16
   // leaves a block's second half empty.
@@ -270,10 +353,10 @@ TEST(QuantLinear, MatchesReferenceInEveryFormatAndLayout) {
   }
 }
 
-TEST(QuantLinear, ResultIndependentOfThreadCount) {
+TEST_P(QuantLinear, ResultIndependentOfThreadCount) {
   // 13 tiles over 1, 2 and 3 threads, GEMV and GEMM.
   ThreadPool pool1(1), pool2(2), pool3(3);
-  CpuBackend one(pool1), two(pool2), three(pool3);
+  CpuBackend one(pool1, GetParam()), two(pool2, GetParam()), three(pool3, GetParam());
   const int64_t n_out = 200, n_in = 256;
   for (const Spec& spec :
        {Spec{.format = WeightFormat::kInt4, .asym = true, .group = 128},
@@ -298,9 +381,9 @@ TEST(QuantLinear, ResultIndependentOfThreadCount) {
   }
 }
 
-TEST(QuantLinear, PreparedWeightOutlivesItsSource) {
+TEST_P(QuantLinear, PreparedWeightOutlivesItsSource) {
   ThreadPool pool(2);
-  CpuBackend be(pool);
+  CpuBackend be(pool, GetParam());
   const int64_t n_out = 40, n_in = 192, rows = 6;
   const auto x = testing::random_vector(static_cast<size_t>(rows * n_in), 3);
   for (PrepareMode mode : {PrepareMode::kInPlace, PrepareMode::kCopy}) {
@@ -331,7 +414,7 @@ TEST(QuantLinear, PreparedWeightOutlivesItsSource) {
   }
 }
 
-TEST(QuantLinear, SupportsAndRejects) {
+TEST(QuantLinearBackend, SupportsAndRejects) {
   ThreadPool pool(1);
   CpuBackend be(pool);
   for (WeightFormat f :
@@ -362,9 +445,9 @@ TEST(QuantLinear, SupportsAndRejects) {
 // bit, whatever the company and the thread count.
 constexpr int64_t kH = 96, kI = 40, kE = 8, kK = 3;
 
-TEST(QuantLinear, MoeOnQuantizedExpertsEqualsPerRowLinear) {
+TEST_P(QuantLinear, MoeOnQuantizedExpertsEqualsPerRowLinear) {
   ThreadPool pool3(3), pool1(1);
-  CpuBackend be(pool3), one(pool1);
+  CpuBackend be(pool3, GetParam()), one(pool1, GetParam());
   const Spec specs[] = {
       {.format = WeightFormat::kInt4, .asym = true, .group = 32},
       {.format = WeightFormat::kInt4, .group = 32, .order = Order::kRandom},
@@ -428,6 +511,11 @@ TEST(QuantLinear, MoeOnQuantizedExpertsEqualsPerRowLinear) {
     expect_same_bits(alone.data(), all.data() + r * kH, kH, "row alone");
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Compute, QuantLinear, ::testing::Values(Compute::kF32, Compute::kInt8),
+                         [](const ::testing::TestParamInfo<Compute>& p) {
+                           return p.param == Compute::kF32 ? "f32" : "int8";
+                         });
 
 }  // namespace
 }  // namespace metrale
