@@ -218,6 +218,7 @@ INSTANTIATE_TEST_SUITE_P(
       std::string name = p.param;
       for (char& ch : name) ch = ch == '@' ? '_' : ch;
       return name;
+    });
 
 }  // namespace
 }  // namespace metrale
