@@ -10,6 +10,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "backend/cpu/cpu_features.h"
+
 #if defined(__x86_64__)
 // g++ 12's AVX-512 headers build some results from _mm512_undefined_*() (`__Y = __Y`), which
 // -Wmaybe-uninitialized reports at every use: a known header false positive.
@@ -144,19 +146,10 @@ METRALE_AVX512 void LinearPacked(const LinearTask& t, int64_t o_begin, int64_t o
   }
 }
 
-bool cpu_has_avx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-}
-
 }  // namespace
 
 bool packed_bf16_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("METRALE_CPU_PACK");
-    if (env != nullptr && std::string_view(env) == "0") return false;
-    return cpu_has_avx512();
-  }();
+  static const bool enabled = cpu_pack_allowed() && cpu_has_avx512();
   return enabled;
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string_view>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/linear_quant.h"
 
 #if defined(__x86_64__)
@@ -207,9 +208,9 @@ struct E2m1Values {  // core/dtype e2m1_to_f32 of every nibble
   }
 };
 
-// int8: (float(q) - z) * s.
+// What the 8-bit decoders share: rows of 32 one-byte codes, and the segment's slots.
 template <bool kAsym>
-struct Int8Decoder {
+struct ByteRows {
   static constexpr int64_t kRowBytes = 32;
   Slots<kAsym> slots;
 
@@ -218,6 +219,14 @@ struct Int8Decoder {
   }
   using Line = const uint8_t*;  // row c's codes
   Line line(const uint8_t* block, int c) const { return block + c * kRowBytes; }
+};
+
+// int8: (float(q) - z) * s.
+template <bool kAsym>
+struct Int8Decoder : ByteRows<kAsym> {
+  using typename ByteRows<kAsym>::Line;
+  using ByteRows<kAsym>::kRowBytes;
+  using ByteRows<kAsym>::slots;
   template <int J, int kKeep>
   METRALE_AVX512_INLINE void row(Line line, int c, __m512& lo, __m512& hi) const {
     const uint8_t* codes = line + J * kRowBytes;
@@ -235,15 +244,7 @@ struct Int8Decoder {
 };
 
 // fp8 e4m3: (e4m3 / 256) * (s * 256), the slot holding s * 256.
-struct Fp8Decoder {
-  static constexpr int64_t kRowBytes = 32;
-  Slots<false> slots;
-
-  void begin(const QuantLayout&, const uint8_t* tile, const QuantSegment& seg, int, int) {
-    slots.load(tile, seg);
-  }
-  using Line = const uint8_t*;  // row c's codes
-  Line line(const uint8_t* block, int c) const { return block + c * kRowBytes; }
+struct Fp8Decoder : ByteRows<false> {
   template <int J, int kKeep>
   METRALE_AVX512_INLINE void row(Line line, int c, __m512& lo, __m512& hi) const {
     const uint8_t* codes = line + J * kRowBytes;
@@ -529,19 +530,10 @@ METRALE_AVX512 void LinearQuant(const QuantTask& t, int64_t o_begin, int64_t o_e
   }
 }
 
-bool cpu_has_avx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-}
-
 }  // namespace
 
 bool quant_simd_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("METRALE_CPU_PACK");
-    if (env != nullptr && std::string_view(env) == "0") return false;
-    return cpu_has_avx512();
-  }();
+  static const bool enabled = cpu_pack_allowed() && cpu_has_avx512();
   return enabled;
 }
 

@@ -13,6 +13,7 @@
 #include <limits>
 #include <string_view>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/linear_quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -257,20 +258,10 @@ METRALE_VNNI void QuantizeRows(const QuantLayout& l, ConstRows x, int64_t r_begi
   }
 }
 
-bool cpu_has_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
-}
-
 }  // namespace
 
 bool q8_simd_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("METRALE_CPU_PACK");
-    if (env != nullptr && std::string_view(env) == "0") return false;
-    return cpu_has_vnni();
-  }();
+  static const bool enabled = cpu_pack_allowed() && cpu_has_avx512(/*vnni=*/true);
   return enabled;
 }
 
