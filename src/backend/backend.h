@@ -46,8 +46,9 @@ enum class Op : uint8_t {
   kDeltaRule,        // gated delta rule (Gated DeltaNet): a recurrent state per sequence
   kSigmoidMul,       // y *= sigmoid(gate) (gated attention output, shared-expert gate)
   kLatentAttention,  // MLA over a keys-only latent cache (store, then attend in latent space)
+  kLora,             // y += scale_s * B_s (A_s x) per row, s = the row's LoRA slot
 };
-inline constexpr int kOpCount = 14;
+inline constexpr int kOpCount = 15;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -227,6 +228,38 @@ struct RouteArgs {
   float scale = 1.0f;                      // kSigmoid: routed_scaling_factor
 };
 
+// --- LoRA (lora/lora_pool.h) ---
+//
+// One adapted weight W [n_out, n_in] in a slot pool: every slot s holds A_s [max_rank, n_in]
+// and B_s [n_out, max_rank] (PEFT's lora_A.weight / lora_B.weight, zero-padded to max_rank),
+// of which the first rank[s] ranks are used (0: the slot does not adapt this weight), and a
+// scale (alpha / r, or alpha / sqrt(r) under rsLoRA). An MoE layer's experts are n_experts such
+// weights per slot, expert e of slot s at index s * n_experts + e.
+struct LoraWeights {
+  const void* a = nullptr;    // [n_slots * n_experts, max_rank, n_in]
+  const void* b = nullptr;    // [n_slots * n_experts, n_out, max_rank]
+  DType dtype = DType::kF32;  // kF32 or kBF16
+  int64_t n_slots = 0;
+  int64_t n_experts = 1;
+  int64_t max_rank = 0;
+  int64_t n_in = 0;
+  int64_t n_out = 0;
+  const int32_t* rank = nullptr;  // [n_slots]
+  const float* scale = nullptr;   // [n_slots]
+};
+
+// y[r] += scale[s] * (B_s (A_s x[r])) for every row r whose slot s = slots[r] is >= 0 and
+// adapts the weight (rank[s] > 0); other rows are untouched. In f32 (bf16 weights widened):
+// t = A_s x[r] over the used ranks, u = B_s t, then y += u * scale, as PEFT computes
+// `result + lora_B(lora_A(x)) * scaling`. Rows of one slot share one pass over its A and B.
+struct LoraArgs {
+  ConstRows x;                     // [n_rows, n_in]
+  Rows y;                          // [n_rows, n_out]
+  std::span<const int32_t> slots;  // [n_rows], each in [-1, n_slots)
+  const LoraWeights* weights = nullptr;
+  int64_t expert = 0;  // MoE: the expert all rows went to (in [0, n_experts))
+};
+
 // One routed expert: a gated MLP. gate_up is gate_proj and up_proj stacked along the outputs
 // (rows [0, I) gate, [I, 2I) up), down is down_proj.
 struct MoeExpertWeights {
@@ -246,6 +279,12 @@ struct MoeArgs {
   std::span<const MoeExpertWeights> expert_weights;  // [n_experts]
   Activation act = Activation::kSilu;
   Rows out;  // [n_rows, H]; must not alias x
+  // LoRA on the experts (LoraWeights with n_experts = the experts): each row's slot, and the
+  // adapters of gate_up ([2 I, H] per expert) and down ([H, I]); null: none. Added to the
+  // expert's gate_up output before the activation and to its down output before the weighting.
+  std::span<const int32_t> lora_slots;
+  const LoraWeights* gate_up_lora = nullptr;
+  const LoraWeights* down_lora = nullptr;
 };
 
 // --- recurrent state (hybrid models' Gated DeltaNet layers) ---
@@ -375,6 +414,7 @@ class Backend {
   void delta_rule(const DeltaRuleArgs& a);
   void sigmoid_mul(const SigmoidMulArgs& a);
   void latent_attention(const LatentAttentionArgs& a);
+  void lora(const LoraArgs& a);
 
   // Every later op call is bracketed by observer->begin/end (nullptr: none). Not owned.
   void set_observer(OpObserver* observer) { observer_ = observer; }
@@ -396,6 +436,7 @@ class Backend {
   virtual void do_delta_rule(const DeltaRuleArgs& a) = 0;
   virtual void do_sigmoid_mul(const SigmoidMulArgs& a) = 0;
   virtual void do_latent_attention(const LatentAttentionArgs& a) = 0;
+  virtual void do_lora(const LoraArgs& a) = 0;
   // Whether ops can read w as its packing tag (WeightTensor::packing) says: the tags this
   // backend's prepare() produces, and 0 (checkpoint rows) for formats that have a kernel on
   // plain rows; a quantized weight passes only as prepare() packed it.

@@ -14,6 +14,7 @@ namespace {
 
 struct ForwardFlags {
   ModelFlags model;
+  LoraFlags lora;
   std::string ids;
   std::string out;
   bool hidden = false;
@@ -28,6 +29,7 @@ void run_forward(ForwardFlags f) {
   const auto n = static_cast<int64_t>(ids.size());
   if (f.hidden) f.model.max_rows = std::max(f.model.max_rows, n);  // hidden states need one chunk
   std::unique_ptr<Model> model = load_model(f.model);
+  const std::string adapter = f.lora.apply(*model);
   const int64_t V = model->vocab_size(), H = model->config().hidden_size;
   std::vector<float> logits(static_cast<size_t>(n * V));
   std::vector<std::vector<float>> hidden;
@@ -39,6 +41,7 @@ void run_forward(ForwardFlags f) {
       std::memcpy(dst.data() + r * H, h.row(r), static_cast<size_t>(H) * 4);
   };
   Sequence seq;
+  model->set_adapter(seq, adapter);
   model->prefill(seq, ids, logits, /*all_logits=*/true, f.hidden ? &sink : nullptr);
   model->release(seq);
 
@@ -48,6 +51,7 @@ void run_forward(ForwardFlags f) {
     w.add("hidden." + std::to_string(i), DType::kF32, Shape{n, H}, as_bytes(hidden[i]));
   }
   w.set_metadata("model", model->dir().string());
+  if (!adapter.empty()) w.set_metadata("adapter", adapter);
   w.write(f.out);
 }
 
@@ -55,6 +59,7 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<ForwardFlags>();
   auto* cmd = app.add_subcommand("forward", "run one prefill and write logits (and hidden states)");
   f->model.add_to(*cmd);
+  f->lora.add_to(*cmd);
   cmd->add_option("--ids", f->ids, "comma-separated token ids")->required();
   cmd->add_option("--out,-o", f->out, "output .safetensors file")->required();
   cmd->add_flag("--hidden-states", f->hidden, "also write every layer's hidden states");

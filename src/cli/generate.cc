@@ -13,6 +13,7 @@ namespace {
 
 struct GenerateFlags {
   ModelFlags model;
+  LoraFlags lora;
   std::string prompt;
   std::string ids;
   GenerateOptions gen;
@@ -32,6 +33,7 @@ void run_generate(const GenerateFlags& f) {
                 "generate: give --prompt TEXT or --ids 1,2,3");
   METRALE_CHECK(f.prompt.empty() || f.ids.empty(), "generate: give only one of --prompt and --ids");
   std::unique_ptr<Model> model = load_model(f.model);
+  const std::string adapter = f.lora.apply(*model);
   std::vector<int32_t> prompt;
   if (!f.ids.empty()) {
     prompt = parse_id_list(f.ids, "--ids");
@@ -43,7 +45,7 @@ void run_generate(const GenerateFlags& f) {
   METRALE_CHECK(!prompt.empty(), "generate: the prompt encodes to no tokens");
   GenerateOptions o = f.gen;
   o.stop_strings = f.stop;
-  Session session(*model);
+  Session session(*model, adapter);
   if (!f.prompt.empty() && !f.json) std::fputs(f.prompt.c_str(), stdout);
   const GenerateResult r = session.generate(prompt, o, [&f](std::string_view piece) {
     if (f.json) return;
@@ -76,6 +78,7 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   auto* cmd = app.add_subcommand("generate", "generate text from a prompt");
   f->model.add_to(*cmd);
+  f->lora.add_to(*cmd);
   cmd->add_option("--prompt,-p", f->prompt, "prompt text (encoded with the model's tokenizer)");
   cmd->add_option("--ids", f->ids, "prompt as comma-separated token ids instead of text");
   cmd->add_flag("--no-special", f->no_special, "do not add the tokenizer's special tokens (bos)");

@@ -99,4 +99,56 @@ std::unique_ptr<Model> load_model(const ModelFlags& flags) {
   return Model::load(flags.dir, flags.load_options());
 }
 
+void LoraFlags::add_to(CLI::App& cmd) {
+  cmd.add_option("--lora", loras, "NAME=DIR: load a PEFT LoRA adapter (repeatable)");
+  cmd.add_option("--adapter", adapter,
+                 "the adapter to run (a --lora NAME; default: the only one given)");
+  cmd.add_option("--lora-max-rank", max_rank,
+                 "largest adapter rank a slot holds (default: "
+                 "the largest of the adapters given)")
+      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+  cmd.add_option("--lora-slots", slots, "adapter slots in the pool (default: one per --lora)")
+      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+  cmd.add_option("--lora-dtype", dtype, "slot storage: f32 or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+}
+
+std::string LoraFlags::apply(Model& model) const {
+  METRALE_CHECK(!loras.empty() || adapter.empty(), "--adapter ", adapter,
+                ": no --lora NAME=DIR given");
+  if (loras.empty()) return "";
+  std::vector<std::pair<std::string, std::string>> named;
+  for (const std::string& l : loras) {
+    const size_t eq = l.find('=');
+    METRALE_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < l.size(), "--lora '", l,
+                  "': expected NAME=DIR");
+    named.emplace_back(l.substr(0, eq), l.substr(eq + 1));
+    for (size_t i = 0; i + 1 < named.size(); ++i) {
+      METRALE_CHECK(named[i].first != named.back().first, "--lora: the name '", named.back().first,
+                    "' is given twice");
+    }
+  }
+  // The pool's max rank: the flag, else the adapters' largest (read from their configs by a
+  // first audit pass would double the work; the pool refuses a larger one with a clear error).
+  int64_t rank = max_rank;
+  if (rank == 0) {
+    for (const auto& [name, dir] : named) {
+      (void)name;
+      rank = std::max(rank, peft_max_rank(dir));
+    }
+  }
+  const auto n = static_cast<int64_t>(named.size());
+  METRALE_CHECK(slots == 0 || slots >= n, "--lora-slots ", slots, " is fewer than the ", n,
+                " adapters given");
+  LoraPool& pool = model.enable_lora({.max_loras = slots > 0 ? slots : n,
+                                      .max_rank = rank,
+                                      .dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32});
+  for (const auto& [name, dir] : named) pool.load(name, dir, /*pinned=*/true);
+  if (!adapter.empty()) {
+    METRALE_CHECK(pool.loaded(adapter), "--adapter ", adapter, ": no --lora of that name");
+    return adapter;
+  }
+  return n == 1 ? named[0].first : "";
+}
+
 }  // namespace metrale::cli

@@ -31,6 +31,20 @@ struct ModelFlags {
   LoadOptions load_options() const;
 };
 
+// LoRA flags: `--lora NAME=DIR` (repeatable) loads adapters into a slot pool, `--adapter NAME`
+// picks the one the command runs with (default: the only one given, else the base model).
+struct LoraFlags {
+  std::vector<std::string> loras;
+  std::string adapter;
+  int64_t max_rank = 0;  // 0: the largest rank of the adapters given
+  int64_t slots = 0;     // 0: as many as adapters given
+  std::string dtype = "f32";
+
+  void add_to(CLI::App& cmd);
+  // Makes the pool and loads the adapters (pinned); returns the adapter to run ("" = base).
+  std::string apply(Model& model) const;
+};
+
 // Loads the model, drawing a progress line on stderr while weights stream in.
 std::unique_ptr<Model> load_model(const ModelFlags& flags);
 

@@ -107,6 +107,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     m->row_seq_.resize(ur);
     m->lora_slots_.resize(ur);
     m->want_.resize(ur);
+    m->want_slots_.resize(ur);
     m->slots_.resize(ur);
     m->tables_.resize(ur);
     m->items_.resize(ur);
@@ -131,6 +132,8 @@ void Model::run(const ForwardContext& ctx, int64_t n_want, float* logits, const 
   Residual r{.h = {h_.data, n, h_.n_cols, h_.stride},
              .delta = {delta_.data, n, delta_.n_cols, delta_.stride}};
   be.embedding(arch_->embed, std::span(ids_).first(static_cast<size_t>(n)), r.h);
+  if (!ctx.lora_slots.empty() && lora_->has_embedding_overlays())
+    lora_->apply_embedding(std::span(ids_).first(static_cast<size_t>(n)), ctx.lora_slots, r.h);
   if (sink != nullptr) (*sink)(0, r.h);
   const Workspace ws(workspace_, workspace_floats_);
   const auto n_layers = static_cast<int64_t>(arch_->layers.size());
@@ -173,7 +176,14 @@ void Model::run(const ForwardContext& ctx, int64_t n_want, float* logits, const 
       std::copy_n(x.row(want_[static_cast<size_t>(i)]), x.n_cols, head_in.row(i));
   }
   if (sink != nullptr) (*sink)(n_layers, head_in);
-  arch_->lm_head.forward(be, head_in, rows_of(logits, n_want, config_.vocab_size));
+  const Rows out = rows_of(logits, n_want, config_.vocab_size);
+  const std::span<const int32_t> head_slots =
+      ctx.lora_slots.empty()
+          ? std::span<const int32_t>()
+          : std::span<const int32_t>(want_slots_).first(static_cast<size_t>(n_want));
+  arch_->lm_head.forward(be, head_in, out, head_slots);
+  if (!head_slots.empty() && lora_->has_head_overlays())
+    lora_->apply_head(head_in, head_slots, out);
 }
 
 void Model::step(std::span<const StepItem> items, std::span<float> logits, const HiddenSink* sink) {
@@ -191,8 +201,11 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     METRALE_CHECK(have + len <= context_, "a sequence of ", have + len, " tokens (", have,
                   " cached + ", len, " new) exceeds the context of ", context_, " tokens");
     check_ids(it.ids);
-    METRALE_CHECK(it.lora_slot == -1, "step: item ", i, " asks for LoRA slot ", it.lora_slot,
-                  ", but no adapters are loaded (use -1)");
+    if (!it.seq->lora.base()) {
+      METRALE_CHECK(lora_ != nullptr, "step: sequence ", i, " names LoRA slot ", it.seq->lora.slot,
+                    " but the model has no LoRA pool");
+      lora_->check(it.seq->lora);
+    }
     n += len;
     n_want += it.logits == LogitRows::kAll ? len : it.logits == LogitRows::kLast ? 1 : 0;
   }
@@ -218,20 +231,28 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
       ids_[ur] = it.ids[static_cast<size_t>(j)];
       positions_[ur] = static_cast<int32_t>(start + j);
       row_seq_[ur] = static_cast<int32_t>(i);
-      lora_slots_[ur] = it.lora_slot;
+      lora_slots_[ur] = it.seq->lora.slot;
       slots_[ur] = tables_[i].slot(start + j, page);
       if (it.logits == LogitRows::kAll || (it.logits == LogitRows::kLast && j == len - 1)) {
+        want_slots_[static_cast<size_t>(w)] = it.seq->lora.slot;
         want_[static_cast<size_t>(w++)] = static_cast<int32_t>(row);
       }
     }
   }
   const auto un = static_cast<size_t>(n);
+  bool any_lora = false;
+  for (const StepItem& it : items) {
+    if (it.seq->lora.base()) continue;
+    any_lora = true;
+    lora_->touch(it.seq->lora);
+  }
   const ForwardContext ctx{.backend = backend_.get(),
                            .n_rows = n,
                            .positions = std::span(positions_).first(un),
                            .row_seq = std::span(row_seq_).first(un),
                            .slots = std::span(slots_).first(un),
-                           .lora_slots = std::span(lora_slots_).first(un),
+                           .lora_slots = any_lora ? std::span<const int32_t>(lora_slots_).first(un)
+                                                  : std::span<const int32_t>(),
                            .seqs = std::span(tables_).first(items.size()),
                            .rope = rope_.cache()};
   run(ctx, n_want, logits.data(), sink);
@@ -352,7 +373,27 @@ void Model::truncate(Sequence& seq, int64_t n) {
   seq.tokens.resize(static_cast<size_t>(n));
 }
 
+LoraPool& Model::enable_lora(const LoraPoolOptions& options) {
+  METRALE_CHECK(lora_ == nullptr, "LoRA: the model already has a LoRA pool");
+  lora_ = std::make_unique<LoraPool>(*arch_, *backend_, config_, options);
+  return *lora_;
+}
+
+void Model::set_adapter(Sequence& seq, const std::string& name) {
+  METRALE_CHECK(seq.tokens.empty(), "set_adapter: the sequence already holds ", seq.tokens.size(),
+                " tokens; choose its adapter before its first step");
+  METRALE_CHECK(name.empty() || lora_ != nullptr, "set_adapter: adapter '", name,
+                "' asked for, but the model has no LoRA pool");
+  const LoraRef next = name.empty() ? LoraRef{} : lora_->acquire(name);
+  if (!seq.lora.base()) lora_->release(seq.lora);
+  seq.lora = next;
+}
+
 void Model::release(Sequence& seq) {
+  if (!seq.lora.base() && lora_ != nullptr) {
+    lora_->release(seq.lora);
+    seq.lora = {};
+  }
   if (state_ != nullptr && seq.state_slot >= 0) state_->release(seq.state_slot, &seq);
   seq.state_slot = -1;
   seq.state_floor = 0;

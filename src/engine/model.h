@@ -21,6 +21,7 @@
 #include "io/tokenizer/tokenizer.h"
 #include "layers/architecture.h"
 #include "layers/rope_table.h"
+#include "lora/lora_pool.h"
 #include "weights/tensor_loader.h"
 
 namespace metrale {
@@ -55,6 +56,8 @@ struct Sequence {
   // Hybrid models: the fewest tokens truncate() can keep — the oldest token count whose
   // recurrent state is still in the slot's ring.
   int64_t state_floor = 0;
+  // The LoRA adapter every row of this sequence runs with (Model::set_adapter; base: none).
+  LoraRef lora;
 };
 
 // Receives the residual stream after the embedding (index 0) and after each layer (1..L;
@@ -69,7 +72,6 @@ struct StepItem {
   Sequence* seq = nullptr;
   std::span<const int32_t> ids;
   LogitRows logits = LogitRows::kLast;
-  int32_t lora_slot = -1;  // -1: base weights only (the LoRA pool attaches here)
 };
 
 class Model {
@@ -120,8 +122,17 @@ class Model {
   // n >= seq.state_floor (the ring keeps the state after each of the last ring_depth tokens
   // of steps of at most ring_depth tokens; a longer step keeps only its final state).
   void truncate(Sequence& seq, int64_t n);
-  // Returns the sequence's pages to the pool and empties it.
+  // Returns the sequence's pages to the pool and empties it (and drops its adapter).
   void release(Sequence& seq);
+
+  // LoRA: makes the slot pool (lora/lora_pool.h) and attaches it to every layer; once per
+  // model. Adapters are then loaded into it (lora_pool()->load) and chosen per sequence.
+  LoraPool& enable_lora(const LoraPoolOptions& options);
+  // nullptr until enable_lora().
+  LoraPool* lora_pool() { return lora_.get(); }
+  // Runs `seq` with the loaded adapter `name` ("" for the base model), holding a reference to
+  // it until release(seq). The sequence must be empty (its cache would mix two models).
+  void set_adapter(Sequence& seq, const std::string& name);
 
  private:
   Model() = default;
@@ -143,6 +154,7 @@ class Model {
   RopeTable rope_;
   std::unique_ptr<KvPool> kv_;
   std::unique_ptr<StatePool> state_;  // hybrid models only
+  std::unique_ptr<LoraPool> lora_;    // enable_lora()
   int64_t max_rows_ = 0;
   int64_t context_ = 0;
   uint64_t weight_bytes_ = 0;
@@ -154,7 +166,7 @@ class Model {
   Rows h_, delta_;
   float* workspace_ = nullptr;
   size_t workspace_floats_ = 0;
-  std::vector<int32_t> ids_, positions_, row_seq_, lora_slots_, want_;
+  std::vector<int32_t> ids_, positions_, row_seq_, lora_slots_, want_, want_slots_;
   std::vector<int64_t> slots_;
   std::vector<KvPageTable> tables_;
   std::vector<StateRun> state_runs_;   // [items] hybrid models: each sequence's state blocks

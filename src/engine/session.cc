@@ -122,7 +122,9 @@ std::vector<int32_t> default_eos_ids(const Model& model) {
   return eos;
 }
 
-Session::Session(Model& model) : model_(model) {}
+Session::Session(Model& model, const std::string& adapter) : model_(model) {
+  model_.set_adapter(seq_, adapter);
+}
 Session::~Session() { model_.release(seq_); }
 
 GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
@@ -155,9 +157,12 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
 
 std::vector<GenerateResult> generate_batch(Model& model,
                                            const std::vector<std::vector<int32_t>>& prompts,
-                                           const GenerateOptions& o) {
+                                           const GenerateOptions& o,
+                                           const std::vector<std::string>& adapters) {
   check_options(o);
   const size_t n = prompts.size();
+  METRALE_CHECK(adapters.empty() || adapters.size() == n, "generate_batch: ", adapters.size(),
+                " adapters for ", n, " prompts");
   const auto V = static_cast<size_t>(model.vocab_size());
   std::vector<Sequence> seqs(n);
   std::vector<Generation> gens;
@@ -173,6 +178,7 @@ std::vector<GenerateResult> generate_batch(Model& model,
       results[i].prompt_tokens = static_cast<int64_t>(prompts[i].size());
       const auto t0 = Clock::now();
       std::span<float> row(logits.data() + i * V, V);
+      if (!adapters.empty()) model.set_adapter(seqs[i], adapters[i]);
       model.prefill(seqs[i], prompts[i], row);
       results[i].prefill_seconds = seconds_since(t0);
       if (live[i]) {

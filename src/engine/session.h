@@ -44,7 +44,8 @@ using TextCallback = std::function<void(std::string_view piece)>;
 
 class Session {
  public:
-  explicit Session(Model& model);
+  // `adapter`: a LoRA adapter loaded in the model's pool ("" = the base model).
+  explicit Session(Model& model, const std::string& adapter = "");
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -61,10 +62,12 @@ class Session {
 };
 
 // Generates for several prompts at once: each decode step runs every unfinished sequence in
-// one pass. Results are identical to generating each prompt alone.
+// one pass. Results are identical to generating each prompt alone. adapters: empty, or one
+// LoRA adapter name per prompt ("" = the base model), mixed freely within a step.
 std::vector<GenerateResult> generate_batch(Model& model,
                                            const std::vector<std::vector<int32_t>>& prompts,
-                                           const GenerateOptions& options);
+                                           const GenerateOptions& options,
+                                           const std::vector<std::string>& adapters = {});
 
 // The eos set GenerateOptions resolves to for `model`.
 std::vector<int32_t> default_eos_ids(const Model& model);

@@ -17,4 +17,11 @@ uint64_t Architecture::active_bytes_per_token() const {
   return b + lm_head.bytes();
 }
 
+LoraSites Architecture::lora_sites() {
+  LoraSites out;
+  for (DecoderLayer& l : layers) l.lora_sites(out);
+  out.linears.push_back(&lm_head);
+  return out;
+}
+
 }  // namespace metrale

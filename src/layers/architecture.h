@@ -28,6 +28,8 @@ class Architecture {
   size_t workspace_floats(int64_t max_rows) const;
   // Weight bytes one decoded token reads: every layer's active bytes plus the lm_head.
   uint64_t active_bytes_per_token() const;
+  // What LoRA may adapt: every layer's sites, then the lm_head.
+  LoraSites lora_sites();
 };
 
 }  // namespace metrale

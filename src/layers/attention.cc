@@ -73,7 +73,7 @@ void GqaAttention::forward(const ForwardContext& ctx, const LayerState& state, C
   const int64_t kv_col = output_gate_ ? 2 * Q : Q;  // gated: q | gate | k | v
   const Rows q = column_slice(qkv, 0, Q), k = column_slice(qkv, kv_col, KV),
              v = column_slice(qkv, kv_col + KV, KV);
-  qkv_.forward(be, x, qkv);
+  qkv_.forward(be, x, qkv, ctx.lora_slots);
   if (!q_norm_.empty()) {  // qwen3: per-head RMSNorm of q and k before rope
     q_norm_.apply(be, q, q, D);
     k_norm_.apply(be, k, k, D);
@@ -97,7 +97,7 @@ void GqaAttention::forward(const ForwardContext& ctx, const LayerState& state, C
                 .positions = ctx.positions,
                 .shape = shape_});
   if (output_gate_) be.sigmoid_mul({.gate = column_slice(qkv, Q, Q), .y = attn});
-  o_.forward(be, attn, out);
+  o_.forward(be, attn, out, ctx.lora_slots);
 }
 
 std::string GqaAttention::describe() const {

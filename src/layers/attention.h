@@ -30,6 +30,12 @@ class GqaAttention final : public Mixer {
   std::string describe() const override;
   uint64_t active_bytes_per_token() const override;
   KvShape kv_shape() const override { return {shape_.n_kv_heads, shape_.head_dim, false}; }
+  // Ungated attention only: a gated q_proj's rows are reordered at load (q | gate).
+  void lora_sites(LoraSites& out) override {
+    if (output_gate_) return;
+    out.linears.push_back(&qkv_);
+    out.linears.push_back(&o_);
+  }
 
   const Linear& qkv() const { return qkv_; }
   const Linear& o() const { return o_; }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "io/config/model_config.h"
 #include "layers/forward_context.h"
@@ -17,6 +18,21 @@ struct LayerStateShape {
   int64_t conv_elems = 0;  // (K - 1) * conv channels
   int64_t ssm_elems = 0;   // n_v_heads * k_head_dim * v_head_dim
   bool empty() const { return conv_elems == 0 && ssm_elems == 0; }
+};
+
+class Linear;
+
+// What a LoRA pool (lora/lora_pool.h) may attach to in a block: its linears whose parts are the
+// checkpoint's modules (PEFT names them the same), and an MoE layer's experts.
+struct ExpertLoraSite {
+  std::string prefix;  // "model.layers.0.mlp.experts"
+  int64_t n_experts = 0, hidden = 0, intermediate = 0;
+  const LoraWeights** gate_up = nullptr;  // where the block reads its experts' LoRA from
+  const LoraWeights** down = nullptr;
+};
+struct LoraSites {
+  std::vector<Linear*> linears;
+  std::vector<ExpertLoraSite> experts;
 };
 
 // Mixes information across the tokens of a sequence (attention, linear attention).
@@ -36,6 +52,9 @@ class Mixer {
   virtual LayerStateShape state_shape() const { return {}; }
   // What it keeps per token in the paged KV cache (empty: nothing, e.g. Gated DeltaNet).
   virtual KvShape kv_shape() const { return {}; }
+  // Adds what LoRA may adapt (none: a mixer whose projections are not the checkpoint's
+  // modules one to one, e.g. MLA's absorbed kv_b_proj, or not tested against PEFT yet).
+  virtual void lora_sites(LoraSites& /*out*/) {}
 };
 
 // Transforms each row on its own (dense MLP, mixture of experts).
@@ -48,6 +67,7 @@ class Ffn {
   // Weight bytes one token reads (for the active-bytes roofline): all of a dense MLP, the
   // router and top-k experts of an MoE.
   virtual uint64_t active_bytes_per_token() const = 0;
+  virtual void lora_sites(LoraSites& /*out*/) {}
 };
 
 }  // namespace metrale

@@ -21,6 +21,10 @@ class DecoderLayer {
   const Norm& input_norm() const { return input_norm_; }
   const Mixer& mixer() const { return *mixer_; }
   const Ffn& ffn() const { return *ffn_; }
+  void lora_sites(LoraSites& out) {
+    mixer_->lora_sites(out);
+    ffn_->lora_sites(out);
+  }
 
  private:
   Norm input_norm_;

@@ -33,9 +33,9 @@ void DenseFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspa
   const int64_t I = down_.n_in();
   const Rows gu = ws.rows(ctx.n_rows, 2 * I);
   const Rows gate = column_slice(gu, 0, I);
-  gate_up_.forward(be, x, gu);
+  gate_up_.forward(be, x, gu, ctx.lora_slots);
   be.gated_activation({.gate = gate, .up = column_slice(gu, I, I), .out = gate, .act = act_});
-  down_.forward(be, gate, out);
+  down_.forward(be, gate, out, ctx.lora_slots);
 }
 
 std::string DenseFfn::describe() const {
@@ -59,6 +59,7 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
   METRALE_CHECK(m.shared_expert_intermediate_size == 0 || m.has_shared_expert_gate, c.source,
                 ": a shared expert without its sigmoid gate is not supported");
   auto f = std::make_unique<MoeFfn>();
+  f->prefix_ = p;
   f->top_k_ = m.n_experts_per_tok;
   f->normalize_ = m.norm_topk_prob;
   f->act_ = activation_for(c);
@@ -124,7 +125,7 @@ void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace
   const Rows logits = ws.rows(n, n_experts());
   const std::span<int32_t> ids = ws.ints(static_cast<size_t>(n * top_k_));
   const std::span<float> weights = ws.floats(static_cast<size_t>(n * top_k_));
-  router_.forward(be, x, logits);
+  router_.forward(be, x, logits, ctx.lora_slots);
   be.route({.logits = logits,
             .top_k = top_k_,
             .normalize = normalize_,
@@ -141,7 +142,10 @@ void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace
           .top_k = top_k_,
           .expert_weights = experts_,
           .act = act_,
-          .out = out});
+          .out = out,
+          .lora_slots = ctx.lora_slots,
+          .gate_up_lora = expert_lora_gate_up_,
+          .down_lora = expert_lora_down_});
   if (shared_) {
     // HF: routed + sigmoid(shared_expert_gate(x)) * shared_expert(x), or (DeepSeek-V3,
     // GLM-4.5) routed + shared_experts(x).
@@ -150,11 +154,23 @@ void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace
     const Rows gate = tmp.rows(n, 1);
     shared_->forward(ctx, x, shared, tmp);
     if (!shared_gate_.empty()) {
-      shared_gate_.forward(be, x, gate);
+      shared_gate_.forward(be, x, gate, ctx.lora_slots);
       be.sigmoid_mul({.gate = gate, .y = shared});
     }
     be.add(shared, out);
   }
+}
+
+void MoeFfn::lora_sites(LoraSites& out) {
+  out.linears.push_back(&router_);
+  if (shared_) shared_->lora_sites(out);
+  if (!shared_gate_.empty()) out.linears.push_back(&shared_gate_);
+  out.experts.push_back({.prefix = prefix_ + "experts",
+                         .n_experts = n_experts(),
+                         .hidden = router_.n_in(),
+                         .intermediate = experts_[0].down.n_in,
+                         .gate_up = &expert_lora_gate_up_,
+                         .down = &expert_lora_down_});
 }
 
 std::string MoeFfn::describe() const {

@@ -25,6 +25,10 @@ class DenseFfn final : public Ffn {
   size_t workspace_floats(int64_t max_rows) const override;
   std::string describe() const override;
   uint64_t active_bytes_per_token() const override;
+  void lora_sites(LoraSites& out) override {
+    out.linears.push_back(&gate_up_);
+    out.linears.push_back(&down_);
+  }
 
  private:
   Linear gate_up_;  // [2 I, H] gate_proj | up_proj
@@ -52,6 +56,7 @@ class MoeFfn final : public Ffn {
   size_t workspace_floats(int64_t max_rows) const override;
   std::string describe() const override;
   uint64_t active_bytes_per_token() const override;
+  void lora_sites(LoraSites& out) override;
 
   int64_t n_experts() const { return static_cast<int64_t>(experts_.size()); }
   int64_t top_k() const { return top_k_; }
@@ -68,6 +73,10 @@ class MoeFfn final : public Ffn {
   RouteScoring scoring_ = RouteScoring::kSoftmax;
   std::vector<float> correction_bias_;  // [E] gate.e_score_correction_bias
   int64_t n_group_ = 1, topk_group_ = 1;
+  // LoRA on the experts (lora/lora_pool.h attaches them; null: none).
+  std::string prefix_;  // "model.layers.0.mlp."
+  const LoraWeights* expert_lora_gate_up_ = nullptr;
+  const LoraWeights* expert_lora_down_ = nullptr;
   float scale_ = 1.0f;  // routed_scaling_factor
 };
 

@@ -50,13 +50,34 @@ uint64_t Linear::bytes() const {
   return b;
 }
 
-void Linear::forward(Backend& backend, ConstRows x, Rows y) const {
-  if (tensors_.size() == 1) return backend.linear(x, tensors_[0], y);
-  METRALE_CHECK(y.n_cols == n_out_, "linear '", parts_[0].name, "': output has ", y.n_cols,
-                " columns, expected ", n_out_);
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    backend.linear(x, tensors_[i], column_slice(y, parts_[i].offset, parts_[i].n_out));
+void Linear::forward(Backend& backend, ConstRows x, Rows y,
+                     std::span<const int32_t> lora_slots) const {
+  if (tensors_.size() == 1) {
+    backend.linear(x, tensors_[0], y);
+  } else {
+    METRALE_CHECK(y.n_cols == n_out_, "linear '", parts_[0].name, "': output has ", y.n_cols,
+                  " columns, expected ", n_out_);
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      backend.linear(x, tensors_[i], column_slice(y, parts_[i].offset, parts_[i].n_out));
+    }
   }
+  if (lora_slots.empty()) return;
+  for (size_t i = 0; i < lora_.size(); ++i) {
+    if (lora_[i] == nullptr) continue;
+    backend.lora({.x = x,
+                  .y = column_slice(y, parts_[i].offset, parts_[i].n_out),
+                  .slots = lora_slots,
+                  .weights = lora_[i]});
+  }
+}
+
+void Linear::attach_lora(size_t part, const LoraWeights* lora) {
+  METRALE_CHECK(part < parts_.size(), "linear: part ", part, " of ", parts_.size());
+  METRALE_CHECK(lora == nullptr || (lora->n_in == n_in_ && lora->n_out == parts_[part].n_out),
+                "linear '", parts_[part].name, "': LoRA weights [", lora->n_out, ", ", lora->n_in,
+                "] do not fit the part's [", parts_[part].n_out, ", ", n_in_, "]");
+  if (lora_.empty()) lora_.assign(parts_.size(), nullptr);
+  lora_[part] = lora;
 }
 
 Linear load_linear(TensorLoader& loader, const std::vector<std::string>& prefixes,

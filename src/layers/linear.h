@@ -3,6 +3,9 @@
 // weight is either one matrix (fused: q|k|v, gate|up, an expert's gate|up) or one tensor per
 // part; either way part i fills columns [parts()[i].offset, + n_out) of y, so a caller (and
 // LoRA, which attaches per part) never asks which one it got.
+//
+// LoRA: a slot pool (lora/lora_pool.h) attaches its weights to a part with attach_lora(); a
+// forward given the rows' slots then adds each row's adapter to that part's columns.
 #include <cstdint>
 #include <span>
 #include <string>
@@ -27,8 +30,14 @@ class Linear {
   // One tensor per part.
   static Linear separate(std::vector<WeightTensor> tensors, std::vector<Part> parts);
 
-  // x: [rows, n_in()], y: [rows, n_out()].
-  void forward(Backend& backend, ConstRows x, Rows y) const;
+  // x: [rows, n_in()], y: [rows, n_out()]. lora_slots: [rows] each row's LoRA slot (-1: base
+  // weights only), or empty for none.
+  void forward(Backend& backend, ConstRows x, Rows y,
+               std::span<const int32_t> lora_slots = {}) const;
+
+  // Adds `lora` (owned by the pool, which outlives this) to part `part`; nullptr detaches.
+  void attach_lora(size_t part, const LoraWeights* lora);
+  const LoraWeights* lora(size_t part) const { return part < lora_.size() ? lora_[part] : nullptr; }
 
   bool empty() const { return tensors_.empty(); }
   int64_t n_in() const { return n_in_; }
@@ -42,6 +51,7 @@ class Linear {
  private:
   std::vector<WeightTensor> tensors_;
   std::vector<Part> parts_;
+  std::vector<const LoraWeights*> lora_;  // [parts] or empty
   int64_t n_in_ = 0, n_out_ = 0;
 };
 

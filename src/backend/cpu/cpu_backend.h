@@ -51,6 +51,7 @@ class CpuBackend final : public Backend {
   void do_delta_rule(const DeltaRuleArgs& a) override;
   void do_sigmoid_mul(const SigmoidMulArgs& a) override;
   void do_latent_attention(const LatentAttentionArgs& a) override;
+  void do_lora(const LoraArgs& a) override;
   bool knows_packing(const WeightTensor& w) const override;
   int64_t max_head_dim() const override { return cpu::kMaxHeadDim; }
 
@@ -74,6 +75,7 @@ class CpuBackend final : public Backend {
     std::vector<uint16_t> x_bf16, h_bf16;     // bf16-rounded inputs of the pairs kernel
     std::vector<float> x_quant, h_quant;      // inputs as quantized experts' kernels read them
     std::vector<int32_t> expert_of;           // [n * k] expert of each grouped row
+    std::vector<int32_t> lora_slot;           // [n * k] LoRA slot of each grouped row
     struct Item {
       int32_t job;
       int64_t o_begin, o_end;
@@ -89,6 +91,10 @@ class CpuBackend final : public Backend {
   float* thread_scratch(size_t floats_per_thread);
   std::vector<cpu::StateSpan> state_spans_;
   std::vector<float> thread_scratch_;
+  // lora.cc: rows grouped by slot, the (slot, rank) items of the shrink and its results.
+  std::vector<int64_t> lora_group_starts_, lora_fill_, lora_order_;
+  std::vector<std::pair<int32_t, int32_t>> lora_items_;
+  std::vector<float> lora_t_;
   int64_t delta_chunk_min_rows_ = cpu::kDeltaChunkMinRows;
 };
 

@@ -267,6 +267,27 @@ void CpuBackend::do_moe(const MoeArgs& a) {
     });
   };
   run_experts(/*gate_up=*/true);
+  // LoRA on the experts: each grouped row's slot, then per active expert its rows' adapters.
+  const bool lora = !a.lora_slots.empty() && (a.gate_up_lora != nullptr || a.down_lora != nullptr);
+  if (lora) {
+    grow(s.lora_slot, unk);
+    for (int64_t i = 0; i < nk; ++i)
+      s.lora_slot[static_cast<size_t>(s.slot[static_cast<size_t>(i)])] =
+          a.lora_slots[static_cast<size_t>(i / k)];
+  }
+  auto expert_lora = [&](const LoraWeights* w, ConstRows x, Rows y) {
+    if (!lora || w == nullptr) return;
+    for (size_t e = 0; e < ue; ++e) {
+      if (s.count[e] == 0) continue;
+      const int64_t r0 = s.start[e], rn = s.count[e];
+      do_lora({.x = ConstRows{x.row(r0), rn, x.n_cols, x.stride},
+               .y = Rows{y.row(r0), rn, y.n_cols, y.stride},
+               .slots = std::span<const int32_t>(s.lora_slot.data() + r0, static_cast<size_t>(rn)),
+               .weights = w,
+               .expert = static_cast<int64_t>(e)});
+    }
+  };
+  expert_lora(a.gate_up_lora, gx, gh);
 
   // act(gate) * up into the gate half, then (pairs kernel) rounded to bf16.
   const GatedActivationArgs act{.gate = column_slice(gh, 0, inter),
@@ -282,6 +303,7 @@ void CpuBackend::do_moe(const MoeArgs& a) {
     }
   });
   run_experts(/*gate_up=*/false);
+  expert_lora(a.down_lora, column_slice(ConstRows(gh), 0, inter), gy);
 
   // out[r] = sum of weight * expert output, from zero, in ascending expert order.
   rows_pass(n, hidden * k, [&](int64_t b, int64_t e) {
