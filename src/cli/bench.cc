@@ -19,6 +19,10 @@ namespace {
 
 struct BenchFlags {
   ModelFlags model;
+  LoraFlags lora;
+  // Decode with LoRA: for each count N, rows cycle through the first N adapters given
+  // (0: the base model, through the same pool).
+  std::string lora_mix;
   std::string prefill = "128,512";
   std::string batch = "1,4,16";
   int64_t decode_tokens = 64;
@@ -61,7 +65,9 @@ double bench_prefill(Model& m, int64_t n, int reps) {
   return median(tps);
 }
 
-double bench_decode(Model& m, int64_t batch, int64_t steps, int reps) {
+// adapters: each row's adapter ("" = base), cycled over the batch; empty: all base.
+double bench_decode(Model& m, int64_t batch, int64_t steps, int reps,
+                    const std::vector<std::string>& adapters = {}) {
   const auto B = static_cast<size_t>(batch);
   std::vector<float> logits(B * static_cast<size_t>(m.vocab_size()));
   std::vector<double> tps;
@@ -70,6 +76,7 @@ double bench_decode(Model& m, int64_t batch, int64_t steps, int reps) {
     std::vector<Sequence*> ptrs;
     for (size_t i = 0; i < B; ++i) {
       const auto prompt = random_ids(16, m.vocab_size(), static_cast<uint32_t>(i + 7));
+      if (!adapters.empty()) m.set_adapter(seqs[i], adapters[i % adapters.size()]);
       m.prefill(seqs[i], prompt, std::span(logits).first(static_cast<size_t>(m.vocab_size())));
       ptrs.push_back(&seqs[i]);
     }
@@ -77,7 +84,9 @@ double bench_decode(Model& m, int64_t batch, int64_t steps, int reps) {
     const double t0 = now_s();
     for (int64_t s = 0; s < steps; ++s) {
       m.decode(ptrs, tokens, logits);
-      for (size_t i = 0; i < B; ++i) tokens[i] = static_cast<int32_t>((tokens[i] * 31 + 7) % 1000);
+      for (size_t i = 0; i < B; ++i)
+        tokens[i] =
+            static_cast<int32_t>((tokens[i] * 31 + 7) % std::min<int64_t>(1000, m.vocab_size()));
     }
     const double dt = now_s() - t0;
     for (Sequence& s : seqs) m.release(s);
@@ -121,7 +130,7 @@ void print_profile(Model& m, int64_t steps, int64_t prompt) {
   prof.reset();
   double t0 = now_s();
   for (int64_t s = 0; s < steps; ++s) {
-    token = static_cast<int32_t>((token * 31 + 7) % 1000);
+    token = static_cast<int32_t>((token * 31 + 7) % std::min<int64_t>(1000, m.vocab_size()));
     m.decode({&one, 1}, {&token, 1}, logits);
   }
   double dt = now_s() - t0;
@@ -155,12 +164,34 @@ void run_bench(const BenchFlags& f) {
   if (mf.kv_tokens == 0) mf.kv_tokens = std::max(longest, widest * (16 + f.decode_tokens)) + 64;
   std::unique_ptr<Model> model = load_model(mf);
   Model& m = *model;
+  f.lora.apply(m);
+  std::vector<int64_t> mixes;
+  if (!f.lora_mix.empty()) {
+    mixes = parse_list_at_least(f.lora_mix, "--lora-mix", 0);
+    for (int64_t n : mixes) {
+      METRALE_CHECK(n <= static_cast<int64_t>(f.lora.loras.size()), "--lora-mix ", n, " needs ", n,
+                    " --lora adapters; ", f.lora.loras.size(), " given");
+    }
+  }
   METRALE_CHECK(longest <= m.context_limit(), "--prefill ", longest, " exceeds the context of ",
                 m.context_limit());
 
   std::vector<double> prefill_tps, decode_tps;
   for (int64_t n : prefills) prefill_tps.push_back(bench_prefill(m, n, f.reps));
   for (int64_t b : batches) decode_tps.push_back(bench_decode(m, b, f.decode_tokens, f.reps));
+  // [mix][batch]
+  std::vector<std::vector<double>> lora_tps;
+  for (int64_t n : mixes) {
+    std::vector<std::string> names;
+    for (int64_t i = 0; i < n; ++i) {
+      const std::string& l = f.lora.loras[static_cast<size_t>(i)];
+      names.push_back(l.substr(0, l.find('=')));
+    }
+    if (names.empty()) names.push_back("");
+    lora_tps.emplace_back();
+    for (int64_t b : batches)
+      lora_tps.back().push_back(bench_decode(m, b, f.decode_tokens, f.reps, names));
+  }
   // Peak RSS of the model's work, read before the probe's 1 GiB buffer raises the mark.
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -182,10 +213,20 @@ void run_bench(const BenchFlags& f) {
     for (size_t i = 0; i < batches.size(); ++i)
       std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(batches[i]),
                   decode_tps[i]);
+    std::printf("}, \"decode_lora\": {");
+    for (size_t j = 0; j < mixes.size(); ++j) {
+      std::printf("%s\"%lld\": {", j ? ", " : "", static_cast<long long>(mixes[j]));
+      for (size_t i = 0; i < batches.size(); ++i)
+        std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(batches[i]),
+                    lora_tps[j][i]);
+      std::printf("}");
+    }
     std::printf(
-        "}, \"weight_bytes\": %.0f, \"active_weight_bytes\": %.0f, \"peak_rss_bytes\": %llu, "
+        "}, \"lora_pool_bytes\": %llu, \"weight_bytes\": %.0f, \"active_weight_bytes\": %.0f, "
+        "\"peak_rss_bytes\": %llu, "
         "\"bandwidth_gbs\": %.3f, "
         "\"decode1_roofline_fraction\": %.4f}\n",
+        static_cast<unsigned long long>(m.lora_pool() ? m.lora_pool()->bytes() : 0),
         static_cast<double>(m.weight_bytes()), bytes, static_cast<unsigned long long>(rss), gbs,
         batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]));
     return;
@@ -204,6 +245,15 @@ void run_bench(const BenchFlags& f) {
     if (gbs > 0) std::printf("  (%.0f%% of the roofline per step)", 100.0 * roofline(per_seq));
     std::printf("\n");
   }
+  for (size_t j = 0; j < mixes.size(); ++j) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      std::printf(
+          "decode batch %3lld, %2lld distinct LoRA adapters: %9.1f tokens/s (%.1f%% of "
+          "the base model's)\n",
+          static_cast<long long>(batches[i]), static_cast<long long>(mixes[j]), lora_tps[j][i],
+          100.0 * lora_tps[j][i] / decode_tps[i]);
+    }
+  }
   std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);
   if (f.profile) print_profile(m, f.decode_tokens, longest);
 }
@@ -213,6 +263,10 @@ void setup(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("bench", "measure prefill / decode speed and the bandwidth roofline");
   f->model.add_to(*cmd);
+  f->lora.add_to(*cmd);
+  cmd->add_option("--lora-mix", f->lora_mix,
+                  "decode also with LoRA: per count N, rows cycle through the first N --lora "
+                  "adapters (0 = base model rows), comma-separated");
   cmd->add_option("--prefill", f->prefill, "prompt lengths to time, comma-separated");
   cmd->add_option("--batch", f->batch, "decode batch widths to time, comma-separated");
   cmd->add_option("--decode-tokens", f->decode_tokens, "decode steps per timing")

@@ -49,6 +49,11 @@ std::vector<int64_t> parse_count_list(const std::string& text, const std::string
   return parse_list<int64_t>(text, flag, 1);
 }
 
+std::vector<int64_t> parse_list_at_least(const std::string& text, const std::string& flag,
+                                         int64_t min) {
+  return parse_list<int64_t>(text, flag, min);
+}
+
 void ModelFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--model,-m", dir, "checkpoint directory (config.json, *.safetensors)")
       ->required();

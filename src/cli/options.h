@@ -14,6 +14,8 @@ namespace metrale::cli {
 // "1,2,3" -> {1, 2, 3}. Throws Error naming `flag` and the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);
 std::vector<int64_t> parse_count_list(const std::string& text, const std::string& flag);
+std::vector<int64_t> parse_list_at_least(const std::string& text, const std::string& flag,
+                                         int64_t min);
 
 // Flags every model-running command takes.
 struct ModelFlags {
