@@ -240,6 +240,54 @@ void BM_RmsNorm(benchmark::State& state) {
 }
 BENCHMARK(BM_RmsNorm)->Arg(1)->Arg(256)->UseRealTime();
 
+// LoRA (Backend::lora) beside the base linear it rides on: `rows` rows, each routed to one of
+// `distinct` adapters (row r to slot r % distinct) of rank 16 in a pool of 16 bf16 slots, for
+// one [out, in] projection. Bytes: the adapters' A and B^T the call reads.
+// args: n_out, n_in, rows, distinct
+void BM_Lora(benchmark::State& state) {
+  const int64_t n_out = state.range(0), n_in = state.range(1), rows = state.range(2);
+  const int64_t distinct = state.range(3), slots = 16, R = 16;
+  CpuBackend be(pool());
+  const auto af = random_floats(static_cast<size_t>(slots * R * n_in), 1);
+  const auto bf = random_floats(static_cast<size_t>(slots * R * n_out), 2);
+  std::vector<uint16_t> a(af.size()), b(bf.size());
+  for (size_t i = 0; i < af.size(); ++i) a[i] = f32_to_bf16(af[i]);
+  for (size_t i = 0; i < bf.size(); ++i) b[i] = f32_to_bf16(bf[i]);
+  const std::vector<int32_t> rank(static_cast<size_t>(slots), static_cast<int32_t>(R));
+  const std::vector<float> scale(static_cast<size_t>(slots), 1.0f);
+  const LoraWeights w{.a = a.data(),
+                      .b = b.data(),
+                      .dtype = DType::kBF16,
+                      .n_slots = slots,
+                      .max_rank = R,
+                      .n_in = n_in,
+                      .n_out = n_out,
+                      .rank = rank.data(),
+                      .scale = scale.data()};
+  std::vector<int32_t> row_slots(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    row_slots[static_cast<size_t>(r)] = static_cast<int32_t>(r % distinct);
+  const auto x = random_floats(static_cast<size_t>(rows * n_in), 3);
+  std::vector<float> y(static_cast<size_t>(rows * n_out));
+  for (auto _ : state) {
+    be.lora({.x = rows_of(x.data(), rows, n_in),
+             .y = rows_of(y.data(), rows, n_out),
+             .slots = row_slots,
+             .weights = &w});
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(std::min(distinct, rows) * R * (n_in + n_out) * 2) *
+                          state.iterations());
+  state.counters["threads"] = pool().size();
+}
+BENCHMARK(BM_Lora)
+    ->ArgNames({"out", "in", "rows", "distinct"})
+    ->Args({3072, 1024, 16, 1})
+    ->Args({3072, 1024, 16, 16})
+    ->Args({1024, 3072, 16, 16})
+    ->Args({2048, 1024, 1, 1})
+    ->UseRealTime();
+
 }  // namespace
 }  // namespace metrale
 

@@ -231,7 +231,8 @@ struct RouteArgs {
 // --- LoRA (lora/lora_pool.h) ---
 //
 // One adapted weight W [n_out, n_in] in a slot pool: every slot s holds A_s [max_rank, n_in]
-// and B_s [n_out, max_rank] (PEFT's lora_A.weight / lora_B.weight, zero-padded to max_rank),
+// and B_s transposed, [max_rank, n_out] (PEFT's lora_A.weight and lora_B.weight^T, zero-padded
+// to max_rank),
 // of which the first rank[s] ranks are used (0: the slot does not adapt this weight), and a
 // scale (alpha / r, or alpha / sqrt(r) under rsLoRA). An MoE layer's experts are n_experts such
 // weights per slot, expert e of slot s at index s * n_experts + e.

@@ -143,6 +143,7 @@ void LoraPool::write_slot(int32_t slot, const PeftAdapter& ad) {
   const size_t elem = options_.dtype == DType::kBF16 ? 2 : 4;
   const auto s = static_cast<size_t>(slot);
   std::vector<const LoraPair*> pair_of(modules_.size(), nullptr);
+  std::vector<float> bt;
   for (const LoraPair& p : ad.pairs) pair_of[p.module] = &p;
   auto put = [&](void* base, int64_t at, const float* src, int64_t n) {
     if (options_.dtype == DType::kBF16) {
@@ -169,8 +170,12 @@ void LoraPool::write_slot(int32_t slot, const PeftAdapter& ad) {
     for (int64_t e = 0; e < E; ++e) {
       const int64_t blk = slot * E + e;
       put(a, blk * R * in, p->a.data() + e * r * in, r * in);  // rows [0, r) of [R, in]
+      // B [out, r] -> rows [0, r) of B^T [R, out].
+      bt.resize(static_cast<size_t>(r * out));
       for (int64_t o = 0; o < out; ++o)
-        put(b, (blk * out + o) * R, p->b.data() + (e * out + o) * r, r);
+        for (int64_t j = 0; j < r; ++j)
+          bt[static_cast<size_t>(j * out + o)] = p->b[static_cast<size_t>((e * out + o) * r + j)];
+      put(b, blk * R * out, bt.data(), r * out);
     }
   }
 }

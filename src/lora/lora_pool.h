@@ -1,7 +1,7 @@
 #pragma once
 // LoraPool: many PEFT LoRA adapters served at once. One allocation holds max_loras equal
 // slots; in every slot each adaptable module (a part of a Linear, or an MoE layer's experts)
-// has its A [max_rank, n_in] and B [n_out, max_rank], the adapter's rank r zero-padded (the
+// has its A [max_rank, n_in] and B^T [max_rank, n_out], the adapter's rank r zero-padded (the
 // kernels use only the first r ranks of a slot, so the padding contributes exactly nothing),
 // and a per-slot rank and scale (alpha / r, or alpha / sqrt(r) under rsLoRA). The pool
 // attaches these LoraWeights to the model's Linears and MoE blocks once; a pass then routes

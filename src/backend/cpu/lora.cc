@@ -13,6 +13,7 @@
 // clang-format on
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/thread_pool.h"
@@ -52,6 +53,55 @@ float DotBf16(const uint16_t* w, const float* x, int64_t n) {
   return s;
 }
 
+// y[o0, o1) += scale * u, u[o] = sum over j < rank of t[j] * bt[j * ld + o] (in j order):
+// PEFT's `lora_B(t) * scaling` added to the base output, for one row. o1 - o0 <= kExpandCols.
+constexpr int64_t kExpandCols = 64;
+template <typename T>
+void ExpandT(const T* bt, int64_t ld, int64_t rank, const float* t, float scale, float* y,
+             int64_t o0, int64_t o1) {
+  const DF df;
+  const auto nl = static_cast<int64_t>(hn::Lanes(df));
+  HWY_ALIGN float u[kExpandCols];
+  const int64_t n = o1 - o0;
+  const int64_t full = n / nl * nl;
+  for (int64_t i = 0; i < n; ++i) u[i] = 0.0f;
+  for (int64_t j = 0; j < rank; ++j) {
+    const T* row = bt + j * ld + o0;
+    const auto tj = hn::Set(df, t[j]);
+    int64_t i = 0;
+    for (; i < full; i += nl) {
+      hn::VFromD<DF> w;
+      if constexpr (std::is_same_v<T, float>) {
+        w = hn::LoadU(df, row + i);
+      } else {
+        const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+        w = hn::PromoteTo(df, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(row) + i));
+      }
+      hn::Store(hn::MulAdd(tj, w, hn::Load(df, u + i)), df, u + i);
+    }
+    for (; i < n; ++i) {
+      float wv;
+      if constexpr (std::is_same_v<T, float>) {
+        wv = row[i];
+      } else {
+        const uint32_t bits = static_cast<uint32_t>(row[i]) << 16;
+        std::memcpy(&wv, &bits, sizeof wv);
+      }
+      u[i] += t[j] * wv;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) y[o0 + i] += u[i] * scale;
+}
+
+void ExpandF32(const float* bt, int64_t ld, int64_t rank, const float* t, float scale, float* y,
+               int64_t o0, int64_t o1) {
+  ExpandT(bt, ld, rank, t, scale, y, o0, o1);
+}
+void ExpandBf16(const uint16_t* bt, int64_t ld, int64_t rank, const float* t, float scale, float* y,
+                int64_t o0, int64_t o1) {
+  ExpandT(bt, ld, rank, t, scale, y, o0, o1);
+}
+
 }  // namespace metrale::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -60,6 +110,8 @@ namespace metrale {
 namespace cpu {
 HWY_EXPORT(DotF32);
 HWY_EXPORT(DotBf16);
+HWY_EXPORT(ExpandF32);
+HWY_EXPORT(ExpandBf16);
 }  // namespace cpu
 
 namespace {
@@ -126,22 +178,29 @@ void CpuBackend::do_lora(const LoraArgs& a) {
       }
     }
   });
-  // The expand, split over output columns.
-  constexpr int64_t kCols = 64;
+  // The expand, split over output columns: B_s is stored transposed ([rank, n_out]), so each
+  // row's piece of u = B_s t is rank contiguous multiply-adds over the piece's columns.
+  constexpr int64_t kCols = 64;  // = kExpandCols
   const int64_t n_chunks = (w.n_out + kCols - 1) / kCols;
+  const bool bf16 = w.dtype == DType::kBF16;
   pass(static_cast<size_t>(n_chunks), n_adapted * R * w.n_out, [&](size_t c0, size_t c1, int) {
-    const int64_t o0 = static_cast<int64_t>(c0) * kCols;
-    const int64_t o1 = std::min(w.n_out, static_cast<int64_t>(c1) * kCols);
     for (int64_t s = 0; s < w.n_slots; ++s) {
       const int64_t k0 = starts[static_cast<size_t>(s)], k1 = starts[static_cast<size_t>(s) + 1];
       if (k0 == k1) continue;
       const int64_t rank = w.rank[s];
       const float scale = w.scale[s];
-      for (int64_t o = o0; o < o1; ++o) {
-        const int64_t b_at = (block(s) * w.n_out + o) * R;
+      const int64_t b_at = block(s) * R * w.n_out;
+      for (auto c = static_cast<int64_t>(c0); c < static_cast<int64_t>(c1); ++c) {
+        const int64_t o0 = c * kCols, o1 = std::min(w.n_out, o0 + kCols);
         for (int64_t k = k0; k < k1; ++k) {
-          const float u = dot(w, w.b, b_at, t + k * R, rank);
-          a.y.row(order[static_cast<size_t>(k)])[o] += u * scale;
+          float* y = a.y.row(order[static_cast<size_t>(k)]);
+          if (bf16) {
+            HWY_DYNAMIC_DISPATCH(cpu::ExpandBf16)
+            (static_cast<const uint16_t*>(w.b) + b_at, w.n_out, rank, t + k * R, scale, y, o0, o1);
+          } else {
+            HWY_DYNAMIC_DISPATCH(cpu::ExpandF32)
+            (static_cast<const float*>(w.b) + b_at, w.n_out, rank, t + k * R, scale, y, o0, o1);
+          }
         }
       }
     }
