@@ -92,7 +92,9 @@ class CpuBackend final : public Backend {
   std::vector<cpu::StateSpan> state_spans_;
   std::vector<float> thread_scratch_;
   // lora.cc: rows grouped by slot, the (slot, rank) items of the shrink and its results.
-  std::vector<int64_t> lora_group_starts_, lora_fill_, lora_order_;
+  std::vector<int64_t> lora_group_starts_, lora_fill_;
+  std::vector<const float*> lora_xs_;
+  std::vector<float*> lora_ys_;
   std::vector<std::pair<int32_t, int32_t>> lora_items_;
   std::vector<float> lora_t_;
   int64_t delta_chunk_min_rows_ = cpu::kDeltaChunkMinRows;
