@@ -116,6 +116,46 @@ TEST_P(DecodeAllocations, StepsAllocateNothing) {
   for (Sequence& s : seqs) m->release(s);
 }
 
+// Rows of different LoRA adapters and the base model in one step, on a bf16 base (and an MoE
+// one with adapted experts): the LoRA op groups rows in scratch planned by the first step.
+TEST(DecodeAllocations, LoraStepsAllocateNothing) {
+  for (const auto& [fixture, lora, adapters] :
+       {std::tuple<std::string, std::string, std::vector<std::string>>{
+            "qwen3_bf16", "lora/qwen3_dense", {"a", "c", ""}},
+        {"qwen3_moe_bf16", "lora/qwen3_moe_experts", {"e1", "", "e2"}}}) {
+    LoadOptions o;
+    o.n_threads = 2;
+    o.kv_tokens = 256;
+    o.max_rows = 8;
+    auto m = Model::load(testing::fixture_dir(fixture), o);
+    LoraPool& pool = m->enable_lora({.max_loras = 2, .max_rank = 16, .dtype = DType::kBF16});
+    for (const std::string& a : adapters)
+      if (!a.empty()) pool.load(a, testing::fixture_dir(lora + "/" + a));
+    const size_t n = adapters.size();
+    const auto V = static_cast<size_t>(m->vocab_size());
+    std::vector<Sequence> seqs(n);
+    std::vector<Sequence*> ptrs;
+    std::vector<float> logits(n * V);
+    for (size_t i = 0; i < n; ++i) {
+      seqs[i].tokens.reserve(64);
+      seqs[i].block_table.reserve(8);
+      m->set_adapter(seqs[i], adapters[i]);
+      const std::vector<int32_t> prompt = {1, static_cast<int32_t>(2 + i), 3};
+      m->prefill(seqs[i], prompt, std::span(logits).first(V));
+      ptrs.push_back(&seqs[i]);
+    }
+    std::vector<int32_t> tokens(n, 5);
+    m->decode(ptrs, tokens, logits);  // warm-up
+    const long before = g_allocations.load();
+    for (int s = 0; s < 6; ++s) {
+      for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(7 + 31 * s + 5 * i);
+      m->decode(ptrs, tokens, logits);
+    }
+    EXPECT_EQ(g_allocations.load() - before, 0) << fixture << ": LoRA decode steps allocated";
+    for (Sequence& q : seqs) m->release(q);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, DecodeAllocations,
     ::testing::Combine(::testing::Values("qwen3_bf16", "qwen3_moe_bf16", "qwen3_next_bf16",

@@ -34,7 +34,8 @@ struct Pool {
       scale.push_back(0.5f + 0.25f * static_cast<float>(k));
       for (int64_t x = 0; x < e; ++x)
         for (int64_t j = 0; j < rank.back(); ++j) {
-          for (int64_t i = 0; i < in; ++i) a[static_cast<size_t>(((k * e + x) * r + j) * in + i)] = u(rng);
+          for (int64_t i = 0; i < in; ++i)
+            a[static_cast<size_t>(((k * e + x) * r + j) * in + i)] = u(rng);
           for (int64_t o = 0; o < out; ++o)
             bt[static_cast<size_t>(((k * e + x) * r + j) * out + o)] = u(rng);
         }
@@ -66,7 +67,8 @@ struct Pool {
     double u = 0;
     for (int64_t j = 0; j < rank[static_cast<size_t>(s)]; ++j) {
       double t = 0;
-      for (int64_t i = 0; i < in; ++i) t += double(a[static_cast<size_t>(((s * experts + e) * R + j) * in + i)]) * x[i];
+      for (int64_t i = 0; i < in; ++i)
+        t += double(a[static_cast<size_t>(((s * experts + e) * R + j) * in + i)]) * x[i];
       u += double(bt[static_cast<size_t>(((s * experts + e) * R + j) * out + o)]) * t;
     }
     return y + u * scale[static_cast<size_t>(s)];
@@ -95,8 +97,16 @@ TEST_P(LoraOp, MatchesTheReferenceRowByRow) {
   CpuBackend be(two), be1(one);
   for (int64_t e : {int64_t{0}, int64_t{2}}) {
     std::vector<float> y = y0, y1 = y0;
-    be.lora({.x = {x.data(), n, in, in}, .y = {y.data(), n, out, out}, .slots = slots, .weights = &w, .expert = e});
-    be1.lora({.x = {x.data(), n, in, in}, .y = {y1.data(), n, out, out}, .slots = slots, .weights = &w, .expert = e});
+    be.lora({.x = {x.data(), n, in, in},
+             .y = {y.data(), n, out, out},
+             .slots = slots,
+             .weights = &w,
+             .expert = e});
+    be1.lora({.x = {x.data(), n, in, in},
+              .y = {y1.data(), n, out, out},
+              .slots = slots,
+              .weights = &w,
+              .expert = e});
     EXPECT_EQ(y, y1) << "thread count changed a result";
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t o = 0; o < out; ++o) {
@@ -128,12 +138,22 @@ TEST_P(LoraOp, BadArgumentsAreRefused) {
   ThreadPool one(1);
   CpuBackend be(one);
   const std::vector<int32_t> bad = {2};
-  EXPECT_THROW(be.lora({.x = {x.data(), 1, 16, 16}, .y = {y.data(), 1, 16, 16}, .slots = bad, .weights = &w}), Error);
+  EXPECT_THROW(
+      be.lora(
+          {.x = {x.data(), 1, 16, 16}, .y = {y.data(), 1, 16, 16}, .slots = bad, .weights = &w}),
+      Error);
   const std::vector<int32_t> ok = {1};
-  EXPECT_THROW(be.lora({.x = {x.data(), 1, 16, 16}, .y = {y.data(), 1, 16, 16}, .slots = ok, .weights = &w, .expert = 1}), Error);
+  EXPECT_THROW(be.lora({.x = {x.data(), 1, 16, 16},
+                        .y = {y.data(), 1, 16, 16},
+                        .slots = ok,
+                        .weights = &w,
+                        .expert = 1}),
+               Error);
   std::vector<int32_t> big_rank = {5, 5};
   w.rank = big_rank.data();
-  EXPECT_THROW(be.lora({.x = {x.data(), 1, 16, 16}, .y = {y.data(), 1, 16, 16}, .slots = ok, .weights = &w}), Error);
+  EXPECT_THROW(
+      be.lora({.x = {x.data(), 1, 16, 16}, .y = {y.data(), 1, 16, 16}, .slots = ok, .weights = &w}),
+      Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Storage, LoraOp, ::testing::Values(DType::kF32, DType::kBF16),
