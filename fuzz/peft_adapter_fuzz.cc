@@ -20,16 +20,20 @@ namespace fs = std::filesystem;
 
 // The modules LoRA may adapt in tests/data/fixtures/qwen3_f32.
 metrale::LoraModelInfo fixture_model() {
-  metrale::LoraModelInfo m{.model_type = "qwen3", .hidden = 64, .vocab = 392,
-                           .tied_embeddings = true};
-  const struct { const char* name; int64_t in, out; } proj[] = {
-      {"self_attn.q_proj", 64, 128}, {"self_attn.k_proj", 64, 64}, {"self_attn.v_proj", 64, 64},
-      {"self_attn.o_proj", 128, 64}, {"mlp.gate_proj", 64, 160},   {"mlp.up_proj", 64, 160},
-      {"mlp.down_proj", 160, 64}};
+  metrale::LoraModelInfo m{
+      .model_type = "qwen3", .hidden = 64, .vocab = 392, .tied_embeddings = true};
+  const struct {
+    const char* name;
+    int64_t in, out;
+  } proj[] = {{"self_attn.q_proj", 64, 128}, {"self_attn.k_proj", 64, 64},
+              {"self_attn.v_proj", 64, 64},  {"self_attn.o_proj", 128, 64},
+              {"mlp.gate_proj", 64, 160},    {"mlp.up_proj", 64, 160},
+              {"mlp.down_proj", 160, 64}};
   for (int l = 0; l < 3; ++l) {
     for (const auto& p : proj) {
       m.modules.push_back({.name = "model.layers." + std::to_string(l) + "." + p.name,
-                           .n_in = p.in, .n_out = p.out});
+                           .n_in = p.in,
+                           .n_out = p.out});
     }
   }
   m.modules.push_back({.name = "lm_head", .n_in = 64, .n_out = 392});
@@ -38,7 +42,8 @@ metrale::LoraModelInfo fixture_model() {
 
 fs::path scratch() {
   static const fs::path dir = [] {
-    const fs::path d = fs::temp_directory_path() / ("peft_adapter_fuzz." + std::to_string(getpid()));
+    const fs::path d =
+        fs::temp_directory_path() / ("peft_adapter_fuzz." + std::to_string(getpid()));
     fs::create_directories(d);
     fs::copy_file("tests/data/fixtures/lora/qwen3_dense/a/adapter_model.safetensors",
                   d / "adapter_model.safetensors", fs::copy_options::overwrite_existing);

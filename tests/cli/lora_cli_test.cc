@@ -30,10 +30,13 @@ TEST(LoraCli, GenerateWithAnAdapterPrintsPeftsGreedyIds) {
   const testing::Reference ref(kCase);
   const std::string dir = testing::fixture_dir(kCase);
   for (const std::string adapter : {"a", "c", ""}) {
-    std::vector<std::string> args = {"--model", testing::fixture_dir("qwen3_f32"),
-                                     "--ids", join(ref.ids("input_ids")),
-                                     "-n", "16", "--ignore-eos", "--json", "--threads", "2",
-                                     "--lora", "a=" + dir + "/a", "--lora", "c=" + dir + "/c",
+    std::vector<std::string> args = {"--model",      testing::fixture_dir("qwen3_f32"),
+                                     "--ids",        join(ref.ids("input_ids")),
+                                     "-n",           "16",
+                                     "--ignore-eos", "--json",
+                                     "--threads",    "2",
+                                     "--lora",       "a=" + dir + "/a",
+                                     "--lora",       "c=" + dir + "/c",
                                      "--lora-dtype", "f32"};
     if (!adapter.empty()) {
       args.push_back("--adapter");
@@ -49,7 +52,8 @@ TEST(LoraCli, GenerateWithAnAdapterPrintsPeftsGreedyIds) {
 
 TEST(LoraCli, AuditReportsAndRefuses) {
   const std::string dir = testing::fixture_dir(kCase);
-  CliRun r = run_metrale("lora", {"audit", dir + "/c", "--model", testing::fixture_dir("qwen3_f32")});
+  CliRun r =
+      run_metrale("lora", {"audit", dir + "/c", "--model", testing::fixture_dir("qwen3_f32")});
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("model.layers.1.self_attn.o_proj: rank 2, alpha 16, scale 8"),
             std::string::npos)

@@ -144,6 +144,7 @@ TEST_P(LoraParity, Bf16SlotsStayCloseToPeft) {
 
 INSTANTIATE_TEST_SUITE_P(Peft, LoraParity,
                          ::testing::Values(Case{"qwen3_dense", "qwen3_f32", {"a", "b", "c"}},
+                                           Case{"qwen3_layers", "qwen3_f32", {"d", "e"}},
                                            Case{"qwen2_overlays", "qwen2_f32", {"tok", "save"}},
                                            Case{"qwen3_tied_tokens", "qwen3_f32", {"tied"}},
                                            Case{"qwen3_moe_experts", "qwen3_moe_f32", {"e1", "e2"}},
