@@ -1,0 +1,691 @@
+// jinja2's filters and tests, the str / dict methods templates call, and transformers'
+// globals, each as Python and jinja2 define them for the types a chat template meets.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <initializer_list>
+
+#include "chat/pystr.h"
+#include "chat/template.h"
+
+namespace metrale::chat {
+namespace {
+
+[[noreturn]] void fail(std::string what) { throw RenderFailure(std::move(what)); }
+
+// Positional-or-keyword argument `i` / `key` of a call, or nullptr.
+const Value* arg(const CallArgs& a, size_t i, std::string_view key) {
+  if (i < a.positional.size()) return &a.positional[i];
+  for (const auto& [k, v] : a.keyword) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+void check_arity(const CallArgs& a, std::string_view what, size_t max_positional,
+                 std::initializer_list<std::string_view> keywords) {
+  if (a.positional.size() > max_positional) {
+    fail(std::string(what) + " takes at most " + std::to_string(max_positional) +
+         " positional argument(s), got " + std::to_string(a.positional.size()));
+  }
+  for (const auto& [k, v] : a.keyword) {
+    if (std::find(keywords.begin(), keywords.end(), k) == keywords.end()) {
+      fail(std::string(what) + " got an unexpected keyword argument '" + k + "'");
+    }
+  }
+}
+
+const std::string& need_string(const Value* v, std::string_view what) {
+  if (v == nullptr || !v->is_string()) {
+    fail(std::string(what) + " needs a string, got " + (v ? type_name(*v) : "nothing"));
+  }
+  return v->as_string();
+}
+
+std::optional<std::string> opt_string(const Value* v, std::string_view what) {
+  if (v == nullptr || v->is_none()) return std::nullopt;
+  return need_string(v, what);
+}
+
+int64_t int_arg(const Value* v, int64_t fallback, std::string_view what) {
+  if (v == nullptr || v->is_none()) return fallback;
+  if (v->is_int()) return v->as_int();
+  if (v->is_bool()) return v->as_bool();
+  fail(std::string(what) + " needs an integer, got " + type_name(*v));
+}
+
+void check_size(size_t n, const RenderLimits& limits) {
+  if (n > limits.max_output_bytes) {
+    fail("value larger than " + std::to_string(limits.max_output_bytes) +
+         " bytes (RenderLimits::max_output_bytes)");
+  }
+}
+
+Value string_list(const std::vector<std::string>& parts) {
+  List l;
+  for (const std::string& p : parts) l.emplace_back(p);
+  return Value::list(std::move(l));
+}
+
+// jinja2's environment.getattr for filters' `attribute=` (dotted paths, integer parts index).
+Value attribute_path(const Value& v, const std::string& path) {
+  Value cur = v;
+  for (const std::string& part : py_split(path, std::string("."), -1, false)) {
+    if (cur.is_dict()) {
+      const Value* x = cur.as_dict().find(part);
+      cur = x ? *x : Value::undefined("'dict object' has no attribute '" + part + "'");
+    } else if (cur.is_list() && !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit)) {
+      const size_t i = std::strtoull(part.c_str(), nullptr, 10);
+      cur = i < cur.as_list().size() ? cur.as_list()[i] : Value::undefined("index out of range");
+    } else if (cur.is_undefined()) {
+      fail(cur.undefined_hint());
+    } else {
+      cur = Value::undefined("'" + type_name(cur) + " object' has no attribute '" + part + "'");
+    }
+  }
+  return cur;
+}
+
+Value items_of(const Value& v) {
+  if (v.is_undefined()) return Value::list();
+  if (!v.is_dict() || v.as_dict().is_namespace) fail("can only get item pairs from a mapping");
+  List out;
+  for (const auto& [k, item] : v.as_dict().items()) out.push_back(Value::tuple({Value(k), item}));
+  return Value::list(std::move(out));
+}
+
+Value to_int(const Value& v, const Value& fallback) {
+  if (v.is_int()) return v;
+  if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
+  if (v.is_float()) {
+    if (!std::isfinite(v.as_float()) || std::fabs(v.as_float()) >= 9.2e18) return fallback;
+    return Value(static_cast<int64_t>(v.as_float()));
+  }
+  if (v.is_string()) {
+    const std::string s = py_strip(v.as_string(), std::nullopt, true, true);
+    char* end = nullptr;
+    errno = 0;
+    const long long i = std::strtoll(s.c_str(), &end, 10);
+    if (!s.empty() && end == s.c_str() + s.size() && errno == 0)
+      return Value(static_cast<int64_t>(i));
+    const double d = std::strtod(s.c_str(), &end);  // jinja2 falls back to int(float(s))
+    if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d) && std::fabs(d) < 9.2e18) {
+      return Value(static_cast<int64_t>(d));
+    }
+  }
+  return fallback;
+}
+
+Value to_float(const Value& v, const Value& fallback) {
+  if (v.is_number()) return Value(to_double(v));
+  if (v.is_string()) {
+    const std::string s = py_strip(v.as_string(), std::nullopt, true, true);
+    char* end = nullptr;
+    const double d = std::strtod(s.c_str(), &end);
+    if (!s.empty() && end == s.c_str() + s.size()) return Value(d);
+  }
+  return fallback;
+}
+
+Value select(const Value& subject, CallArgs& a, bool by_attribute, bool keep) {
+  const std::string what =
+      by_attribute ? (keep ? "selectattr" : "rejectattr") : (keep ? "select" : "reject");
+  size_t i = 0;
+  std::string attr;
+  if (by_attribute) attr = need_string(arg(a, i++, ""), what + " attribute");
+  std::string test;
+  std::vector<Value> test_args;
+  if (i < a.positional.size()) {
+    test = need_string(&a.positional[i++], what + " test");
+    test_args.assign(a.positional.begin() + static_cast<std::ptrdiff_t>(i), a.positional.end());
+    if (!is_known_test(test)) fail("unsupported test '" + test + "'");
+  }
+  if (!a.keyword.empty()) fail(what + " takes no keyword arguments");
+  List out;
+  for (const Value& item : iterate(subject)) {
+    const Value v = by_attribute ? attribute_path(item, attr) : item;
+    const bool pass = test.empty() ? truthy(v) : apply_test(test, v, test_args);
+    if (pass == keep) out.push_back(item);
+  }
+  return Value::list(std::move(out));
+}
+
+Value tojson(const Value& v, const CallArgs& a) {
+  check_arity(a, "tojson", 4, {"ensure_ascii", "indent", "separators", "sort_keys"});
+  JsonDumpOptions o;
+  if (const Value* x = arg(a, 0, "ensure_ascii")) o.ensure_ascii = truthy(*x);
+  if (const Value* x = arg(a, 1, "indent"); x && !x->is_none()) {
+    if (x->is_string()) fail("unsupported: a string indent for tojson");
+    o.indent = int_arg(x, 0, "tojson indent");
+  }
+  if (const Value* x = arg(a, 2, "separators"); x && !x->is_none()) {
+    if (!x->is_list() || x->as_list().size() != 2)
+      fail("tojson separators must be a pair of strings");
+    o.item_separator = need_string(&x->as_list()[0], "tojson separators");
+    o.key_separator = need_string(&x->as_list()[1], "tojson separators");
+    if (o.item_separator.empty()) fail("unsupported: an empty tojson item separator");
+  }
+  if (const Value* x = arg(a, 3, "sort_keys")) o.sort_keys = truthy(*x);
+  return Value(json_dumps(v, o));
+}
+
+Value join(const Value& v, const CallArgs& a, const RenderLimits& limits) {
+  check_arity(a, "join", 2, {"d", "attribute"});
+  const Value* sep = arg(a, 0, "d");
+  const std::string d = sep ? str_of(*sep) : "";
+  const Value* attr = arg(a, 1, "attribute");
+  std::string out;
+  bool first = true;
+  for (const Value& item : iterate(v)) {
+    if (!first) out += d;
+    first = false;
+    out += str_of(attr && !attr->is_none() ? attribute_path(item, str_of(*attr)) : item);
+    check_size(out.size(), limits);
+  }
+  return Value(std::move(out));
+}
+
+Value map_filter(const Value& v, CallArgs& a, const RenderLimits& limits) {
+  List out;
+  if (const Value* attr = arg(a, 99, "attribute")) {
+    check_arity(a, "map", 0, {"attribute", "default"});
+    const Value* dflt = arg(a, 99, "default");
+    for (const Value& item : iterate(v)) {
+      Value x = attribute_path(item, str_of(*attr));
+      if (x.is_undefined() && dflt) x = *dflt;
+      out.push_back(std::move(x));
+    }
+    return Value::list(std::move(out));
+  }
+  if (a.positional.empty()) fail("map needs a filter name or attribute=");
+  const std::string name = need_string(&a.positional[0], "map filter");
+  if (!is_known_filter(name) || name == "map") fail("unsupported filter '" + name + "' in map");
+  CallArgs rest;
+  rest.positional.assign(a.positional.begin() + 1, a.positional.end());
+  rest.keyword = a.keyword;
+  for (const Value& item : iterate(v)) {
+    CallArgs copy = rest;
+    out.push_back(apply_filter(name, item, copy, limits));
+  }
+  return Value::list(std::move(out));
+}
+
+Value round_filter(const Value& v, const CallArgs& a) {
+  check_arity(a, "round", 2, {"precision", "method"});
+  if (!v.is_number()) fail("round needs a number, got " + type_name(v));
+  const int64_t precision = int_arg(arg(a, 0, "precision"), 0, "round precision");
+  const std::string method = arg(a, 1, "method") ? str_of(*arg(a, 1, "method")) : "common";
+  const double scale = std::pow(10.0, static_cast<double>(precision));
+  const double x = to_double(v) * scale;
+  double r = 0;
+  if (method == "common") {
+    r = std::nearbyint(x);  // Python's round(): halves to even
+  } else if (method == "ceil") {
+    r = std::ceil(x);
+  } else if (method == "floor") {
+    r = std::floor(x);
+  } else {
+    fail("round method must be 'common', 'ceil' or 'floor'");
+  }
+  return Value(r / scale);
+}
+
+Value indent(const Value& v, const CallArgs& a, const RenderLimits& limits) {
+  check_arity(a, "indent", 3, {"width", "first", "blank"});
+  const Value* w = arg(a, 0, "width");
+  const std::string pad =
+      w && w->is_string()
+          ? w->as_string()
+          : std::string(
+                static_cast<size_t>(std::clamp<int64_t>(int_arg(w, 4, "indent width"), 0, 1024)),
+                ' ');
+  const bool first = arg(a, 1, "first") && truthy(*arg(a, 1, "first"));
+  const bool blank = arg(a, 2, "blank") && truthy(*arg(a, 2, "blank"));
+  std::string s = str_of(v);
+  // jinja2 splits on Python's line boundaries; chat templates only meet "\n".
+  std::vector<std::string> lines = py_split(s, std::string("\n"), -1, false);
+  std::string out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (i > 0) out += '\n';
+    const bool is_blank = py_strip(lines[i], std::nullopt, true, true).empty();
+    if ((i > 0 || first) && (blank || !is_blank)) out += pad;
+    out += lines[i];
+    check_size(out.size(), limits);
+  }
+  return Value(std::move(out));
+}
+
+Value length_of(const Value& v) {
+  if (v.is_undefined()) return Value(0);
+  if (v.is_string()) return Value(static_cast<int64_t>(codepoint_count(v.as_string())));
+  if (v.is_list()) return Value(static_cast<int64_t>(v.as_list().size()));
+  if (v.is_dict() && !v.as_dict().is_namespace)
+    return Value(static_cast<int64_t>(v.as_dict().size()));
+  fail("object of type '" + type_name(v) + "' has no len()");
+}
+
+constexpr std::string_view kFilters[] = {
+    "abs",    "capitalize", "count",   "d",        "default", "first",     "float",      "indent",
+    "int",    "items",      "join",    "last",     "length",  "list",      "lower",      "map",
+    "reject", "rejectattr", "replace", "round",    "safe",    "select",    "selectattr", "string",
+    "title",  "tojson",     "trim",    "unique",   "upper",   "wordcount", "sum",        "min",
+    "max",    "reverse",    "sort",    "dictsort",
+};
+constexpr std::string_view kTests[] = {
+    "boolean", "callable",  "defined", "divisibleby", "eq",          "equalto",  "escaped",
+    "even",    "false",     "float",   "ge",          "greaterthan", "gt",       "in",
+    "integer", "iterable",  "le",      "lessthan",    "lower",       "lt",       "mapping",
+    "ne",      "none",      "number",  "odd",         "sameas",      "sequence", "string",
+    "true",    "undefined", "upper",   "filter",      "test",
+};
+
+}  // namespace
+
+bool is_known_filter(std::string_view name) {
+  return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
+}
+bool is_known_test(std::string_view name) {
+  return std::find(std::begin(kTests), std::end(kTests), name) != std::end(kTests);
+}
+
+List iterate(const Value& v) {
+  if (v.is_undefined()) return {};
+  if (v.is_list()) return v.as_list();
+  if (v.is_dict() && !v.as_dict().is_namespace) {
+    List keys;
+    for (const auto& item : v.as_dict().items()) keys.emplace_back(item.first);
+    return keys;
+  }
+  if (v.is_string()) {
+    List chars;
+    for (std::string_view c : split_codepoints(v.as_string())) chars.emplace_back(std::string(c));
+    return chars;
+  }
+  fail("'" + type_name(v) + "' object is not iterable");
+}
+
+bool contains(const Value& container, const Value& item) {
+  if (container.is_string()) {
+    if (!item.is_string())
+      fail("'in <string>' requires string as left operand, not " + type_name(item));
+    return container.as_string().find(item.as_string()) != std::string::npos;
+  }
+  if (container.is_dict() && !container.as_dict().is_namespace) {
+    return item.is_string() && container.as_dict().find(item.as_string()) != nullptr;
+  }
+  if (container.is_list() || container.is_undefined()) {
+    for (const Value& x : iterate(container)) {
+      if (equals(x, item)) return true;
+    }
+    return false;
+  }
+  fail("argument of type '" + type_name(container) + "' is not iterable");
+}
+
+Value apply_filter(std::string_view name, const Value& v, CallArgs& a, const RenderLimits& limits) {
+  const std::string what = "filter '" + std::string(name) + "'";
+  if (name == "default" || name == "d") {
+    check_arity(a, what, 2, {"default_value", "boolean"});
+    const Value* dflt = arg(a, 0, "default_value");
+    const bool boolean = arg(a, 1, "boolean") && truthy(*arg(a, 1, "boolean"));
+    if (v.is_undefined() || (boolean && !truthy(v))) return dflt ? *dflt : Value("");
+    return v;
+  }
+  if (name == "safe" || name == "string") {
+    check_arity(a, what, 0, {});
+    return Value(str_of(v));
+  }
+  if (name == "length" || name == "count") return length_of(v);
+  if (name == "tojson") return tojson(v, a);
+  if (name == "items") return items_of(v);
+  if (name == "join") return join(v, a, limits);
+  if (name == "map") return map_filter(v, a, limits);
+  if (name == "selectattr" || name == "rejectattr") return select(v, a, true, name == "selectattr");
+  if (name == "select" || name == "reject") return select(v, a, false, name == "select");
+  if (name == "round") return round_filter(v, a);
+  if (name == "indent") return indent(v, a, limits);
+  if (name == "list") {
+    List items = iterate(v);
+    items.is_tuple = false;
+    return Value::list(std::move(items));
+  }
+  if (name == "first" || name == "last") {
+    const List items = iterate(v);
+    if (items.empty()) return Value::undefined("No first item, sequence was empty.");
+    return name == "first" ? items.front() : items.back();
+  }
+  if (name == "reverse") {
+    List items = iterate(v);
+    std::reverse(items.begin(), items.end());
+    if (v.is_string()) {
+      std::string s;
+      for (const Value& c : items) s += c.as_string();
+      return Value(std::move(s));
+    }
+    return Value::list(std::move(items));
+  }
+  if (name == "unique") {
+    List out;
+    for (const Value& x : iterate(v)) {
+      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equals(x, y); }))
+        out.push_back(x);
+    }
+    return Value::list(std::move(out));
+  }
+  if (name == "int") {
+    check_arity(a, what, 2, {"default", "base"});
+    if (arg(a, 1, "base") && int_arg(arg(a, 1, "base"), 10, "int base") != 10)
+      fail("unsupported: int base");
+    return to_int(v, arg(a, 0, "default") ? *arg(a, 0, "default") : Value(0));
+  }
+  if (name == "float") {
+    check_arity(a, what, 1, {"default"});
+    return to_float(v, arg(a, 0, "default") ? *arg(a, 0, "default") : Value(0.0));
+  }
+  if (name == "abs") {
+    if (v.is_float()) return Value(std::fabs(v.as_float()));
+    if (v.is_int() && v.as_int() != INT64_MIN)
+      return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+    if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
+    fail("bad operand type for abs(): '" + type_name(v) + "'");
+  }
+  if (name == "wordcount") {
+    return Value(static_cast<int64_t>(py_split(str_of(v), std::nullopt, -1, false).size()));
+  }
+  if (name == "sum" || name == "min" || name == "max" || name == "sort" || name == "dictsort") {
+    fail("unsupported filter '" + std::string(name) + "'");
+  }
+  // String filters: jinja2 converts the subject with str() first (undefined -> "").
+  const std::string s = str_of(v);
+  if (name == "trim") {
+    check_arity(a, what, 1, {"chars"});
+    return Value(py_strip(s, opt_string(arg(a, 0, "chars"), "trim chars"), true, true));
+  }
+  if (name == "upper") return Value(py_upper(s));
+  if (name == "lower") return Value(py_lower(s));
+  if (name == "title") return Value(py_title(s));
+  if (name == "capitalize") return Value(py_capitalize(s));
+  if (name == "replace") {
+    check_arity(a, what, 3, {"old", "new", "count"});
+    std::string out = py_replace(s, need_string(arg(a, 0, "old"), "replace"),
+                                 need_string(arg(a, 1, "new"), "replace"),
+                                 int_arg(arg(a, 2, "count"), -1, "replace count"));
+    check_size(out.size(), limits);
+    return Value(std::move(out));
+  }
+  fail("unsupported filter '" + std::string(name) + "'");
+}
+
+bool apply_test(std::string_view name, const Value& v, const std::vector<Value>& args) {
+  const auto one = [&]() -> const Value& {
+    if (args.size() != 1) fail("test '" + std::string(name) + "' takes one argument");
+    return args[0];
+  };
+  if (name == "defined") return !v.is_undefined();
+  if (name == "undefined") return v.is_undefined();
+  if (name == "none") return v.is_none();
+  if (name == "string") return v.is_string();
+  if (name == "mapping") return v.is_dict() && !v.as_dict().is_namespace;
+  if (name == "iterable")
+    return v.is_undefined() || v.is_string() || v.is_list() ||
+           (v.is_dict() && !v.as_dict().is_namespace);
+  if (name == "sequence")
+    return v.is_undefined() || v.is_string() || v.is_list() ||
+           (v.is_dict() && !v.as_dict().is_namespace);
+  if (name == "number") return v.is_number();
+  if (name == "integer") return v.is_int();
+  if (name == "float") return v.is_float();
+  if (name == "boolean") return v.is_bool();
+  if (name == "true") return v.is_bool() && v.as_bool();
+  if (name == "false") return v.is_bool() && !v.as_bool();
+  if (name == "callable") return v.is_callable();
+  if (name == "eq" || name == "equalto" || name == "sameas") return equals(v, one());
+  if (name == "ne") return !equals(v, one());
+  if (name == "lt" || name == "lessthan") return less_than(v, one());
+  if (name == "gt" || name == "greaterthan") return less_than(one(), v);
+  if (name == "le") return !less_than(one(), v);
+  if (name == "ge") return !less_than(v, one());
+  if (name == "in") return contains(one(), v);
+  if (name == "lower") return v.is_string() && py_lower(v.as_string()) == v.as_string();
+  if (name == "upper") return v.is_string() && py_upper(v.as_string()) == v.as_string();
+  if (name == "odd" || name == "even" || name == "divisibleby") {
+    if (!v.is_int() && !v.is_bool()) fail("test '" + std::string(name) + "' needs an integer");
+    const int64_t x = v.is_int() ? v.as_int() : v.as_bool();
+    if (name == "odd") return x % 2 != 0;
+    if (name == "even") return x % 2 == 0;
+    const int64_t d = int_arg(&one(), 1, "divisibleby");
+    if (d == 0) fail("integer division or modulo by zero");
+    return d == -1 || x % d == 0;
+  }
+  if (name == "filter") return v.is_string() && is_known_filter(v.as_string());
+  if (name == "test") return v.is_string() && is_known_test(v.as_string());
+  fail("unsupported test '" + std::string(name) + "'");
+}
+
+namespace {
+
+Value method(std::string name, std::function<Value(CallArgs&)> fn) {
+  auto f = std::make_shared<Function>();
+  f->name = std::move(name);
+  f->call = std::move(fn);
+  return Value(std::shared_ptr<const Function>(std::move(f)));
+}
+
+std::optional<Value> string_method(const std::string& s, const std::string& name,
+                                   const RenderLimits& limits) {
+  const std::string what = "str." + name;
+  if (name == "startswith" || name == "endswith") {
+    return method(what, [s, name, what](CallArgs& a) {
+      check_arity(a, what, 1, {});
+      const Value* p = arg(a, 0, "");
+      std::vector<std::string> options;
+      if (p && p->is_list()) {
+        for (const Value& x : p->as_list()) options.push_back(need_string(&x, what));
+      } else {
+        options.push_back(need_string(p, what));
+      }
+      for (const std::string& o : options) {
+        if (name == "startswith"
+                ? s.compare(0, o.size(), o) == 0
+                : (s.size() >= o.size() && s.compare(s.size() - o.size(), o.size(), o) == 0)) {
+          return Value(true);
+        }
+      }
+      return Value(false);
+    });
+  }
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    return method(what, [s, name, what](CallArgs& a) {
+      check_arity(a, what, 1, {});
+      return Value(
+          py_strip(s, opt_string(arg(a, 0, ""), what), name != "rstrip", name != "lstrip"));
+    });
+  }
+  if (name == "split" || name == "rsplit") {
+    return method(what, [s, name, what](CallArgs& a) {
+      check_arity(a, what, 2, {"sep", "maxsplit"});
+      const std::optional<std::string> sep = opt_string(arg(a, 0, "sep"), what);
+      if (sep && sep->empty()) fail("empty separator");
+      return string_list(
+          py_split(s, sep, int_arg(arg(a, 1, "maxsplit"), -1, what), name == "rsplit"));
+    });
+  }
+  if (name == "replace") {
+    return method(what, [s, what, &limits](CallArgs& a) {
+      check_arity(a, what, 3, {});
+      std::string out =
+          py_replace(s, need_string(arg(a, 0, ""), what), need_string(arg(a, 1, ""), what),
+                     int_arg(arg(a, 2, ""), -1, what));
+      check_size(out.size(), limits);
+      return Value(std::move(out));
+    });
+  }
+  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
+    return method(what, [s, name, what](CallArgs& a) {
+      check_arity(a, what, 0, {});
+      if (name == "upper") return Value(py_upper(s));
+      if (name == "lower") return Value(py_lower(s));
+      if (name == "title") return Value(py_title(s));
+      return Value(py_capitalize(s));
+    });
+  }
+  if (name == "join") {
+    return method(what, [s, what, &limits](CallArgs& a) {
+      check_arity(a, what, 1, {});
+      std::string out;
+      bool first = true;
+      for (const Value& x : iterate(a.positional.empty() ? Value() : a.positional[0])) {
+        if (!first) out += s;
+        first = false;
+        out += need_string(&x, what);
+        check_size(out.size(), limits);
+      }
+      return Value(std::move(out));
+    });
+  }
+  if (name == "find" || name == "count") {
+    return method(what, [s, name, what](CallArgs& a) {
+      check_arity(a, what, 1, {});
+      const std::string& sub = need_string(arg(a, 0, ""), what);
+      if (name == "find") {
+        const size_t at = s.find(sub);
+        return Value(at == std::string::npos
+                         ? int64_t{-1}
+                         : static_cast<int64_t>(codepoint_count(s.substr(0, at))));
+      }
+      if (sub.empty()) return Value(static_cast<int64_t>(codepoint_count(s) + 1));
+      int64_t n = 0;
+      for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
+      return Value(n);
+    });
+  }
+  return std::nullopt;
+}
+
+std::optional<Value> dict_method(const Value& obj, const std::string& name) {
+  const std::string what = "dict." + name;
+  if (name == "items") {
+    return method(what, [obj, what](CallArgs& a) {
+      check_arity(a, what, 0, {});
+      return items_of(obj);
+    });
+  }
+  if (name == "keys" || name == "values") {
+    return method(what, [obj, name, what](CallArgs& a) {
+      check_arity(a, what, 0, {});
+      List out;
+      for (const auto& [k, v] : obj.as_dict().items()) out.push_back(name == "keys" ? Value(k) : v);
+      return Value::list(std::move(out));
+    });
+  }
+  if (name == "get") {
+    return method(what, [obj, what](CallArgs& a) {
+      check_arity(a, what, 2, {});
+      const Value* key = arg(a, 0, "");
+      if (key == nullptr) fail("dict.get needs a key");
+      const Value* found = key->is_string() ? obj.as_dict().find(key->as_string()) : nullptr;
+      if (found) return *found;
+      return a.positional.size() > 1 ? a.positional[1] : Value(None{});
+    });
+  }
+  return std::nullopt;
+}
+
+constexpr std::string_view kUnsafe[] = {"append",  "extend", "insert", "pop",
+                                        "remove",  "clear",  "update", "setdefault",
+                                        "popitem", "sort",   "reverse"};
+
+}  // namespace
+
+std::optional<Value> bound_method(const Value& obj, const std::string& name,
+                                  const RenderLimits& limits) {
+  if (obj.is_string()) return string_method(obj.as_string(), name, limits);
+  if (obj.is_dict() && !obj.as_dict().is_namespace) {
+    if (auto m = dict_method(obj, name)) return m;
+  }
+  if ((obj.is_list() || obj.is_dict()) &&
+      std::find(std::begin(kUnsafe), std::end(kUnsafe), name) != std::end(kUnsafe)) {
+    // transformers renders in jinja2's ImmutableSandboxedEnvironment: lists and dicts are
+    // read-only (a namespace is the way to accumulate).
+    const std::string msg =
+        "access to attribute '" + name + "' of '" + type_name(obj) + "' object is unsafe";
+    return method(name, [msg](CallArgs&) -> Value { fail(msg); });
+  }
+  return std::nullopt;
+}
+
+Value make_globals(const RenderOptions& options, std::vector<std::shared_ptr<Dict>>* namespaces) {
+  Value g = Value::dict();
+  Dict& d = g.as_dict();
+  const RenderLimits limits = options.limits;
+  d.set("range", method("range", [limits](CallArgs& a) {
+          check_arity(a, "range", 3, {});
+          if (a.positional.empty()) fail("range expected at least 1 argument, got 0");
+          int64_t start = 0;
+          int64_t stop = 0;
+          int64_t step = 1;
+          if (a.positional.size() == 1) {
+            stop = int_arg(&a.positional[0], 0, "range");
+          } else {
+            start = int_arg(&a.positional[0], 0, "range");
+            stop = int_arg(&a.positional[1], 0, "range");
+            if (a.positional.size() == 3) step = int_arg(&a.positional[2], 1, "range");
+          }
+          if (step == 0) fail("range() arg 3 must not be zero");
+          const long double count = std::max<long double>(
+              0,
+              std::ceil((static_cast<long double>(stop) - start) / static_cast<long double>(step)));
+          if (count > static_cast<long double>(limits.max_steps)) {
+            fail("range of more than RenderLimits::max_steps items");
+          }
+          List out;
+          for (int64_t i = 0; i < static_cast<int64_t>(count); ++i)
+            out.emplace_back(start + i * step);
+          return Value::list(std::move(out));
+        }));
+  const auto build_dict = [](CallArgs& a, const std::string& what) {
+    Value out = Value::dict();
+    if (a.positional.size() > 1) fail(what + " takes at most one positional argument");
+    if (!a.positional.empty()) {
+      const Value& init = a.positional[0];
+      if (!init.is_dict() || init.as_dict().is_namespace)
+        fail(what + " needs a mapping as its argument");
+      for (const auto& [k, v] : init.as_dict().items()) out.as_dict().set(k, v);
+    }
+    for (const auto& [k, v] : a.keyword) out.as_dict().set(k, v);
+    return out;
+  };
+  d.set("dict", method("dict", [build_dict](CallArgs& a) { return build_dict(a, "dict()"); }));
+  d.set("namespace", method("namespace", [build_dict, namespaces](CallArgs& a) {
+          Value ns = build_dict(a, "namespace()");
+          ns.as_dict().is_namespace = true;
+          namespaces->push_back(std::get<std::shared_ptr<Dict>>(ns.storage()));
+          return ns;
+        }));
+  d.set("raise_exception", method("raise_exception", [](CallArgs& a) -> Value {
+          fail("raise_exception: " +
+               (a.positional.empty() ? std::string() : str_of(a.positional[0])));
+        }));
+  const std::function<std::tm()> now = options.now;
+  d.set("strftime_now", method("strftime_now", [now](CallArgs& a) {
+          check_arity(a, "strftime_now", 1, {});
+          const std::string& fmt = need_string(arg(a, 0, ""), "strftime_now");
+          std::tm t{};
+          if (now) {
+            t = now();
+          } else {
+            const std::time_t s = std::time(nullptr);
+            localtime_r(&s, &t);
+          }
+          if (fmt.empty()) return Value("");
+          std::string buf(fmt.size() * 8 + 64, '\0');
+          const size_t n = std::strftime(buf.data(), buf.size(), fmt.c_str(), &t);
+          if (n == 0) fail("strftime_now: format too long or empty result");
+          buf.resize(n);
+          return Value(std::move(buf));
+        }));
+  return g;
+}
+
+}  // namespace metrale::chat

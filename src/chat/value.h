@@ -1,0 +1,167 @@
+#pragma once
+// The values a chat template computes with, modelled on the Python objects jinja2 sees when
+// transformers renders a template: undefined, None, bool, int, float, str, list, dict (insertion
+// ordered, string keys), and callables (macros, globals). Lists and dicts are shared by
+// reference, as in Python, so `ns.x = ...` and `list.append(...)` are seen by every holder.
+//
+// `str_of` and `repr_of` print exactly what Python's str() / repr() print for these types
+// (`True`, `None`, `1.0`, `1e-05`, `['a', {'b': 1}]`): templates render lists and tool
+// arguments through them.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace metrale::chat {
+
+class Value;
+
+// jinja2's default Undefined: falsy, renders as "", iterates as empty; arithmetic, attribute
+// access and calls on it fail naming what was undefined.
+struct Undefined {
+  std::string hint;  // "'x' is undefined", "'dict object' has no attribute 'y'"
+};
+struct None {};
+
+// A Python list, or a tuple (a tuple literal, the pairs of dict.items()): the two differ only
+// in repr() and in comparing unequal to each other.
+struct List : std::vector<Value> {
+  using std::vector<Value>::vector;
+  bool is_tuple = false;
+};
+
+// An insertion-ordered dict with string keys (the JSON objects and dict literals of templates).
+class Dict {
+ public:
+  const Value* find(std::string_view key) const;
+  Value* find(std::string_view key);
+  // Replaces the value of an existing key in place (keeping its position), else appends.
+  void set(const std::string& key, Value value);
+  size_t size() const { return items_.size(); }
+  void clear() {
+    items_.clear();
+    index_.clear();
+  }
+  const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
+
+  bool is_namespace = false;  // namespace(): the only object `{% set ns.x = ... %}` may change
+
+ private:
+  std::vector<std::pair<std::string, Value>> items_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+struct CallArgs {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
+};
+
+// A native function or a macro. Failures are thrown as RenderFailure (below); the interpreter
+// adds the template position.
+struct Function {
+  std::string name;
+  std::function<Value(CallArgs&)> call;
+};
+
+// An error without a position yet: thrown by value operations and builtins, turned into a
+// metrale::Error naming the template source, line and column by the interpreter.
+class RenderFailure {
+ public:
+  explicit RenderFailure(std::string message) : message_(std::move(message)) {}
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string message_;
+};
+
+class Value {
+ public:
+  using Storage =
+      std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>,
+                   std::shared_ptr<Dict>, std::shared_ptr<const Function>>;
+
+  Value() : v_(Undefined{}) {}
+  Value(None n) : v_(n) {}  // NOLINT(google-explicit-constructor): literals read naturally
+  Value(Undefined u) : v_(std::move(u)) {}
+  Value(bool b) : v_(b) {}
+  Value(int64_t i) : v_(i) {}
+  Value(int i) : v_(static_cast<int64_t>(i)) {}
+  Value(double d) : v_(d) {}
+  Value(std::string s) : v_(std::move(s)) {}
+  Value(const char* s) : v_(std::string(s)) {}
+  Value(std::shared_ptr<List> l) : v_(std::move(l)) {}
+  Value(std::shared_ptr<Dict> d) : v_(std::move(d)) {}
+  Value(std::shared_ptr<const Function> f) : v_(std::move(f)) {}
+
+  static Value list(List items = {}) { return Value(std::make_shared<List>(std::move(items))); }
+  static Value tuple(List items) {
+    items.is_tuple = true;
+    return list(std::move(items));
+  }
+  static Value dict() { return Value(std::make_shared<Dict>()); }
+  static Value undefined(std::string hint) { return Value(Undefined{std::move(hint)}); }
+
+  bool is_undefined() const { return std::holds_alternative<Undefined>(v_); }
+  bool is_none() const { return std::holds_alternative<None>(v_); }
+  bool is_bool() const { return std::holds_alternative<bool>(v_); }
+  bool is_int() const { return std::holds_alternative<int64_t>(v_); }
+  bool is_float() const { return std::holds_alternative<double>(v_); }
+  bool is_number() const { return is_int() || is_float() || is_bool(); }  // Python: bool is an int
+  bool is_string() const { return std::holds_alternative<std::string>(v_); }
+  bool is_list() const { return std::holds_alternative<std::shared_ptr<List>>(v_); }
+  bool is_dict() const { return std::holds_alternative<std::shared_ptr<Dict>>(v_); }
+  bool is_callable() const { return std::holds_alternative<std::shared_ptr<const Function>>(v_); }
+
+  bool as_bool() const { return std::get<bool>(v_); }
+  int64_t as_int() const { return std::get<int64_t>(v_); }
+  double as_float() const { return std::get<double>(v_); }
+  const std::string& as_string() const { return std::get<std::string>(v_); }
+  List& as_list() const { return *std::get<std::shared_ptr<List>>(v_); }
+  Dict& as_dict() const { return *std::get<std::shared_ptr<Dict>>(v_); }
+  const Function& as_function() const { return *std::get<std::shared_ptr<const Function>>(v_); }
+  const std::string& undefined_hint() const { return std::get<Undefined>(v_).hint; }
+  const Storage& storage() const { return v_; }
+
+ private:
+  Storage v_;
+};
+
+// Python's name of the value's type, as jinja2 messages use it ("dict object", "str").
+std::string type_name(const Value& v);
+// Python truthiness; undefined is false.
+bool truthy(const Value& v);
+// Python str() (undefined -> ""). Throws RenderFailure on a structure nested too deeply.
+std::string str_of(const Value& v);
+// Python repr().
+std::string repr_of(const Value& v);
+// Python float repr: shortest round-trip digits, "1.0", "1e-05", "1e+16", "inf", "nan".
+std::string float_repr(double d);
+// Python ==, with jinja2's undefined == undefined.
+bool equals(const Value& a, const Value& b);
+// Python <; RenderFailure when the types do not order ("'<' not supported ...").
+bool less_than(const Value& a, const Value& b);
+// Numeric value of an int, float or bool (caller checked is_number()).
+double to_double(const Value& v);
+
+struct JsonDumpOptions {
+  std::optional<int64_t> indent;  // None: one line
+  bool ensure_ascii = false;      // transformers' tojson default (jinja2's own escapes HTML)
+  std::string item_separator;     // ", " (or "," with an indent) unless given
+  std::string key_separator = ": ";
+  bool sort_keys = false;
+};
+// Python json.dumps with these options (floats as repr, NaN/Infinity as Python writes them).
+// Fails on undefined, callables and nesting deeper than the JSON input limit allows.
+std::string json_dumps(const Value& v, const JsonDumpOptions& options);
+
+// Parses JSON text into Values keeping object key order (Python's json.loads: a repeated
+// key keeps its first position and its last value). Errors name `source`.
+Value value_from_json(std::string_view text, std::string_view source);
+
+}  // namespace metrale::chat
