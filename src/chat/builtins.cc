@@ -393,9 +393,6 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a, const Ren
   if (name == "wordcount") {
     return Value(static_cast<int64_t>(py_split(str_of(v), std::nullopt, -1, false).size()));
   }
-  if (name == "sum" || name == "min" || name == "max" || name == "sort" || name == "dictsort") {
-    fail("unsupported filter '" + std::string(name) + "'");
-  }
   // String filters: jinja2 converts the subject with str() first (undefined -> "").
   const std::string s = str_of(v);
   if (name == "trim") {

@@ -35,7 +35,7 @@ int64_t as_index(const Value& v) {
 class Interpreter {
  public:
   Interpreter(const std::string& source, const RenderOptions& options)
-      : source_(source), options_(options), limits_(options.limits) {}
+      : source_(source), limits_(options.limits) {}
 
   void exec_top(const std::vector<NodePtr>& body, const ScopePtr& scope, std::string& out) {
     const Flow f = exec_body(body, scope, out);
@@ -571,7 +571,6 @@ class Interpreter {
   }
 
   const std::string& source_;
-  const RenderOptions& options_;
   const RenderLimits& limits_;
   size_t output_bytes_ = 0;
   int64_t steps_ = 0;

@@ -13,6 +13,21 @@ bool is_ws(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
+// Python's `\s` (what jinja2's whitespace control strips) at s[p]: its byte length, or 0.
+size_t py_space_at(std::string_view s, size_t p) {
+  char32_t cp = 0;
+  const size_t n = decode_codepoint(s, p, &cp);
+  return is_py_space(cp) ? n : 0;
+}
+size_t skip_py_space(std::string_view s, size_t p) {
+  while (p < s.size()) {
+    const size_t n = py_space_at(s, p);
+    if (n == 0) break;
+    p += n;
+  }
+  return p;
+}
+
 // jinja2 normalises every line break to "\n" and drops one trailing newline.
 std::string normalize(std::string_view in) {
   std::string s;
@@ -45,14 +60,13 @@ class Lexer {
       const char kind = src_[start + 1];  // '{', '%' or '#'
       const char sign = start + 2 < src_.size() ? src_[start + 2] : '\0';
       if (sign == '-') {
-        while (!text.empty() && is_ws(text.back())) text.pop_back();
+        text = py_strip(text, std::nullopt, false, true);
       } else if (sign != '+' && kind != '{') {
         const size_t nl = text.rfind('\n');
         const size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
-        if (l_pos > 0 || line_starting) {
-          bool blank = l_pos < text.size();
-          for (size_t k = l_pos; k < text.size(); ++k) blank = blank && is_ws(text[k]);
-          if (blank) text.resize(l_pos);
+        if ((l_pos > 0 || line_starting) && l_pos < text.size() &&
+            skip_py_space(text, l_pos) == text.size()) {
+          text.resize(l_pos);
         }
       }
       emit_text(text, pos_);
@@ -62,7 +76,7 @@ class Lexer {
         if (end == std::string::npos) fail(start, "missing end of comment tag '#}'");
         p = end + 2;
         if (end > start + 2 && src_[end - 1] == '-') {
-          while (p < src_.size() && is_ws(src_[p])) ++p;
+          p = skip_py_space(src_, p);
         } else if (!(end > start + 2 && src_[end - 1] == '+') && p < src_.size() &&
                    src_[p] == '\n') {
           ++p;
@@ -123,7 +137,7 @@ class Lexer {
           tokens_.push_back({is_var ? TokenKind::kVarEnd : TokenKind::kBlockEnd, "", at(p)});
           p += (minus || plus) ? 3 : 2;
           if (minus) {
-            while (p < src_.size() && is_ws(src_[p])) ++p;
+            p = skip_py_space(src_, p);
           } else if (!is_var && !plus && p < src_.size() && src_[p] == '\n') {
             ++p;  // trim_blocks
           }

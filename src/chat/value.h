@@ -29,6 +29,71 @@ struct Undefined {
 };
 struct None {};
 
+struct List;
+class Dict;
+struct Function;
+
+// An error without a position yet: thrown by value operations and builtins, turned into a
+// metrale::Error naming the template source, line and column by the interpreter.
+class RenderFailure {
+ public:
+  explicit RenderFailure(std::string message) : message_(std::move(message)) {}
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string message_;
+};
+
+class Value {
+ public:
+  using Storage =
+      std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>,
+                   std::shared_ptr<Dict>, std::shared_ptr<const Function>>;
+
+  Value() : v_(Undefined{}) {}
+  Value(None n) : v_(n) {}  // NOLINT(google-explicit-constructor): literals read naturally
+  Value(Undefined u) : v_(std::move(u)) {}
+  Value(bool b) : v_(b) {}
+  Value(int64_t i) : v_(i) {}
+  Value(int i) : v_(static_cast<int64_t>(i)) {}
+  Value(double d) : v_(d) {}
+  Value(std::string s) : v_(std::move(s)) {}
+  Value(const char* s) : v_(std::string(s)) {}
+  Value(std::shared_ptr<List> l) : v_(std::move(l)) {}
+  Value(std::shared_ptr<Dict> d) : v_(std::move(d)) {}
+  Value(std::shared_ptr<const Function> f) : v_(std::move(f)) {}
+
+  static Value list(List items);
+  static Value list();
+  static Value tuple(List items);
+  static Value dict();
+  static Value undefined(std::string hint) { return Value(Undefined{std::move(hint)}); }
+
+  bool is_undefined() const { return std::holds_alternative<Undefined>(v_); }
+  bool is_none() const { return std::holds_alternative<None>(v_); }
+  bool is_bool() const { return std::holds_alternative<bool>(v_); }
+  bool is_int() const { return std::holds_alternative<int64_t>(v_); }
+  bool is_float() const { return std::holds_alternative<double>(v_); }
+  bool is_number() const { return is_int() || is_float() || is_bool(); }  // Python: bool is an int
+  bool is_string() const { return std::holds_alternative<std::string>(v_); }
+  bool is_list() const { return std::holds_alternative<std::shared_ptr<List>>(v_); }
+  bool is_dict() const { return std::holds_alternative<std::shared_ptr<Dict>>(v_); }
+  bool is_callable() const { return std::holds_alternative<std::shared_ptr<const Function>>(v_); }
+
+  bool as_bool() const { return std::get<bool>(v_); }
+  int64_t as_int() const { return std::get<int64_t>(v_); }
+  double as_float() const { return std::get<double>(v_); }
+  const std::string& as_string() const { return std::get<std::string>(v_); }
+  List& as_list() const { return *std::get<std::shared_ptr<List>>(v_); }
+  Dict& as_dict() const { return *std::get<std::shared_ptr<Dict>>(v_); }
+  const Function& as_function() const { return *std::get<std::shared_ptr<const Function>>(v_); }
+  const std::string& undefined_hint() const { return std::get<Undefined>(v_).hint; }
+  const Storage& storage() const { return v_; }
+
+ private:
+  Storage v_;
+};
+
 // A Python list, or a tuple (a tuple literal, the pairs of dict.items()): the two differ only
 // in repr() and in comparing unequal to each other.
 struct List : std::vector<Value> {
@@ -62,75 +127,20 @@ struct CallArgs {
   std::vector<std::pair<std::string, Value>> keyword;
 };
 
-// A native function or a macro. Failures are thrown as RenderFailure (below); the interpreter
+// A native function or a macro. Failures are thrown as RenderFailure (above); the interpreter
 // adds the template position.
 struct Function {
   std::string name;
   std::function<Value(CallArgs&)> call;
 };
 
-// An error without a position yet: thrown by value operations and builtins, turned into a
-// metrale::Error naming the template source, line and column by the interpreter.
-class RenderFailure {
- public:
-  explicit RenderFailure(std::string message) : message_(std::move(message)) {}
-  const std::string& message() const { return message_; }
-
- private:
-  std::string message_;
-};
-
-class Value {
- public:
-  using Storage =
-      std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>,
-                   std::shared_ptr<Dict>, std::shared_ptr<const Function>>;
-
-  Value() : v_(Undefined{}) {}
-  Value(None n) : v_(n) {}  // NOLINT(google-explicit-constructor): literals read naturally
-  Value(Undefined u) : v_(std::move(u)) {}
-  Value(bool b) : v_(b) {}
-  Value(int64_t i) : v_(i) {}
-  Value(int i) : v_(static_cast<int64_t>(i)) {}
-  Value(double d) : v_(d) {}
-  Value(std::string s) : v_(std::move(s)) {}
-  Value(const char* s) : v_(std::string(s)) {}
-  Value(std::shared_ptr<List> l) : v_(std::move(l)) {}
-  Value(std::shared_ptr<Dict> d) : v_(std::move(d)) {}
-  Value(std::shared_ptr<const Function> f) : v_(std::move(f)) {}
-
-  static Value list(List items = {}) { return Value(std::make_shared<List>(std::move(items))); }
-  static Value tuple(List items) {
-    items.is_tuple = true;
-    return list(std::move(items));
-  }
-  static Value dict() { return Value(std::make_shared<Dict>()); }
-  static Value undefined(std::string hint) { return Value(Undefined{std::move(hint)}); }
-
-  bool is_undefined() const { return std::holds_alternative<Undefined>(v_); }
-  bool is_none() const { return std::holds_alternative<None>(v_); }
-  bool is_bool() const { return std::holds_alternative<bool>(v_); }
-  bool is_int() const { return std::holds_alternative<int64_t>(v_); }
-  bool is_float() const { return std::holds_alternative<double>(v_); }
-  bool is_number() const { return is_int() || is_float() || is_bool(); }  // Python: bool is an int
-  bool is_string() const { return std::holds_alternative<std::string>(v_); }
-  bool is_list() const { return std::holds_alternative<std::shared_ptr<List>>(v_); }
-  bool is_dict() const { return std::holds_alternative<std::shared_ptr<Dict>>(v_); }
-  bool is_callable() const { return std::holds_alternative<std::shared_ptr<const Function>>(v_); }
-
-  bool as_bool() const { return std::get<bool>(v_); }
-  int64_t as_int() const { return std::get<int64_t>(v_); }
-  double as_float() const { return std::get<double>(v_); }
-  const std::string& as_string() const { return std::get<std::string>(v_); }
-  List& as_list() const { return *std::get<std::shared_ptr<List>>(v_); }
-  Dict& as_dict() const { return *std::get<std::shared_ptr<Dict>>(v_); }
-  const Function& as_function() const { return *std::get<std::shared_ptr<const Function>>(v_); }
-  const std::string& undefined_hint() const { return std::get<Undefined>(v_).hint; }
-  const Storage& storage() const { return v_; }
-
- private:
-  Storage v_;
-};
+inline Value Value::list(List items) { return Value(std::make_shared<List>(std::move(items))); }
+inline Value Value::tuple(List items) {
+  items.is_tuple = true;
+  return list(std::move(items));
+}
+inline Value Value::list() { return list(List()); }
+inline Value Value::dict() { return Value(std::make_shared<Dict>()); }
 
 // Python's name of the value's type, as jinja2 messages use it ("dict object", "str").
 std::string type_name(const Value& v);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -113,6 +115,10 @@ TEST(ChatTemplateFixtures, EveryCaseMatchesTransformers) {
     } else {
       const std::string ours = test::error_of([&] { templates.at(id).render(request, options); });
       check_error(ours, c["error"].get<std::string>(), label);
+      if (std::getenv("METRALE_CHAT_SHOW_ERRORS") != nullptr) {
+        std::printf("%s\n  ours: %s\n  jinja2: %s\n", label.c_str(), ours.c_str(),
+                    c["error"].get<std::string>().c_str());
+      }
       ++refused;
     }
   }
