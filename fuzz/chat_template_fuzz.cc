@@ -41,7 +41,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   const size_t nul = input.find('\0');
   const std::string_view text = input.substr(0, nul);
-  const std::string_view request_json = nul == std::string_view::npos ? kRequest : input.substr(nul + 1);
+  const std::string_view request_json =
+      nul == std::string_view::npos ? kRequest : input.substr(nul + 1);
   metrale::chat::RenderOptions options;
   options.limits.max_steps = 20000;
   options.limits.max_output_bytes = 1 << 20;
