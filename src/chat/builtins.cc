@@ -151,9 +151,10 @@ Value select(const Value& subject, CallArgs& a, bool by_attribute, bool keep) {
   return Value::list(std::move(out));
 }
 
-Value tojson(const Value& v, const CallArgs& a) {
+Value tojson(const Value& v, const CallArgs& a, const RenderLimits& limits) {
   check_arity(a, "tojson", 4, {"ensure_ascii", "indent", "separators", "sort_keys"});
   JsonDumpOptions o;
+  o.max_bytes = limits.max_output_bytes;
   if (const Value* x = arg(a, 0, "ensure_ascii")) o.ensure_ascii = truthy(*x);
   if (const Value* x = arg(a, 1, "indent"); x && !x->is_none()) {
     if (x->is_string()) fail("unsupported: a string indent for tojson");
@@ -298,6 +299,13 @@ List iterate(const Value& v) {
     return keys;
   }
   if (v.is_string()) {
+    // One Value per character: bounded, so a long text cannot cost gigabytes (indexing and
+    // slicing strings do not come here).
+    constexpr size_t kMaxChars = size_t{1} << 20;
+    if (v.as_string().size() > kMaxChars && codepoint_count(v.as_string()) > kMaxChars) {
+      fail("unsupported: iterating over a string of more than " + std::to_string(kMaxChars) +
+           " characters");
+    }
     List chars;
     for (std::string_view c : split_codepoints(v.as_string())) chars.emplace_back(std::string(c));
     return chars;
@@ -334,10 +342,10 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a, const Ren
   }
   if (name == "safe" || name == "string") {
     check_arity(a, what, 0, {});
-    return Value(str_of(v));
+    return Value(str_of(v, limits.max_output_bytes));
   }
   if (name == "length" || name == "count") return length_of(v);
-  if (name == "tojson") return tojson(v, a);
+  if (name == "tojson") return tojson(v, a, limits);
   if (name == "items") return items_of(v);
   if (name == "join") return join(v, a, limits);
   if (name == "map") return map_filter(v, a, limits);
@@ -394,7 +402,7 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a, const Ren
     return Value(static_cast<int64_t>(py_split(str_of(v), std::nullopt, -1, false).size()));
   }
   // String filters: jinja2 converts the subject with str() first (undefined -> "").
-  const std::string s = str_of(v);
+  const std::string s = str_of(v, limits.max_output_bytes);
   if (name == "trim") {
     check_arity(a, what, 1, {"chars"});
     return Value(py_strip(s, opt_string(arg(a, 0, "chars"), "trim chars"), true, true));
@@ -405,11 +413,11 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a, const Ren
   if (name == "capitalize") return Value(py_capitalize(s));
   if (name == "replace") {
     check_arity(a, what, 3, {"old", "new", "count"});
-    std::string out = py_replace(s, need_string(arg(a, 0, "old"), "replace"),
-                                 need_string(arg(a, 1, "new"), "replace"),
-                                 int_arg(arg(a, 2, "count"), -1, "replace count"));
-    check_size(out.size(), limits);
-    return Value(std::move(out));
+    std::optional<std::string> out = py_replace(
+        s, need_string(arg(a, 0, "old"), "replace"), need_string(arg(a, 1, "new"), "replace"),
+        int_arg(arg(a, 2, "count"), -1, "replace count"), limits.max_output_bytes);
+    if (!out) check_size(SIZE_MAX, limits);
+    return Value(std::move(*out));
   }
   fail("unsupported filter '" + std::string(name) + "'");
 }
@@ -511,11 +519,11 @@ std::optional<Value> string_method(const std::string& s, const std::string& name
   if (name == "replace") {
     return method(what, [s, what, &limits](CallArgs& a) {
       check_arity(a, what, 3, {});
-      std::string out =
+      std::optional<std::string> out =
           py_replace(s, need_string(arg(a, 0, ""), what), need_string(arg(a, 1, ""), what),
-                     int_arg(arg(a, 2, ""), -1, what));
-      check_size(out.size(), limits);
-      return Value(std::move(out));
+                     int_arg(arg(a, 2, ""), -1, what), limits.max_output_bytes);
+      if (!out) check_size(SIZE_MAX, limits);
+      return Value(std::move(*out));
     });
   }
   if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
@@ -637,8 +645,10 @@ Value make_globals(const RenderOptions& options, std::vector<std::shared_ptr<Dic
             fail("range of more than RenderLimits::max_steps items");
           }
           List out;
-          for (int64_t i = 0; i < static_cast<int64_t>(count); ++i)
-            out.emplace_back(start + i * step);
+          for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
+            out.emplace_back(start);
+            if (__builtin_add_overflow(start, step, &start)) break;
+          }
           return Value::list(std::move(out));
         }));
   const auto build_dict = [](CallArgs& a, const std::string& what) {

@@ -6,6 +6,7 @@
 
 #include "chat/lexer.h"
 #include "chat/parser.h"
+#include "chat/pystr.h"
 #include "chat/template.h"
 #include "core/error.h"
 
@@ -24,6 +25,18 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 std::string name_for_hint(const Value& v) {
   return v.is_dict() && !v.as_dict().is_namespace ? "dict object" : type_name(v) + " object";
+}
+
+// Byte offset of each character of `s`, then s.size().
+std::vector<uint32_t> char_offsets(const std::string& s) {
+  std::vector<uint32_t> offsets;
+  uint32_t pos = 0;
+  for_each_codepoint(s, [&](char32_t, std::string_view bytes) {
+    offsets.push_back(pos);
+    pos += static_cast<uint32_t>(bytes.size());
+  });
+  offsets.push_back(pos);
+  return offsets;
 }
 
 int64_t as_index(const Value& v) {
@@ -91,7 +104,7 @@ class Interpreter {
         append(out, n.name, n.pos);
         return Flow::kNormal;
       case NodeKind::kOutput:
-        append(out, str_of(eval(*n.args[0], scope)), n.pos);
+        append(out, str_of(eval(*n.args[0], scope), limits_.max_output_bytes), n.pos);
         return Flow::kNormal;
       case NodeKind::kIf:
         return exec_body(truthy(eval(*n.args[0], scope)) ? n.body : n.else_body, scope, out);
@@ -110,14 +123,17 @@ class Interpreter {
         scope->vars[n.name] = make_macro(n, n.name, 0, scope);
         return Flow::kNormal;
       case NodeKind::kCallBlock:
-        append(out, str_of(call_block(n, scope)), n.pos);
+        append(out, str_of(call_block(n, scope), limits_.max_output_bytes), n.pos);
         return Flow::kNormal;
       case NodeKind::kFilterBlock: {
         std::string text;
         exec_body(n.body, scope, text);
         const Node& f = *n.args[0];
         CallArgs args = eval_args(f, scope, 1);
-        append(out, str_of(apply_filter(f.name, Value(std::move(text)), args, limits_)), n.pos);
+        append(out,
+               str_of(apply_filter(f.name, Value(std::move(text)), args, limits_),
+                      limits_.max_output_bytes),
+               n.pos);
         return Flow::kNormal;
       }
       case NodeKind::kBreak:
@@ -301,9 +317,28 @@ class Interpreter {
 
   Value eval(const Node& n, const ScopePtr& scope) {
     try {
-      return eval_inner(n, scope);
+      Value v = eval_inner(n, scope);
+      // Values built anew are charged by size: a loop re-copying a big string or list is
+      // bounded by RenderLimits::max_work_bytes, not only by its iteration count.
+      if (n.kind == NodeKind::kBinary || n.kind == NodeKind::kFilter || n.kind == NodeKind::kCall ||
+          n.kind == NodeKind::kSlice || n.kind == NodeKind::kList) {
+        charge(v, n.pos);
+      }
+      return v;
     } catch (const RenderFailure& f) {
       fail_at(n.pos, f.message());
+    }
+  }
+
+  void charge(const Value& v, SourcePos pos) {
+    uint64_t bytes = 0;
+    if (v.is_string()) bytes = v.as_string().size();
+    if (v.is_list()) bytes = v.as_list().size() * sizeof(Value);
+    if (v.is_dict()) bytes = v.as_dict().size() * (sizeof(Value) + 32);
+    work_bytes_ += bytes;
+    if (work_bytes_ > limits_.max_work_bytes) {
+      fail_at(pos, "render stopped after building " + std::to_string(limits_.max_work_bytes) +
+                       " bytes of values (RenderLimits::max_work_bytes)");
     }
   }
 
@@ -325,13 +360,21 @@ class Interpreter {
     if (obj.is_undefined()) fail_undefined(obj);
     if (obj.is_dict() && key.is_string()) {
       if (const Value* v = obj.as_dict().find(key.as_string())) return *v;
-    } else if ((obj.is_list() || obj.is_string()) && (key.is_int() || key.is_bool())) {
-      const List items = obj.is_list() ? List() : iterate(obj);
-      const List& seq = obj.is_list() ? obj.as_list() : items;
+    } else if (obj.is_list() && (key.is_int() || key.is_bool())) {
+      const List& seq = obj.as_list();
       int64_t i = as_index(key);
       const int64_t size = static_cast<int64_t>(seq.size());
       if (i < 0) i += size;
       if (i >= 0 && i < size) return seq[static_cast<size_t>(i)];
+    } else if (obj.is_string() && (key.is_int() || key.is_bool())) {
+      const std::vector<uint32_t> at = char_offsets(obj.as_string());
+      int64_t i = as_index(key);
+      const int64_t size = static_cast<int64_t>(at.size()) - 1;
+      if (i < 0) i += size;
+      if (i >= 0 && i < size) {
+        const size_t k = static_cast<size_t>(i);
+        return Value(obj.as_string().substr(at[k], at[k + 1] - at[k]));
+      }
     }
     if (key.is_string()) {  // then jinja2 tries the attribute
       if (auto m = bound_method(obj, key.as_string(), limits_)) return *m;
@@ -344,8 +387,11 @@ class Interpreter {
     if (!obj.is_list() && !obj.is_string()) {
       throw RenderFailure("'" + type_name(obj) + "' object is not subscriptable");
     }
-    const List items = iterate(obj);
-    const int64_t n = static_cast<int64_t>(items.size());
+    const bool is_string = obj.is_string();
+    const std::vector<uint32_t> at =
+        is_string ? char_offsets(obj.as_string()) : std::vector<uint32_t>();
+    const int64_t n = is_string ? static_cast<int64_t>(at.size()) - 1
+                                : static_cast<int64_t>(obj.as_list().size());
     const auto opt = [](const Value& v) -> std::optional<int64_t> {
       if (v.is_undefined() || v.is_none()) return std::nullopt;
       return as_index(v);
@@ -362,13 +408,19 @@ class Interpreter {
     const int64_t b = clamp(opt(start), st > 0 ? 0 : n - 1);
     const int64_t e = clamp(opt(stop), st > 0 ? n : -1);
     List out;
-    for (int64_t i = b; st > 0 ? i < e : i > e; i += st)
-      out.push_back(items[static_cast<size_t>(i)]);
-    out.is_tuple = items.is_tuple;
-    if (obj.is_list()) return Value::list(std::move(out));
-    std::string s;
-    for (const Value& c : out) s += c.as_string();
-    return Value(std::move(s));
+    std::string text;
+    for (int64_t i = b; st > 0 ? i < e : i > e;) {
+      const size_t k = static_cast<size_t>(i);
+      if (is_string) {
+        text.append(obj.as_string(), at[k], at[k + 1] - at[k]);
+      } else {
+        out.push_back(obj.as_list()[k]);
+      }
+      if (__builtin_add_overflow(i, st, &i)) break;
+    }
+    if (is_string) return Value(std::move(text));
+    out.is_tuple = obj.as_list().is_tuple;
+    return Value::list(std::move(out));
   }
 
   Value arithmetic(const std::string& op, const Value& a, const Value& b) {
@@ -441,6 +493,12 @@ class Interpreter {
 
   Value repeat(const Value& seq, const Value& times) {
     const int64_t k = std::max<int64_t>(0, as_index(times));
+    if (k == 0 || (seq.is_string() ? seq.as_string().empty() : seq.as_list().empty())) {
+      if (seq.is_string()) return Value("");
+      List empty;
+      empty.is_tuple = seq.as_list().is_tuple;
+      return Value::list(std::move(empty));
+    }
     if (seq.is_string()) {
       const size_t n = seq.as_string().size();
       if (n > 0 && static_cast<uint64_t>(k) > limits_.max_output_bytes / n) check_size(SIZE_MAX);
@@ -545,8 +603,8 @@ class Interpreter {
         const Value a = eval(*n.args[0], scope);
         const Value b = eval(*n.args[1], scope);
         if (n.name == "~") {
-          std::string s = str_of(a);
-          const std::string t = str_of(b);
+          std::string s = str_of(a, limits_.max_output_bytes);
+          const std::string t = str_of(b, limits_.max_output_bytes);
           check_size(s.size() + t.size());
           return Value(s + t);
         }
@@ -573,6 +631,7 @@ class Interpreter {
   const std::string& source_;
   const RenderLimits& limits_;
   size_t output_bytes_ = 0;
+  uint64_t work_bytes_ = 0;
   int64_t steps_ = 0;
   int call_depth_ = 0;
   int loop_depth_ = 0;

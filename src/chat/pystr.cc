@@ -202,30 +202,35 @@ std::vector<std::string> py_split(std::string_view s, const std::optional<std::s
   return out;
 }
 
-std::string py_replace(std::string_view s, std::string_view old, std::string_view with,
-                       int64_t count) {
+std::optional<std::string> py_replace(std::string_view s, std::string_view old,
+                                      std::string_view with, int64_t count, size_t max_bytes) {
   std::string out;
+  bool too_big = false;
   if (old.empty()) {  // Python inserts `with` before every character and at the end
     int64_t done = 0;
     for_each_codepoint(s, [&](char32_t, std::string_view bytes) {
+      if (too_big) return;
       if (count < 0 || done < count) {
         out += with;
         ++done;
       }
       out += bytes;
+      too_big = out.size() > max_bytes;
     });
     if (count < 0 || done < count) out += with;
-    return out;
+  } else {
+    size_t start = 0;
+    for (int64_t k = 0; (count < 0 || k < count) && !too_big; ++k) {
+      const size_t at = s.find(old, start);
+      if (at == std::string_view::npos) break;
+      out += s.substr(start, at - start);
+      out += with;
+      start = at + old.size();
+      too_big = out.size() > max_bytes;
+    }
+    out += s.substr(start);
   }
-  size_t start = 0;
-  for (int64_t k = 0; count < 0 || k < count; ++k) {
-    const size_t at = s.find(old, start);
-    if (at == std::string_view::npos) break;
-    out += s.substr(start, at - start);
-    out += with;
-    start = at + old.size();
-  }
-  out += s.substr(start);
+  if (too_big || out.size() > max_bytes) return std::nullopt;
   return out;
 }
 

@@ -41,9 +41,10 @@ std::string py_strip(std::string_view s, const std::optional<std::string>& chars
 // An empty `sep` is an error the caller reports (Python: "empty separator").
 std::vector<std::string> py_split(std::string_view s, const std::optional<std::string>& sep,
                                   int64_t maxsplit, bool from_right);
-// str.replace(old, new, count): count < 0 replaces all.
-std::string py_replace(std::string_view s, std::string_view old, std::string_view with,
-                       int64_t count);
+// str.replace(old, new, count): count < 0 replaces all. Returns nullopt when the result
+// would exceed `max_bytes` (the caller reports it).
+std::optional<std::string> py_replace(std::string_view s, std::string_view old,
+                                      std::string_view with, int64_t count, size_t max_bytes);
 std::string py_upper(std::string_view s);
 std::string py_lower(std::string_view s);
 std::string py_title(std::string_view s);

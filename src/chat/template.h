@@ -20,6 +20,9 @@ struct RenderLimits {
   size_t max_output_bytes = size_t{16} << 20;  // also bounds every string a template builds
   int64_t max_steps = 5'000'000;               // loop iterations + macro calls + range items
   int max_call_depth = 64;                     // nested macro calls
+  // Bytes of strings (and list / dict slots) built by operators, filters, calls and slices,
+  // summed over the render: bounds templates that re-copy big values in a loop.
+  uint64_t max_work_bytes = uint64_t{4} << 30;
 };
 
 struct RenderOptions {

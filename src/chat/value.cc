@@ -15,6 +15,12 @@ namespace {
 // deeper ones (a list appended to itself); printing stops here instead of overflowing.
 constexpr int kMaxPrintDepth = 200;
 
+void check_bytes(const std::string& out, size_t max_bytes) {
+  if (out.size() > max_bytes) {
+    throw RenderFailure("printed value larger than " + std::to_string(max_bytes) + " bytes");
+  }
+}
+
 void check_depth(int depth) {
   if (depth > kMaxPrintDepth) {
     throw RenderFailure("value nested more than " + std::to_string(kMaxPrintDepth) +
@@ -22,7 +28,7 @@ void check_depth(int depth) {
   }
 }
 
-void repr_into(std::string& out, const Value& v, int depth);
+void repr_into(std::string& out, const Value& v, int depth, size_t max_bytes);
 
 void repr_string(std::string& out, const std::string& s) {
   const bool has_single = s.find('\'') != std::string::npos;
@@ -58,8 +64,9 @@ void repr_string(std::string& out, const std::string& s) {
   out += quote;
 }
 
-void repr_into(std::string& out, const Value& v, int depth) {
+void repr_into(std::string& out, const Value& v, int depth, size_t max_bytes) {
   check_depth(depth);
+  check_bytes(out, max_bytes);
   if (v.is_string()) {
     repr_string(out, v.as_string());
   } else if (v.is_list()) {
@@ -69,7 +76,7 @@ void repr_into(std::string& out, const Value& v, int depth) {
     for (const Value& item : l) {
       if (!first) out += ", ";
       first = false;
-      repr_into(out, item, depth + 1);
+      repr_into(out, item, depth + 1, max_bytes);
     }
     if (l.is_tuple && l.size() == 1) out += ',';
     out += l.is_tuple ? ')' : ']';
@@ -83,13 +90,14 @@ void repr_into(std::string& out, const Value& v, int depth) {
       first = false;
       repr_string(out, key);
       out += ": ";
-      repr_into(out, item, depth + 1);
+      repr_into(out, item, depth + 1, max_bytes);
     }
     out += '}';
     if (d.is_namespace) out += '>';
   } else {
-    out += str_of(v);
+    out += str_of(v, max_bytes);
   }
+  check_bytes(out, max_bytes);
 }
 
 void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
@@ -141,8 +149,12 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
 
 void json_into(std::string& out, const Value& v, const JsonDumpOptions& o, int depth) {
   check_depth(depth);
+  check_bytes(out, o.max_bytes);
   const auto newline = [&](int level) {
     if (!o.indent) return;
+    if (static_cast<uint64_t>(*o.indent) * static_cast<uint64_t>(level) > o.max_bytes) {
+      throw RenderFailure("printed value larger than " + std::to_string(o.max_bytes) + " bytes");
+    }
     out += '\n';
     out.append(static_cast<size_t>(*o.indent) * static_cast<size_t>(level), ' ');
   };
@@ -295,7 +307,7 @@ std::string float_repr(double d) {
   return out;
 }
 
-std::string str_of(const Value& v) {
+std::string str_of(const Value& v, size_t max_bytes) {
   if (v.is_undefined()) return "";
   if (v.is_none()) return "None";
   if (v.is_bool()) return v.as_bool() ? "True" : "False";
@@ -304,14 +316,14 @@ std::string str_of(const Value& v) {
   if (v.is_string()) return v.as_string();
   if (v.is_callable()) return "<function " + v.as_function().name + ">";
   std::string out;
-  repr_into(out, v, 0);
+  repr_into(out, v, 0, max_bytes);
   return out;
 }
 
-std::string repr_of(const Value& v) {
+std::string repr_of(const Value& v, size_t max_bytes) {
   if (v.is_undefined()) return "Undefined";
   std::string out;
-  repr_into(out, v, 0);
+  repr_into(out, v, 0, max_bytes);
   return out;
 }
 
@@ -388,6 +400,7 @@ std::string json_dumps(const Value& v, const JsonDumpOptions& options) {
   if (o.indent && *o.indent < 0) o.indent = 0;
   std::string out;
   json_into(out, v, o, 0);
+  check_bytes(out, o.max_bytes);
   return out;
 }
 

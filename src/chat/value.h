@@ -47,8 +47,8 @@ class RenderFailure {
 class Value {
  public:
   using Storage =
-      std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>,
-                   std::shared_ptr<Dict>, std::shared_ptr<const Function>>;
+      std::variant<Undefined, None, bool, int64_t, double, std::shared_ptr<const std::string>,
+                   std::shared_ptr<List>, std::shared_ptr<Dict>, std::shared_ptr<const Function>>;
 
   Value() : v_(Undefined{}) {}
   Value(None n) : v_(n) {}  // NOLINT(google-explicit-constructor): literals read naturally
@@ -57,8 +57,9 @@ class Value {
   Value(int64_t i) : v_(i) {}
   Value(int i) : v_(static_cast<int64_t>(i)) {}
   Value(double d) : v_(d) {}
-  Value(std::string s) : v_(std::move(s)) {}
-  Value(const char* s) : v_(std::string(s)) {}
+  // Strings are shared, never changed: copying a Value never copies its text.
+  Value(std::string s) : v_(std::make_shared<const std::string>(std::move(s))) {}
+  Value(const char* s) : v_(std::make_shared<const std::string>(s)) {}
   Value(std::shared_ptr<List> l) : v_(std::move(l)) {}
   Value(std::shared_ptr<Dict> d) : v_(std::move(d)) {}
   Value(std::shared_ptr<const Function> f) : v_(std::move(f)) {}
@@ -75,7 +76,7 @@ class Value {
   bool is_int() const { return std::holds_alternative<int64_t>(v_); }
   bool is_float() const { return std::holds_alternative<double>(v_); }
   bool is_number() const { return is_int() || is_float() || is_bool(); }  // Python: bool is an int
-  bool is_string() const { return std::holds_alternative<std::string>(v_); }
+  bool is_string() const { return std::holds_alternative<std::shared_ptr<const std::string>>(v_); }
   bool is_list() const { return std::holds_alternative<std::shared_ptr<List>>(v_); }
   bool is_dict() const { return std::holds_alternative<std::shared_ptr<Dict>>(v_); }
   bool is_callable() const { return std::holds_alternative<std::shared_ptr<const Function>>(v_); }
@@ -83,7 +84,7 @@ class Value {
   bool as_bool() const { return std::get<bool>(v_); }
   int64_t as_int() const { return std::get<int64_t>(v_); }
   double as_float() const { return std::get<double>(v_); }
-  const std::string& as_string() const { return std::get<std::string>(v_); }
+  const std::string& as_string() const { return *std::get<std::shared_ptr<const std::string>>(v_); }
   List& as_list() const { return *std::get<std::shared_ptr<List>>(v_); }
   Dict& as_dict() const { return *std::get<std::shared_ptr<Dict>>(v_); }
   const Function& as_function() const { return *std::get<std::shared_ptr<const Function>>(v_); }
@@ -146,10 +147,15 @@ inline Value Value::dict() { return Value(std::make_shared<Dict>()); }
 std::string type_name(const Value& v);
 // Python truthiness; undefined is false.
 bool truthy(const Value& v);
-// Python str() (undefined -> ""). Throws RenderFailure on a structure nested too deeply.
-std::string str_of(const Value& v);
+// What str_of / repr_of / json_dumps build at most unless told otherwise (a list repeated
+// many times over could otherwise print to terabytes).
+inline constexpr size_t kMaxPrintBytes = size_t{64} << 20;
+
+// Python str() (undefined -> ""). Throws RenderFailure on a structure nested too deeply or
+// printing to more than `max_bytes`.
+std::string str_of(const Value& v, size_t max_bytes = kMaxPrintBytes);
 // Python repr().
-std::string repr_of(const Value& v);
+std::string repr_of(const Value& v, size_t max_bytes = kMaxPrintBytes);
 // Python float repr: shortest round-trip digits, "1.0", "1e-05", "1e+16", "inf", "nan".
 std::string float_repr(double d);
 // Python ==, with jinja2's undefined == undefined.
@@ -165,6 +171,7 @@ struct JsonDumpOptions {
   std::string item_separator;     // ", " (or "," with an indent) unless given
   std::string key_separator = ": ";
   bool sort_keys = false;
+  size_t max_bytes = kMaxPrintBytes;  // a RenderFailure beyond this
 };
 // Python json.dumps with these options (floats as repr, NaN/Infinity as Python writes them).
 // Fails on undefined, callables and nesting deeper than the JSON input limit allows.

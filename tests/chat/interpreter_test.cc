@@ -100,6 +100,32 @@ TEST(ChatInterpreter, LimitsStopRunawayTemplates) {
   EXPECT_NE(error_of(ifs).find("nesting deeper than"), std::string::npos);
 }
 
+TEST(ChatInterpreter, HugeValuesStayBounded) {
+  RenderOptions o;
+  o.limits.max_work_bytes = 1 << 20;
+  RenderOptions small;
+  small.limits.max_output_bytes = 1000;
+  EXPECT_EQ(render("[{{ '' * 1000000000000000000 }}{{ [] * 1000000000000000000 }}{{ 'ab' * 0 }}]"),
+            "[[]]");
+  EXPECT_EQ(render("{{ 'abc'[1::9223372036854775807] }}{{ 'abc'[::-9223372036854775807] }}"), "bc");
+  EXPECT_EQ(
+      render("{{ range(-9223372036854775807, 9223372036854775807, 9223372036854775807)|length }}"),
+      "2");
+  // Re-copying a big string in a loop is stopped by the work budget, not only by steps.
+  EXPECT_NE(error_of("{% set s = 'x' * 100000 %}{% for i in range(1000) %}{% set t = s ~ 'a' %}"
+                     "{% endfor %}",
+                     o)
+                .find("RenderLimits::max_work_bytes"),
+            std::string::npos);
+  // Printing a list that repeats a big string is refused before it is built.
+  EXPECT_NE(error_of("{% set l = ['x' * 100000] * 1000 %}{{ l }}").find("larger than"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ ('x' * 400)|replace('', 'yy') }}", small).find("max_output_bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ [[[1]]]|tojson(indent=1000000000) }}").find("larger than"),
+            std::string::npos);
+}
+
 TEST(ChatInterpreter, StrftimeNowUsesTheInjectedClock) {
   RenderOptions o;
   o.now = [] {
