@@ -47,6 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.limits.max_steps = 20000;
   options.limits.max_output_bytes = 1 << 20;
   options.limits.max_call_depth = 32;
+  options.limits.max_work_bytes = 64 << 20;
   options.now = [] {
     std::tm t{};
     t.tm_year = 126;
