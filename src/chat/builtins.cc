@@ -87,12 +87,13 @@ Value attribute_path(const Value& v, const std::string& path) {
   return cur;
 }
 
-Value items_of(const Value& v) {
-  if (v.is_undefined()) return Value::list();
+// The (key, value) tuples of a dict, as a generator (the items filter) or a dict_items view.
+Value items_of(const Value& v, SeqKind kind) {
+  if (v.is_undefined()) return Value::seq(List(), kind);
   if (!v.is_dict() || v.as_dict().is_namespace) fail("can only get item pairs from a mapping");
   List out;
   for (const auto& [k, item] : v.as_dict().items()) out.push_back(Value::tuple({Value(k), item}));
-  return Value::list(std::move(out));
+  return Value::seq(std::move(out), kind);
 }
 
 Value to_int(const Value& v, const Value& fallback) {
@@ -143,12 +144,13 @@ Value select(const Value& subject, CallArgs& a, bool by_attribute, bool keep) {
   }
   if (!a.keyword.empty()) fail(what + " takes no keyword arguments");
   List out;
+  if (!truthy(subject)) return Value::seq(List(), SeqKind::kGenerator);  // jinja2: `if value:`
   for (const Value& item : iterate(subject)) {
     const Value v = by_attribute ? attribute_path(item, attr) : item;
     const bool pass = test.empty() ? truthy(v) : apply_test(test, v, test_args);
     if (pass == keep) out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return Value::seq(std::move(out), SeqKind::kGenerator);
 }
 
 Value tojson(const Value& v, const CallArgs& a, const RenderLimits& limits) {
@@ -189,6 +191,10 @@ Value join(const Value& v, const CallArgs& a, const RenderLimits& limits) {
 
 Value map_filter(const Value& v, CallArgs& a, const RenderLimits& limits) {
   List out;
+  const auto generator = [](List items) {
+    return Value::seq(std::move(items), SeqKind::kGenerator);
+  };
+  if (!truthy(v)) return generator(List());  // jinja2: `if value: for item in value`
   if (const Value* attr = arg(a, 99, "attribute")) {
     check_arity(a, "map", 0, {"attribute", "default"});
     const Value* dflt = arg(a, 99, "default");
@@ -197,7 +203,7 @@ Value map_filter(const Value& v, CallArgs& a, const RenderLimits& limits) {
       if (x.is_undefined() && dflt) x = *dflt;
       out.push_back(std::move(x));
     }
-    return Value::list(std::move(out));
+    return generator(std::move(out));
   }
   if (a.positional.empty()) fail("map needs a filter name or attribute=");
   const std::string name = need_string(&a.positional[0], "map filter");
@@ -209,7 +215,7 @@ Value map_filter(const Value& v, CallArgs& a, const RenderLimits& limits) {
     CallArgs copy = rest;
     out.push_back(apply_filter(name, item, copy, limits));
   }
-  return Value::list(std::move(out));
+  return generator(std::move(out));
 }
 
 Value round_filter(const Value& v, const CallArgs& a) {
@@ -257,31 +263,152 @@ Value indent(const Value& v, const CallArgs& a, const RenderLimits& limits) {
   return Value(std::move(out));
 }
 
+// jinja2's sort key: the attribute path(s) (comma-separated), strings lowercased unless
+// case_sensitive.
+Value sort_key(const Value& item, const Value* attribute, bool case_sensitive) {
+  const auto fold = [&](Value v) {
+    return !case_sensitive && v.is_string() ? Value(py_lower(v.as_string())) : v;
+  };
+  if (attribute == nullptr || attribute->is_none()) return fold(item);
+  const std::vector<std::string> parts = py_split(str_of(*attribute), std::string(","), -1, false);
+  if (parts.size() == 1) return fold(attribute_path(item, parts[0]));
+  List keys;
+  for (const std::string& p : parts) keys.push_back(fold(attribute_path(item, p)));
+  return Value::list(std::move(keys));
+}
+
+List sorted_by(List items, const std::vector<Value>& keys, bool reverse) {
+  std::vector<size_t> order(items.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return reverse ? less_than(keys[y], keys[x]) : less_than(keys[x], keys[y]);
+  });
+  List out;
+  for (size_t i : order) out.push_back(items[i]);
+  return out;
+}
+
+Value sort_filters(std::string_view name, const Value& v, const CallArgs& a) {
+  const std::string what = "filter '" + std::string(name) + "'";
+  if (name == "sort") {
+    check_arity(a, what, 3, {"reverse", "case_sensitive", "attribute"});
+    const bool reverse = arg(a, 0, "reverse") && truthy(*arg(a, 0, "reverse"));
+    const bool cs = arg(a, 1, "case_sensitive") && truthy(*arg(a, 1, "case_sensitive"));
+    List items = iterate(v);
+    std::vector<Value> keys;
+    for (const Value& x : items) keys.push_back(sort_key(x, arg(a, 2, "attribute"), cs));
+    return Value::list(sorted_by(std::move(items), keys, reverse));
+  }
+  if (name == "dictsort") {
+    check_arity(a, what, 3, {"case_sensitive", "by", "reverse"});
+    const bool cs = arg(a, 0, "case_sensitive") && truthy(*arg(a, 0, "case_sensitive"));
+    const std::string by = arg(a, 1, "by") ? str_of(*arg(a, 1, "by")) : "key";
+    if (by != "key" && by != "value") fail("You can only sort by either \"key\" or \"value\"");
+    const bool reverse = arg(a, 2, "reverse") && truthy(*arg(a, 2, "reverse"));
+    if (!v.is_dict() || v.as_dict().is_namespace)
+      fail("dictsort needs a mapping, got " + type_name(v));
+    List items;
+    std::vector<Value> keys;
+    for (const auto& [k, x] : v.as_dict().items()) {
+      items.push_back(Value::tuple({Value(k), x}));
+      keys.push_back(sort_key(by == "key" ? Value(k) : x, nullptr, cs));
+    }
+    return Value::list(sorted_by(std::move(items), keys, reverse));
+  }
+  if (name == "min" || name == "max") {
+    check_arity(a, what, 2, {"case_sensitive", "attribute"});
+    const bool cs = arg(a, 0, "case_sensitive") && truthy(*arg(a, 0, "case_sensitive"));
+    const List items = iterate(v);
+    if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+    size_t best = 0;
+    Value best_key = sort_key(items[0], arg(a, 1, "attribute"), cs);
+    for (size_t i = 1; i < items.size(); ++i) {
+      const Value k = sort_key(items[i], arg(a, 1, "attribute"), cs);
+      if (name == "min" ? less_than(k, best_key) : less_than(best_key, k)) {
+        best = i;
+        best_key = k;
+      }
+    }
+    return items[best];
+  }
+  // sum
+  check_arity(a, what, 2, {"attribute", "start"});
+  Value total = arg(a, 1, "start") ? *arg(a, 1, "start") : Value(0);
+  for (const Value& x : iterate(v)) {
+    const Value item = arg(a, 0, "attribute") && !arg(a, 0, "attribute")->is_none()
+                           ? attribute_path(x, str_of(*arg(a, 0, "attribute")))
+                           : x;
+    if (!item.is_number() || !total.is_number()) {
+      fail("unsupported operand type(s) for +: '" + type_name(total) + "' and '" + type_name(item) +
+           "'");
+    }
+    if (total.is_float() || item.is_float()) {
+      total = Value(to_double(total) + to_double(item));
+    } else {
+      int64_t r = 0;
+      const int64_t x1 = total.is_int() ? total.as_int() : total.as_bool();
+      const int64_t x2 = item.is_int() ? item.as_int() : item.as_bool();
+      if (__builtin_add_overflow(x1, x2, &r)) fail("integer overflow (beyond int64) in sum");
+      total = Value(r);
+    }
+  }
+  return total;
+}
+
 Value length_of(const Value& v) {
   if (v.is_undefined()) return Value(0);
   if (v.is_string()) return Value(static_cast<int64_t>(codepoint_count(v.as_string())));
-  if (v.is_list()) return Value(static_cast<int64_t>(v.as_list().size()));
+  if (v.is_list() && v.as_list().kind != SeqKind::kGenerator) {
+    return Value(static_cast<int64_t>(v.as_list().size()));
+  }
   if (v.is_dict() && !v.as_dict().is_namespace)
     return Value(static_cast<int64_t>(v.as_dict().size()));
   fail("object of type '" + type_name(v) + "' has no len()");
 }
 
 constexpr std::string_view kFilters[] = {
-    "abs",    "capitalize", "count",   "d",        "default", "first",     "float",      "indent",
-    "int",    "items",      "join",    "last",     "length",  "list",      "lower",      "map",
-    "reject", "rejectattr", "replace", "round",    "safe",    "select",    "selectattr", "string",
-    "title",  "tojson",     "trim",    "unique",   "upper",   "wordcount", "sum",        "min",
-    "max",    "reverse",    "sort",    "dictsort",
+    "abs",    "capitalize", "count",      "d",           "default", "dictsort", "e",
+    "escape", "first",      "float",      "forceescape", "indent",  "int",      "items",
+    "join",   "last",       "length",     "list",        "lower",   "map",      "max",
+    "min",    "reject",     "rejectattr", "replace",     "reverse", "round",    "safe",
+    "select", "selectattr", "sort",       "string",      "sum",     "title",    "tojson",
+    "trim",   "unique",     "upper",      "wordcount",
 };
 constexpr std::string_view kTests[] = {
-    "boolean", "callable",  "defined", "divisibleby", "eq",          "equalto",  "escaped",
-    "even",    "false",     "float",   "ge",          "greaterthan", "gt",       "in",
-    "integer", "iterable",  "le",      "lessthan",    "lower",       "lt",       "mapping",
-    "ne",      "none",      "number",  "odd",         "sameas",      "sequence", "string",
-    "true",    "undefined", "upper",   "filter",      "test",
+    "boolean", "callable", "defined",  "divisibleby", "eq",      "equalto", "even",      "false",
+    "filter",  "float",    "ge",       "greaterthan", "gt",      "in",      "integer",   "iterable",
+    "le",      "lessthan", "lower",    "lt",          "mapping", "ne",      "none",      "number",
+    "odd",     "sameas",   "sequence", "string",      "test",    "true",    "undefined", "upper",
 };
 
 }  // namespace
+
+std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
 
 bool is_known_filter(std::string_view name) {
   return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
@@ -342,11 +469,18 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a, const Ren
   }
   if (name == "safe" || name == "string") {
     check_arity(a, what, 0, {});
-    return Value(str_of(v, limits.max_output_bytes));
+    if (name == "string" && v.is_string()) return v;  // a Markup stays one
+    return name == "safe" ? Value::markup(str_of(v, limits.max_output_bytes))
+                          : Value(str_of(v, limits.max_output_bytes));
+  }
+  if (name == "escape" || name == "e" || name == "forceescape") {
+    check_arity(a, what, 0, {});
+    if (v.is_markup() && name != "forceescape") return v;
+    return Value::markup(html_escape(str_of(v, limits.max_output_bytes)));
   }
   if (name == "length" || name == "count") return length_of(v);
   if (name == "tojson") return tojson(v, a, limits);
-  if (name == "items") return items_of(v);
+  if (name == "items") return items_of(v, SeqKind::kGenerator);
   if (name == "join") return join(v, a, limits);
   if (name == "map") return map_filter(v, a, limits);
   if (name == "selectattr" || name == "rejectattr") return select(v, a, true, name == "selectattr");
@@ -355,10 +489,13 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a, const Ren
   if (name == "indent") return indent(v, a, limits);
   if (name == "list") {
     List items = iterate(v);
-    items.is_tuple = false;
+    items.kind = SeqKind::kList;
     return Value::list(std::move(items));
   }
   if (name == "first" || name == "last") {
+    if (name == "last" && v.is_list() && v.as_list().kind == SeqKind::kGenerator) {
+      fail("'generator' object is not reversible");
+    }
     const List items = iterate(v);
     if (items.empty()) return Value::undefined("No first item, sequence was empty.");
     return name == "first" ? items.front() : items.back();
@@ -371,15 +508,31 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a, const Ren
       for (const Value& c : items) s += c.as_string();
       return Value(std::move(s));
     }
-    return Value::list(std::move(items));
+    // reversed(): an iterator; a generator cannot be reversed, so jinja2 makes a list of it.
+    const bool was_generator = v.is_list() && v.as_list().kind == SeqKind::kGenerator;
+    return Value::seq(std::move(items), was_generator ? SeqKind::kList : SeqKind::kGenerator);
   }
   if (name == "unique") {
+    check_arity(a, what, 2, {"case_sensitive", "attribute"});
+    const bool case_sensitive = arg(a, 0, "case_sensitive") && truthy(*arg(a, 0, "case_sensitive"));
+    const Value* attr = arg(a, 1, "attribute");
+    const auto key = [&](const Value& x) {
+      const Value k = attr && !attr->is_none() ? attribute_path(x, str_of(*attr)) : x;
+      return !case_sensitive && k.is_string() ? Value(py_lower(k.as_string())) : k;
+    };
     List out;
+    List keys;
     for (const Value& x : iterate(v)) {
-      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equals(x, y); }))
+      const Value k = key(x);
+      if (std::none_of(keys.begin(), keys.end(), [&](const Value& y) { return equals(k, y); })) {
+        keys.push_back(k);
         out.push_back(x);
+      }
     }
-    return Value::list(std::move(out));
+    return Value::seq(std::move(out), SeqKind::kGenerator);
+  }
+  if (name == "sort" || name == "dictsort" || name == "min" || name == "max" || name == "sum") {
+    return sort_filters(name, v, a);
   }
   if (name == "int") {
     check_arity(a, what, 2, {"default", "base"});
@@ -435,6 +588,7 @@ bool apply_test(std::string_view name, const Value& v, const std::vector<Value>&
   if (name == "iterable")
     return v.is_undefined() || v.is_string() || v.is_list() ||
            (v.is_dict() && !v.as_dict().is_namespace);
+  if (name == "sequence" && v.is_list()) return v.as_list().indexable();
   if (name == "sequence")
     return v.is_undefined() || v.is_string() || v.is_list() ||
            (v.is_dict() && !v.as_dict().is_namespace);
@@ -549,6 +703,56 @@ std::optional<Value> string_method(const std::string& s, const std::string& name
       return Value(std::move(out));
     });
   }
+  if (name == "format") {
+    return method(what, [s, &limits](CallArgs& a) {
+      // Python's str.format for plain fields only: {}, {0}, {name}; {{ and }} escape braces.
+      std::string out;
+      size_t auto_index = 0;
+      bool manual = false;
+      for (size_t i = 0; i < s.size(); ++i) {
+        const char c = s[i];
+        if ((c == '{' || c == '}') && i + 1 < s.size() && s[i + 1] == c) {
+          out += c;
+          ++i;
+          continue;
+        }
+        if (c == '}') fail("Single '}' encountered in format string");
+        if (c != '{') {
+          out += c;
+          continue;
+        }
+        const size_t close = s.find('}', i);
+        if (close == std::string::npos) fail("Single '{' encountered in format string");
+        const std::string field = s.substr(i + 1, close - i - 1);
+        if (field.find_first_of(":!.[{") != std::string::npos) {
+          fail("unsupported: str.format field '{" + field + "}' (only {}, {0}, {name})");
+        }
+        const Value* v = nullptr;
+        const bool numbered = !field.empty() && std::all_of(field.begin(), field.end(), ::isdigit);
+        if ((field.empty() && manual) || (numbered && auto_index > 0)) {
+          fail(manual
+                   ? "cannot switch from manual field specification to automatic field numbering"
+                   : "cannot switch from automatic field numbering to manual field specification");
+        }
+        manual = manual || numbered;
+        if (field.empty()) {
+          v = arg(a, auto_index++, "");
+        } else if (numbered) {
+          const size_t k = std::strtoull(field.c_str(), nullptr, 10);
+          v = k < a.positional.size() ? &a.positional[k] : nullptr;
+        } else {
+          for (const auto& [key, value] : a.keyword) {
+            if (key == field) v = &value;
+          }
+        }
+        if (v == nullptr) fail("str.format: no argument for field '{" + field + "}'");
+        out += str_of(*v, limits.max_output_bytes);
+        check_size(out.size(), limits);
+        i = close;
+      }
+      return Value(std::move(out));
+    });
+  }
   if (name == "find" || name == "count") {
     return method(what, [s, name, what](CallArgs& a) {
       check_arity(a, what, 1, {});
@@ -573,7 +777,7 @@ std::optional<Value> dict_method(const Value& obj, const std::string& name) {
   if (name == "items") {
     return method(what, [obj, what](CallArgs& a) {
       check_arity(a, what, 0, {});
-      return items_of(obj);
+      return items_of(obj, SeqKind::kDictItems);
     });
   }
   if (name == "keys" || name == "values") {
@@ -581,7 +785,7 @@ std::optional<Value> dict_method(const Value& obj, const std::string& name) {
       check_arity(a, what, 0, {});
       List out;
       for (const auto& [k, v] : obj.as_dict().items()) out.push_back(name == "keys" ? Value(k) : v);
-      return Value::list(std::move(out));
+      return Value::seq(std::move(out), name == "keys" ? SeqKind::kDictKeys : SeqKind::kDictValues);
     });
   }
   if (name == "get") {
@@ -649,7 +853,7 @@ Value make_globals(const RenderOptions& options, std::vector<std::shared_ptr<Dic
             out.emplace_back(start);
             if (__builtin_add_overflow(start, step, &start)) break;
           }
-          return Value::list(std::move(out));
+          return Value::seq(std::move(out), SeqKind::kRange);
         }));
   const auto build_dict = [](CallArgs& a, const std::string& what) {
     Value out = Value::dict();

@@ -360,7 +360,7 @@ class Interpreter {
     if (obj.is_undefined()) fail_undefined(obj);
     if (obj.is_dict() && key.is_string()) {
       if (const Value* v = obj.as_dict().find(key.as_string())) return *v;
-    } else if (obj.is_list() && (key.is_int() || key.is_bool())) {
+    } else if (obj.is_list() && obj.as_list().indexable() && (key.is_int() || key.is_bool())) {
       const List& seq = obj.as_list();
       int64_t i = as_index(key);
       const int64_t size = static_cast<int64_t>(seq.size());
@@ -384,7 +384,7 @@ class Interpreter {
 
   Value slice(const Value& obj, const Value& start, const Value& stop, const Value& stride) {
     if (obj.is_undefined()) fail_undefined(obj);
-    if (!obj.is_list() && !obj.is_string()) {
+    if ((!obj.is_list() && !obj.is_string()) || (obj.is_list() && !obj.as_list().indexable())) {
       throw RenderFailure("'" + type_name(obj) + "' object is not subscriptable");
     }
     const bool is_string = obj.is_string();
@@ -419,7 +419,7 @@ class Interpreter {
       if (__builtin_add_overflow(i, st, &i)) break;
     }
     if (is_string) return Value(std::move(text));
-    out.is_tuple = obj.as_list().is_tuple;
+    out.kind = obj.as_list().kind == SeqKind::kTuple ? SeqKind::kTuple : SeqKind::kList;
     return Value::list(std::move(out));
   }
 
@@ -474,18 +474,27 @@ class Interpreter {
       return Value(m);
     }
     if (op == "+" && a.is_string() && b.is_string()) {
+      if (a.is_markup() || b.is_markup()) {  // Markup.__add__ / __radd__ escape the plain side
+        const std::string x = a.is_markup() ? a.as_string() : html_escape(a.as_string());
+        const std::string y = b.is_markup() ? b.as_string() : html_escape(b.as_string());
+        check_size(x.size() + y.size());
+        return Value::markup(x + y);
+      }
       check_size(a.as_string().size() + b.as_string().size());
       return Value(a.as_string() + b.as_string());
     }
-    if (op == "+" && a.is_list() && b.is_list() && a.as_list().is_tuple == b.as_list().is_tuple) {
+    if (op == "+" && a.is_list() && b.is_list() && a.as_list().kind == b.as_list().kind &&
+        (a.as_list().kind == SeqKind::kList || a.as_list().is_tuple())) {
       List l = a.as_list();
       l.insert(l.end(), b.as_list().begin(), b.as_list().end());
       return Value::list(std::move(l));
     }
-    if (op == "*" && (a.is_string() || a.is_list()) && (b.is_int() || b.is_bool()))
-      return repeat(a, b);
-    if (op == "*" && (b.is_string() || b.is_list()) && (a.is_int() || a.is_bool()))
-      return repeat(b, a);
+    const auto repeatable = [](const Value& v) {
+      return v.is_string() ||
+             (v.is_list() && (v.as_list().kind == SeqKind::kList || v.as_list().is_tuple()));
+    };
+    if (op == "*" && repeatable(a) && (b.is_int() || b.is_bool())) return repeat(a, b);
+    if (op == "*" && repeatable(b) && (a.is_int() || a.is_bool())) return repeat(b, a);
     if (op == "%" && a.is_string()) throw RenderFailure("unsupported: '%' string formatting");
     throw RenderFailure("unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" +
                         type_name(b) + "'");
@@ -496,7 +505,7 @@ class Interpreter {
     if (k == 0 || (seq.is_string() ? seq.as_string().empty() : seq.as_list().empty())) {
       if (seq.is_string()) return Value("");
       List empty;
-      empty.is_tuple = seq.as_list().is_tuple;
+      empty.kind = seq.as_list().kind;
       return Value::list(std::move(empty));
     }
     if (seq.is_string()) {
@@ -511,7 +520,7 @@ class Interpreter {
       throw RenderFailure("list repetition larger than RenderLimits::max_steps items");
     }
     List out;
-    out.is_tuple = seq.as_list().is_tuple;
+    out.kind = seq.as_list().kind;
     for (int64_t i = 0; i < k; ++i)
       out.insert(out.end(), seq.as_list().begin(), seq.as_list().end());
     return Value::list(std::move(out));
@@ -539,7 +548,7 @@ class Interpreter {
       case NodeKind::kList: {
         List items;
         for (const NodePtr& a : n.args) items.push_back(eval(*a, scope));
-        items.is_tuple = !n.name.empty();  // "tuple"
+        if (!n.name.empty()) items.kind = SeqKind::kTuple;  // "tuple"
         return Value::list(std::move(items));
       }
       case NodeKind::kDict: {
@@ -637,27 +646,36 @@ class Interpreter {
   int loop_depth_ = 0;
 };
 
-void check_names(const std::vector<NodePtr>& nodes, const std::string& source);
+// Unknown filters and tests are refused at load, as jinja2 refuses them at compile time --
+// except where jinja2 defers that to the render: inside an if (its test and branches) or a
+// conditional expression, up to the next loop, macro or block body ("soft" frames there).
+void check_names(const std::vector<NodePtr>& nodes, const std::string& source, bool soft);
 
-void check_node(const Node& n, const std::string& source) {
-  if (n.kind == NodeKind::kFilter && !is_known_filter(n.name)) {
+void check_node(const Node& n, const std::string& source, bool soft) {
+  if (!soft && n.kind == NodeKind::kFilter && !is_known_filter(n.name)) {
     throw make_error(source, ":", n.pos.line, ":", n.pos.column, ": unsupported filter '", n.name,
                      "'");
   }
-  if (n.kind == NodeKind::kTest && !is_known_test(n.name)) {
+  if (!soft && n.kind == NodeKind::kTest && !is_known_test(n.name)) {
     throw make_error(source, ":", n.pos.line, ":", n.pos.column, ": unsupported test '", n.name,
                      "'");
   }
-  for (const NodePtr& a : n.args) {
-    if (a) check_node(*a, source);
+  const bool soft_here = soft || n.kind == NodeKind::kIf || n.kind == NodeKind::kCondition;
+  for (size_t i = 0; i < n.args.size(); ++i) {
+    // A loop's filter condition runs in the loop's own frame; its iterable does not.
+    const bool arg_soft = n.kind == NodeKind::kFor && i == 1 ? false : soft_here;
+    if (n.args[i]) check_node(*n.args[i], source, arg_soft);
   }
-  for (const auto& kw : n.kwargs) check_node(*kw.second, source);
-  check_names(n.body, source);
-  check_names(n.else_body, source);
+  for (const auto& kw : n.kwargs) check_node(*kw.second, source, soft_here);
+  const bool inner = n.kind == NodeKind::kFor || n.kind == NodeKind::kMacro ||
+                     n.kind == NodeKind::kCallBlock || n.kind == NodeKind::kSetBlock ||
+                     n.kind == NodeKind::kFilterBlock;
+  check_names(n.body, source, inner ? false : soft_here);
+  check_names(n.else_body, source, inner ? false : soft_here);
 }
 
-void check_names(const std::vector<NodePtr>& nodes, const std::string& source) {
-  for (const NodePtr& n : nodes) check_node(*n, source);
+void check_names(const std::vector<NodePtr>& nodes, const std::string& source, bool soft) {
+  for (const NodePtr& n : nodes) check_node(*n, source, soft);
 }
 
 }  // namespace
@@ -666,7 +684,7 @@ Template::Template(std::string_view text, std::string source_name)
     : source_name_(std::move(source_name)) {
   const std::vector<Token> tokens = tokenize(text, source_name_);
   auto body = std::make_shared<std::vector<NodePtr>>(parse_template(tokens, source_name_));
-  check_names(*body, source_name_);
+  check_names(*body, source_name_, /*soft=*/false);
   body_ = std::move(body);
 }
 

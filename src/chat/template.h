@@ -57,6 +57,8 @@ bool apply_test(std::string_view name, const Value& subject, const std::vector<V
 // obj.name for a str, list or dict method, bound to obj; nullopt when there is none.
 std::optional<Value> bound_method(const Value& obj, const std::string& name,
                                   const RenderLimits& limits);
+// markupsafe's escape: & < > ' " as entities.
+std::string html_escape(std::string_view s);
 // `x in container` (Python semantics).
 bool contains(const Value& container, const Value& item);
 // The items a for loop or a filter iterates: list items, dict keys, string characters;

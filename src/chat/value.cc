@@ -71,15 +71,23 @@ void repr_into(std::string& out, const Value& v, int depth, size_t max_bytes) {
     repr_string(out, v.as_string());
   } else if (v.is_list()) {
     const List& l = v.as_list();
-    out += l.is_tuple ? '(' : '[';
+    if (l.kind == SeqKind::kGenerator || l.kind == SeqKind::kRange) {
+      throw RenderFailure(std::string("unsupported: printing a ") + seq_type_name(l.kind) +
+                          " (convert it with |list)");
+    }
+    const bool view = l.kind == SeqKind::kDictItems || l.kind == SeqKind::kDictKeys ||
+                      l.kind == SeqKind::kDictValues;
+    if (view) out += std::string(seq_type_name(l.kind)) + "(";
+    out += l.is_tuple() ? '(' : '[';
     bool first = true;
     for (const Value& item : l) {
       if (!first) out += ", ";
       first = false;
       repr_into(out, item, depth + 1, max_bytes);
     }
-    if (l.is_tuple && l.size() == 1) out += ',';
-    out += l.is_tuple ? ')' : ']';
+    if (l.is_tuple() && l.size() == 1) out += ',';
+    out += l.is_tuple() ? ')' : ']';
+    if (view) out += ')';
   } else if (v.is_dict()) {
     const Dict& d = v.as_dict();
     if (d.is_namespace) out += "<Namespace ";
@@ -176,7 +184,7 @@ void json_into(std::string& out, const Value& v, const JsonDumpOptions& o, int d
     }
   } else if (v.is_string()) {
     json_string(out, v.as_string(), o.ensure_ascii);
-  } else if (v.is_list()) {
+  } else if (v.is_list() && (v.as_list().kind == SeqKind::kList || v.as_list().is_tuple())) {
     const List& l = v.as_list();
     if (l.empty()) {
       out += "[]";
@@ -238,6 +246,26 @@ void Dict::set(const std::string& key, Value value) {
   items_.emplace_back(key, std::move(value));
 }
 
+const char* seq_type_name(SeqKind kind) {
+  switch (kind) {
+    case SeqKind::kList:
+      return "list";
+    case SeqKind::kTuple:
+      return "tuple";
+    case SeqKind::kGenerator:
+      return "generator";
+    case SeqKind::kDictItems:
+      return "dict_items";
+    case SeqKind::kDictKeys:
+      return "dict_keys";
+    case SeqKind::kDictValues:
+      return "dict_values";
+    case SeqKind::kRange:
+      return "range";
+  }
+  return "list";
+}
+
 std::string type_name(const Value& v) {
   if (v.is_undefined()) return "Undefined";
   if (v.is_none()) return "NoneType";
@@ -245,7 +273,7 @@ std::string type_name(const Value& v) {
   if (v.is_int()) return "int";
   if (v.is_float()) return "float";
   if (v.is_string()) return "str";
-  if (v.is_list()) return "list";
+  if (v.is_list()) return seq_type_name(v.as_list().kind);
   if (v.is_dict()) return v.as_dict().is_namespace ? "Namespace" : "dict";
   return "function";
 }
@@ -256,7 +284,7 @@ bool truthy(const Value& v) {
   if (v.is_int()) return v.as_int() != 0;
   if (v.is_float()) return v.as_float() != 0.0;
   if (v.is_string()) return !v.as_string().empty();
-  if (v.is_list()) return !v.as_list().empty();
+  if (v.is_list()) return v.as_list().kind == SeqKind::kGenerator || !v.as_list().empty();
   if (v.is_dict()) return v.as_dict().is_namespace || v.as_dict().size() != 0;
   return true;
 }
@@ -352,7 +380,8 @@ bool equals_at(const Value& a, const Value& b, int depth) {
     const List& x = a.as_list();
     const List& y = b.as_list();
     if (&x == &y) return true;
-    if (x.size() != y.size() || x.is_tuple != y.is_tuple) return false;
+    if (x.kind == SeqKind::kGenerator || y.kind == SeqKind::kGenerator) return false;
+    if (x.size() != y.size() || x.kind != y.kind) return false;
     for (size_t i = 0; i < x.size(); ++i) {
       if (!equals_at(x[i], y[i], depth + 1)) return false;
     }
@@ -377,7 +406,8 @@ bool less_at(const Value& a, const Value& b, int depth) {
   check_depth(depth);
   if (a.is_number() && b.is_number()) return to_double(a) < to_double(b);
   if (a.is_string() && b.is_string()) return a.as_string() < b.as_string();
-  if (a.is_list() && b.is_list() && a.as_list().is_tuple == b.as_list().is_tuple) {
+  if (a.is_list() && b.is_list() && a.as_list().kind == b.as_list().kind &&
+      a.as_list().indexable()) {
     const List& x = a.as_list();
     const List& y = b.as_list();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {

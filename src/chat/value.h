@@ -29,6 +29,21 @@ struct Undefined {
 };
 struct None {};
 
+// The Python sequence types a template meets, told apart where jinja2 tells them apart:
+// a tuple prints as (..); the generators that map / select / reject / selectattr / rejectattr /
+// items / unique / reverse return are truthy even when empty and have no len(), no index and no
+// JSON form; dict.items() / keys() / values() views print as dict_items([...]) and have no
+// index or JSON form; a range has no JSON form.
+enum class SeqKind : uint8_t {
+  kList,
+  kTuple,
+  kGenerator,
+  kDictItems,
+  kDictKeys,
+  kDictValues,
+  kRange
+};
+
 struct List;
 class Dict;
 struct Function;
@@ -67,8 +82,16 @@ class Value {
   static Value list(List items);
   static Value list();
   static Value tuple(List items);
+  static Value seq(List items, SeqKind kind);
   static Value dict();
   static Value undefined(std::string hint) { return Value(Undefined{std::move(hint)}); }
+  // markupsafe's Markup (what |safe and |escape return): `markup + str` escapes the str.
+  static Value markup(std::string s) {
+    Value v(std::move(s));
+    v.markup_ = true;
+    return v;
+  }
+  bool is_markup() const { return markup_ && is_string(); }
 
   bool is_undefined() const { return std::holds_alternative<Undefined>(v_); }
   bool is_none() const { return std::holds_alternative<None>(v_); }
@@ -93,14 +116,19 @@ class Value {
 
  private:
   Storage v_;
+  bool markup_ = false;
 };
 
-// A Python list, or a tuple (a tuple literal, the pairs of dict.items()): the two differ only
-// in repr() and in comparing unequal to each other.
 struct List : std::vector<Value> {
   using std::vector<Value>::vector;
-  bool is_tuple = false;
+  SeqKind kind = SeqKind::kList;
+  bool is_tuple() const { return kind == SeqKind::kTuple; }
+  // list or tuple (or range): what supports len(), indexing and slicing.
+  bool indexable() const {
+    return kind == SeqKind::kList || kind == SeqKind::kTuple || kind == SeqKind::kRange;
+  }
 };
+const char* seq_type_name(SeqKind kind);
 
 // An insertion-ordered dict with string keys (the JSON objects and dict literals of templates).
 class Dict {
@@ -136,8 +164,9 @@ struct Function {
 };
 
 inline Value Value::list(List items) { return Value(std::make_shared<List>(std::move(items))); }
-inline Value Value::tuple(List items) {
-  items.is_tuple = true;
+inline Value Value::tuple(List items) { return seq(std::move(items), SeqKind::kTuple); }
+inline Value Value::seq(List items, SeqKind kind) {
+  items.kind = kind;
   return list(std::move(items));
 }
 inline Value Value::list() { return list(List()); }
