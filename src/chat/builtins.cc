@@ -92,7 +92,9 @@ Value items_of(const Value& v, SeqKind kind) {
   if (v.is_undefined()) return Value::seq(List(), kind);
   if (!v.is_dict() || v.as_dict().is_namespace) fail("can only get item pairs from a mapping");
   List out;
-  for (const auto& [k, item] : v.as_dict().items()) out.push_back(Value::tuple({Value(k), item}));
+  const Dict& d = v.as_dict();
+  for (size_t i = 0; i < d.size(); ++i)
+    out.push_back(Value::tuple({d.key(i), d.items()[i].second}));
   return Value::seq(std::move(out), kind);
 }
 
@@ -309,9 +311,10 @@ Value sort_filters(std::string_view name, const Value& v, const CallArgs& a) {
       fail("dictsort needs a mapping, got " + type_name(v));
     List items;
     std::vector<Value> keys;
-    for (const auto& [k, x] : v.as_dict().items()) {
-      items.push_back(Value::tuple({Value(k), x}));
-      keys.push_back(sort_key(by == "key" ? Value(k) : x, nullptr, cs));
+    const Dict& d = v.as_dict();
+    for (size_t i = 0; i < d.size(); ++i) {
+      items.push_back(Value::tuple({d.key(i), d.items()[i].second}));
+      keys.push_back(sort_key(by == "key" ? d.key(i) : d.items()[i].second, nullptr, cs));
     }
     return Value::list(sorted_by(std::move(items), keys, reverse));
   }
@@ -422,7 +425,7 @@ List iterate(const Value& v) {
   if (v.is_list()) return v.as_list();
   if (v.is_dict() && !v.as_dict().is_namespace) {
     List keys;
-    for (const auto& item : v.as_dict().items()) keys.emplace_back(item.first);
+    for (size_t i = 0; i < v.as_dict().size(); ++i) keys.push_back(v.as_dict().key(i));
     return keys;
   }
   if (v.is_string()) {
@@ -447,7 +450,7 @@ bool contains(const Value& container, const Value& item) {
     return container.as_string().find(item.as_string()) != std::string::npos;
   }
   if (container.is_dict() && !container.as_dict().is_namespace) {
-    return item.is_string() && container.as_dict().find(item.as_string()) != nullptr;
+    return container.as_dict().find(item) != nullptr;
   }
   if (container.is_list() || container.is_undefined()) {
     for (const Value& x : iterate(container)) {
@@ -784,7 +787,9 @@ std::optional<Value> dict_method(const Value& obj, const std::string& name) {
     return method(what, [obj, name, what](CallArgs& a) {
       check_arity(a, what, 0, {});
       List out;
-      for (const auto& [k, v] : obj.as_dict().items()) out.push_back(name == "keys" ? Value(k) : v);
+      const Dict& d = obj.as_dict();
+      for (size_t i = 0; i < d.size(); ++i)
+        out.push_back(name == "keys" ? d.key(i) : d.items()[i].second);
       return Value::seq(std::move(out), name == "keys" ? SeqKind::kDictKeys : SeqKind::kDictValues);
     });
   }
@@ -793,7 +798,7 @@ std::optional<Value> dict_method(const Value& obj, const std::string& name) {
       check_arity(a, what, 2, {});
       const Value* key = arg(a, 0, "");
       if (key == nullptr) fail("dict.get needs a key");
-      const Value* found = key->is_string() ? obj.as_dict().find(key->as_string()) : nullptr;
+      const Value* found = obj.as_dict().find(*key);
       if (found) return *found;
       return a.positional.size() > 1 ? a.positional[1] : Value(None{});
     });
@@ -862,7 +867,9 @@ Value make_globals(const RenderOptions& options, std::vector<std::shared_ptr<Dic
       const Value& init = a.positional[0];
       if (!init.is_dict() || init.as_dict().is_namespace)
         fail(what + " needs a mapping as its argument");
-      for (const auto& [k, v] : init.as_dict().items()) out.as_dict().set(k, v);
+      const Dict& src = init.as_dict();
+      for (size_t i = 0; i < src.size(); ++i)
+        out.as_dict().set_key(src.key(i), src.items()[i].second);
     }
     for (const auto& [k, v] : a.keyword) out.as_dict().set(k, v);
     return out;

@@ -358,8 +358,8 @@ class Interpreter {
 
   Value get_item(const Value& obj, const Value& key) {
     if (obj.is_undefined()) fail_undefined(obj);
-    if (obj.is_dict() && key.is_string()) {
-      if (const Value* v = obj.as_dict().find(key.as_string())) return *v;
+    if (obj.is_dict()) {
+      if (const Value* v = obj.as_dict().find(key)) return *v;
     } else if (obj.is_list() && obj.as_list().indexable() && (key.is_int() || key.is_bool())) {
       const List& seq = obj.as_list();
       int64_t i = as_index(key);
@@ -555,8 +555,7 @@ class Interpreter {
         Value d = Value::dict();
         for (size_t i = 0; i + 1 < n.args.size(); i += 2) {
           const Value key = eval(*n.args[i], scope);
-          if (!key.is_string()) throw RenderFailure("unsupported: dict keys that are not strings");
-          d.as_dict().set(key.as_string(), eval(*n.args[i + 1], scope));
+          d.as_dict().set_key(key, eval(*n.args[i + 1], scope));
         }
         return d;
       }

@@ -92,13 +92,11 @@ void repr_into(std::string& out, const Value& v, int depth, size_t max_bytes) {
     const Dict& d = v.as_dict();
     if (d.is_namespace) out += "<Namespace ";
     out += '{';
-    bool first = true;
-    for (const auto& [key, item] : d.items()) {
-      if (!first) out += ", ";
-      first = false;
-      repr_string(out, key);
+    for (size_t i = 0; i < d.size(); ++i) {
+      if (i > 0) out += ", ";
+      repr_into(out, d.key(i), depth + 1, max_bytes);
       out += ": ";
-      repr_into(out, item, depth + 1, max_bytes);
+      repr_into(out, d.items()[i].second, depth + 1, max_bytes);
     }
     out += '}';
     if (d.is_namespace) out += '>';
@@ -227,13 +225,37 @@ void json_into(std::string& out, const Value& v, const JsonDumpOptions& o, int d
 
 }  // namespace
 
+namespace {
+
+// The index entry of a key: "s" + text for a string, "i" + digits for an int; nullopt for
+// keys a template dict cannot hold here.
+std::optional<std::string> index_key(const Value& key) {
+  if (key.is_string()) return "s" + key.as_string();
+  if (key.is_int()) return "i" + std::to_string(key.as_int());
+  if (key.is_bool()) return std::string(key.as_bool() ? "i1" : "i0");
+  if (key.is_float() && std::isfinite(key.as_float()) &&
+      std::floor(key.as_float()) == key.as_float() && std::fabs(key.as_float()) < 9.2e18) {
+    return "i" + std::to_string(static_cast<int64_t>(key.as_float()));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 const Value* Dict::find(std::string_view key) const {
-  const auto it = index_.find(std::string(key));
+  const auto it = index_.find("s" + std::string(key));
   return it == index_.end() ? nullptr : &items_[it->second].second;
 }
 
 Value* Dict::find(std::string_view key) {
-  const auto it = index_.find(std::string(key));
+  const auto it = index_.find("s" + std::string(key));
+  return it == index_.end() ? nullptr : &items_[it->second].second;
+}
+
+const Value* Dict::find(const Value& key) const {
+  const std::optional<std::string> k = index_key(key);
+  if (!k) return nullptr;
+  const auto it = index_.find(*k);
   return it == index_.end() ? nullptr : &items_[it->second].second;
 }
 
@@ -242,8 +264,28 @@ void Dict::set(const std::string& key, Value value) {
     *existing = std::move(value);
     return;
   }
-  index_.emplace(key, items_.size());
+  index_.emplace("s" + key, items_.size());
   items_.emplace_back(key, std::move(value));
+  int_key_.push_back(false);
+}
+
+void Dict::set_key(const Value& key, Value value) {
+  if (key.is_string()) return set(key.as_string(), std::move(value));
+  const std::optional<std::string> k = index_key(key);
+  if (!k) throw RenderFailure("unsupported: dict keys of type " + type_name(key));
+  const auto it = index_.find(*k);
+  if (it != index_.end()) {
+    items_[it->second].second = std::move(value);
+    return;
+  }
+  index_.emplace(*k, items_.size());
+  items_.emplace_back(k->substr(1), std::move(value));
+  int_key_.push_back(true);
+}
+
+Value Dict::key(size_t i) const {
+  if (int_key_[i]) return Value(static_cast<int64_t>(std::stoll(items_[i].first)));
+  return Value(items_[i].first);
 }
 
 const char* seq_type_name(SeqKind kind) {
@@ -392,8 +434,9 @@ bool equals_at(const Value& a, const Value& b, int depth) {
     const Dict& y = b.as_dict();
     if (&x == &y) return true;
     if (x.is_namespace || y.is_namespace || x.size() != y.size()) return false;
-    for (const auto& [key, item] : x.items()) {
-      const Value* other = y.find(key);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const Value& item = x.items()[i].second;
+      const Value* other = y.find(x.key(i));
       if (other == nullptr || !equals_at(item, *other, depth + 1)) return false;
     }
     return true;

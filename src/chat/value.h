@@ -133,22 +133,32 @@ const char* seq_type_name(SeqKind kind);
 // An insertion-ordered dict with string keys (the JSON objects and dict literals of templates).
 class Dict {
  public:
-  const Value* find(std::string_view key) const;
+  const Value* find(std::string_view key) const;  // a string key
   Value* find(std::string_view key);
+  // A str or int key (a bool counts as its int, an integral float as that int, as in Python);
+  // nullptr for keys of other types.
+  const Value* find(const Value& key) const;
   // Replaces the value of an existing key in place (keeping its position), else appends.
   void set(const std::string& key, Value value);
+  // A str, int, bool or integral float key; RenderFailure for others.
+  void set_key(const Value& key, Value value);
+  // The i-th key as a Value: str, or int for the int keys of a dict literal ({0: 'a'}).
+  Value key(size_t i) const;
   size_t size() const { return items_.size(); }
   void clear() {
     items_.clear();
+    int_key_.clear();
     index_.clear();
   }
+  // Keys as text: an int key as its decimal digits (what JSON writes for it).
   const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
 
   bool is_namespace = false;  // namespace(): the only object `{% set ns.x = ... %}` may change
 
  private:
   std::vector<std::pair<std::string, Value>> items_;
-  std::unordered_map<std::string, size_t> index_;
+  std::vector<bool> int_key_;
+  std::unordered_map<std::string, size_t> index_;  // "s" + string key, "i" + int key
 };
 
 struct CallArgs {
