@@ -47,7 +47,7 @@ class Template {
   std::shared_ptr<const std::vector<NodePtr>> body_;
 };
 
-// ---- builtins (builtins.cc), shared with the interpreter
+// ---- builtins (filters.cc, methods.cc), shared with the interpreter
 bool is_known_filter(std::string_view name);
 bool is_known_test(std::string_view name);
 // Applies filter `name` to `subject`; throws RenderFailure.
