@@ -139,8 +139,20 @@ def lora_lines(results: dict, lsum: dict) -> list[str]:
     lines.append("")
     lines.append(f"Medians of {cfg['reps']} interleaved repetitions (each engine run times "
                  "its base and LoRA decode in the same process).")
-    for line in greedy_lines({"greedy": results.get("greedy_lora")}):
-        lines += ["", line.replace("Greedy tokens (", "Greedy tokens with lora-0 (", 1)]
+    g = results.get("greedy_lora") or {}
+    for line, pair in zip(greedy_lines({"greedy": g}), g.get("pairs", [])):
+        line = line.replace("Greedy tokens (", "Greedy tokens with lora-0 (", 1)
+        e = pair.get("adapter_effect")
+        if e:
+            changed = [name for name in ("metrale", "llama.cpp")
+                       if e.get(f"{name}_ids_differ_from_base")]
+            line += (" The adapter changed the greedy ids of " + " and ".join(changed)
+                     if changed else " The adapter left both engines' greedy ids as the base "
+                     "model's (a mild random adapter), so identical ids here show less than "
+                     "they would otherwise")
+            line += (f"; it moved llama.cpp's top-2 margins by up to "
+                     f"{fmt(e.get('llama_cpp_margin_max_change'), '.3g')}.")
+        lines += ["", line]
     return lines
 
 

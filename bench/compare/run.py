@@ -317,6 +317,27 @@ def greedy_check(metrale: Path, model_dir: Path, cache: Path, gguf: Path, thread
     return out
 
 
+def adapter_effect(base: dict, with_lora: dict) -> dict:
+    """Whether the adapter changed what each engine decoded (the same prompt and token count
+    without it: the base greedy check), and by how much it moved llama.cpp's top-1 minus top-2
+    logit margins: identical ids with the adapter only show the two engines apply it alike
+    when the adapter changed something. Random adapters of make_lora_adapters.py are mild
+    (B ~ N(0, 0.02 / sqrt(r))), so the ids may well stay the base model's."""
+    out = {}
+    for engine in ("metrale", "llama.cpp"):
+        a, b = (base.get(engine) or {}).get("ids"), (with_lora.get(engine) or {}).get("ids")
+        out[f"{engine}_ids_differ_from_base"] = (a != b) if a is not None and b is not None \
+            else None
+    m0 = (base.get("llama.cpp") or {}).get("top2_margins") or []
+    m1 = (with_lora.get("llama.cpp") or {}).get("top2_margins") or []
+    steps = [i for i in range(min(len(m0), len(m1)))
+             if base["llama.cpp"]["ids"][:i + 1] == with_lora["llama.cpp"]["ids"][:i + 1]]
+    # Over the steps where both runs had decoded the same tokens so far (same context).
+    out["llama_cpp_margin_max_change"] = (max(abs(m1[i] - m0[i]) for i in steps)
+                                          if steps else None)
+    return out
+
+
 def mix_list(text: str) -> list[int]:
     """--lora-mix: comma-separated adapter counts, 0 allowed (base-model rows)."""
     try:
@@ -394,7 +415,7 @@ def plan_prerequisites(args, engines: list[str], build: bool,
         if not ckpt_ready or convert:
             modules += prereqs.GGUF_CONVERSION
     if args.lora_mix:
-        count = args.lora_count or max(args.lora_mix)
+        count = args.lora_count or max(max(args.lora_mix), 1)
         adir = lora_dir(args.cache_dir, model_dir, args.lora_rank)
         if not all(lora_ready(adir / f"lora-{i}", args.lora_rank) for i in range(count)):
             modules += ["numpy", "torch", "transformers"]  # safetensors comes with transformers
@@ -733,6 +754,8 @@ def main() -> None:
                          (mrow.format, lrow.format), formats.quantizer_note(mrow, lrow),
                          lora=Path(lora_llama["gguf"]))
         g["adapter"] = lora["adapters"][0]
+        g["adapter_effect"] = adapter_effect(results["greedy"]["pairs"][0], g)
+        log(f"greedy with LoRA: {g['adapter_effect']}")
         results["greedy_lora"] = {"pairs": [g]}
 
     # --- interleaved rounds ---
