@@ -60,6 +60,102 @@ def step_bytes(results: dict, row_id: str | None, batch: str) -> float:
     return wb.get("per_step", {}).get(batch) or wb["bf16"]
 
 
+def lora_summary(results: dict) -> dict:
+    """{threads: {row id: {"base": {B: tps}, "mix": {N: {B: tps}}}}}: medians over rounds of
+    each row's decode with LoRA adapters (run.py --lora-mix; samples' decode_lora) and of the
+    base-model decode it is compared with: metrale's plain decode in the same process
+    (decode), llama.cpp's base run of the same LoRA timing tool (decode_lora_base)."""
+    out = {}
+    for threads, per_row in results["samples"].items():
+        rows = {}
+        for row_id, samples in per_row.items():
+            samples = [s for s in samples if s.get("decode_lora")]
+            if not samples:
+                continue
+            base_key = "decode_lora_base" if "decode_lora_base" in samples[0] else "decode"
+            base, mix = {}, {}
+            for b in samples[0][base_key]:
+                values = [s[base_key][b] for s in samples if b in s.get(base_key, {})]
+                base[b] = statistics.median(values)
+            for n in samples[0]["decode_lora"]:
+                mix[n] = {}
+                for b in samples[0]["decode_lora"][n]:
+                    values = [s["decode_lora"][n][b] for s in samples
+                              if b in s["decode_lora"].get(n, {})]
+                    mix[n][b] = statistics.median(values)
+            rows[row_id] = {"base": base, "base_source": base_key, "mix": mix,
+                            "reps": len(samples)}
+        if rows:
+            out[threads] = rows
+    return out
+
+
+def lora_lines(results: dict, lsum: dict) -> list[str]:
+    """The LoRA section (run.py --lora-mix): the command exactly as run above a table of
+    decode tokens/s per engine, adapter count and batch width, each beside its engine's own
+    base model, and the greedy check with lora-0 in both engines."""
+    cfg = results["config"]
+    lora = cfg.get("lora")
+    if not lora:
+        return []
+    lines = ["", "## Many LoRA adapters per batch", ""] + command_block(results)
+    lines += [f"Random rank-{lora['rank']} PEFT adapters (lora_alpha = rank) on every "
+              f"{'/'.join(p.removesuffix('_proj') for p in lora['targets'])} projection of "
+              f"every layer (`{' '.join(lora['generator'])}`). \"base\": the engine's "
+              "base-model decode in the same process."]
+    engines = cfg.get("engines") or []
+    if "metrale" in engines:
+        lines[-1] += (f" metrale loads all {lora['count']} adapters (`--lora-dtype "
+                      f"{lora['dtype']}`) and decodes with rows cycling through the first N of "
+                      "them; N = 0: base-model rows through the adapter pool.")
+    lc = lora.get("llama_cpp") or {}
+    if "llama.cpp" in engines:
+        lines[-1] += " llama.cpp applies one adapter (lora-0) to every row, its only mode"
+        if lc.get("error"):
+            lines[-1] += f"; its adapter could not be prepared: {short(lc['error'])}"
+        elif lc:
+            lines[-1] += (" (converted by the vendored `convert_lora_to_gguf.py --outtype "
+                          "bf16`; timed with and without it in one process by "
+                          "tools/bench/llama_lora_bench.cpp, llama-batched-bench's decode "
+                          "loop, because the pinned llama-batched-bench accepts `--lora` but "
+                          "never applies it)")
+        lines[-1] += "."
+    lines[-1] += " % of base: tokens/s over the same engine's base row."
+    lines += ["", "| threads | engine | adapters | batch | tok/s | % of base |",
+              "|---|---|---|---|---|---|"]
+    ids = {r["id"]: r for r in table_rows(results)}
+    for threads, rows in lsum.items():
+        for row_id, r in rows.items():
+            engine = ids.get(row_id, {}).get("engine", row_id)
+            label = row_id if row_id != engine else engine
+            for b, base in r["base"].items():
+                entries = [("base", base)] + [
+                    ({"0": "0 (base rows via the pool)"}.get(n, n), v.get(b))
+                    for n, v in r["mix"].items()]
+                for name, v in entries:
+                    pct = 100 * v / base if v is not None and base else None
+                    lines.append(f"| {threads} | {label} | {name} | {b} | {fmt(v)} | "
+                                 f"{fmt(pct)} |")
+    lines.append("")
+    lines.append(f"Medians of {cfg['reps']} interleaved repetitions (each engine run times "
+                 "its base and LoRA decode in the same process).")
+    g = results.get("greedy_lora") or {}
+    for line, pair in zip(greedy_lines({"greedy": g}), g.get("pairs", [])):
+        line = line.replace("Greedy tokens (", "Greedy tokens with lora-0 (", 1)
+        e = pair.get("adapter_effect")
+        if e:
+            changed = [name for name in ("metrale", "llama.cpp")
+                       if e.get(f"{name}_ids_differ_from_base")]
+            line += (" The adapter changed the greedy ids of " + " and ".join(changed)
+                     if changed else " The adapter left both engines' greedy ids as the base "
+                     "model's (a mild random adapter), so identical ids here show less than "
+                     "they would otherwise")
+            line += (f"; it moved llama.cpp's top-2 margins by up to "
+                     f"{fmt(e.get('llama_cpp_margin_max_change'), '.3g')}.")
+        lines += ["", line]
+    return lines
+
+
 def summarize(results: dict) -> dict:
     """Adds per-(threads, row) medians, ratios to each row's llama.cpp peer and roofline
     fractions."""
@@ -334,6 +430,7 @@ def markdown(results: dict, summary: dict) -> str:
     if won:
         lines.append("")
         lines.append("Probe read strategies that won the sweep: " + "; ".join(won) + ".")
+    lines += lora_lines(results, results.get("lora_summary") or lora_summary(results))
     return "\n".join(lines) + "\n"
 
 
@@ -392,6 +489,8 @@ def chart(results: dict, summary: dict, path: Path) -> None:
 def write(results: dict, out_dir: Path, chart_png: bool = True) -> str:
     summary = summarize(results)
     results["summary"] = summary
+    if results["config"].get("lora"):
+        results["lora_summary"] = lora_summary(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     md = markdown(results, summary)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))

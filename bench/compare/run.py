@@ -37,6 +37,18 @@ llama.cpp row of its weight bit width (4 or 8 or 16), and greedy-checked against
 with different quantizers a token difference is expected and reported as such. Each row's
 roofline divides by the bytes a decode step reads from its own checkpoint or GGUF. A format
 that fails to prepare or to run becomes a failed row; the others go on.
+
+Many LoRA adapters per batch (--lora-mix 0,1,4,16, --lora-rank 16): --lora-count (the largest
+mix) random rank-r PEFT adapters on every attention and MLP projection, made once into
+<cache>/lora/<checkpoint>[-r<rank>]/lora-<i> by tools/bench/make_lora_adapters.py (seeded:
+the same bytes every time), are given to every metrale row (`metrale bench --lora l<i>=DIR
+... --lora-dtype bf16 --lora-mix ...`: decode at each --batch width with rows cycling through
+the first N adapters, 0 = base-model rows through the adapter pool, beside the plain base
+decode in the same process). llama.cpp serves one adapter for all rows: lora-0 converted by the
+vendored convert_lora_to_gguf.py (bf16) and timed with and without it in one process by
+tools/bench/llama_lora_bench.cpp (the pinned llama-batched-bench accepts --lora but never
+applies it; see tools/bench/llama_cpp_peer.py). A second greedy check runs both engines with
+lora-0 applied. results.json: config.lora; each sample's decode_lora; greedy_lora.
 """
 
 import argparse
@@ -257,18 +269,20 @@ def metrale_generate_ids(binary: Path, model_dir: Path, ids: list[int], n: int, 
 
 def greedy_check(metrale: Path, model_dir: Path, cache: Path, gguf: Path, threads: int,
                  n: int, metrale_flags: list[str], precision: str, timeout: float,
-                 pair: tuple[str, str] = ("bf16", "bf16"), quantizers: str = "") -> dict:
+                 pair: tuple[str, str] = ("bf16", "bf16"), quantizers: str = "",
+                 lora: Path | None = None) -> dict:
     """Both engines decode n greedy tokens after GREEDY_PROMPT, one engine at a time. Returns
     what results.json keeps for one (metrale format, llama.cpp format) pair under "greedy":
     each engine's ids and command, llama.cpp's top-1 minus top-2 logit at each of its steps,
     and the first index where the ids differ (None when identical). Random weights give nearly
     flat logits, so an early difference at a small margin is expected; with weights quantized
     by different quantizers (llm-compressor vs llama-quantize) the ids may differ at any
-    margin. The run records it and goes on."""
+    margin. The run records it and goes on. `lora`: llama.cpp's adapter GGUF (metrale's
+    adapter comes in metrale_flags)."""
     out = {"prompt": GREEDY_PROMPT, "tokens": n, "threads": threads, "precision": precision,
            "metrale_format": pair[0], "llama_format": pair[1], "quantizers": quantizers,
            "metrale": None, "llama.cpp": None, "first_difference": None, "errors": {}}
-    lcmd = llama_cpp_peer.greedy_command(cache, gguf, GREEDY_PROMPT, n, threads)
+    lcmd = llama_cpp_peer.greedy_command(cache, gguf, GREEDY_PROMPT, n, threads, lora=lora)
     res, _, err = run_json(lcmd, timeout)
     out["llama.cpp"] = {"command": lcmd, **(res or {})}
     if res is None:
@@ -294,12 +308,81 @@ def greedy_check(metrale: Path, model_dir: Path, cache: Path, gguf: Path, thread
             a[diff] == runners_up[diff] if diff is not None and diff < min(len(a), len(b),
                                                                           len(runners_up))
             else None)
-        log(f"greedy {pair[0]} vs {pair[1]}: " + ("identical" if diff is None else
+        log(f"greedy {pair[0]} vs {pair[1]}{' with LoRA' if lora else ''}: "
+            + ("identical" if diff is None else
             f"first differ at step {diff} (llama.cpp margin "
             f"{out['llama_cpp_margin_at_difference']})"))
     for engine, e in out["errors"].items():
         log(f"greedy check: {engine} failed: {e}")
     return out
+
+
+def adapter_effect(base: dict, with_lora: dict) -> dict:
+    """Whether the adapter changed what each engine decoded (the same prompt and token count
+    without it: the base greedy check), and by how much it moved llama.cpp's top-1 minus top-2
+    logit margins: identical ids with the adapter only show the two engines apply it alike
+    when the adapter changed something. Random adapters of make_lora_adapters.py are mild
+    (B ~ N(0, 0.02 / sqrt(r))), so the ids may well stay the base model's."""
+    out = {}
+    for engine in ("metrale", "llama.cpp"):
+        a, b = (base.get(engine) or {}).get("ids"), (with_lora.get(engine) or {}).get("ids")
+        out[f"{engine}_ids_differ_from_base"] = (a != b) if a is not None and b is not None \
+            else None
+    m0 = (base.get("llama.cpp") or {}).get("top2_margins") or []
+    m1 = (with_lora.get("llama.cpp") or {}).get("top2_margins") or []
+    steps = [i for i in range(min(len(m0), len(m1)))
+             if base["llama.cpp"]["ids"][:i + 1] == with_lora["llama.cpp"]["ids"][:i + 1]]
+    # Over the steps where both runs had decoded the same tokens so far (same context).
+    out["llama_cpp_margin_max_change"] = (max(abs(m1[i] - m0[i]) for i in steps)
+                                          if steps else None)
+    return out
+
+
+def mix_list(text: str) -> list[int]:
+    """--lora-mix: comma-separated adapter counts, 0 allowed (base-model rows)."""
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {text!r}")
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, found {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def lora_dir(cache: Path, model_dir: Path, rank: int) -> Path:
+    """Where the random adapters of this checkpoint and rank are cached (rank 16 without a
+    suffix)."""
+    return cache / "lora" / (model_dir.name + ("" if rank == 16 else f"-r{rank}"))
+
+
+def lora_ready(adapter: Path, rank: int) -> bool:
+    """Whether make_lora_adapters.py finished this adapter (it writes adapter_config.json
+    after the weights) with this rank."""
+    cfg = adapter / "adapter_config.json"
+    return cfg.is_file() and (adapter / "adapter_model.safetensors").is_file() and \
+        json.loads(cfg.read_text()).get("r") == rank
+
+
+def ensure_lora_adapters(cache: Path, model_dir: Path, count: int, rank: int) -> list[Path]:
+    """lora-0 .. lora-<count-1> of tools/bench/make_lora_adapters.py for this checkpoint,
+    made once each (seeded per index, so a rerun writes the same bytes)."""
+    out = lora_dir(cache, model_dir, rank)
+    dirs = [out / f"lora-{i}" for i in range(count)]
+    missing = [i for i, d in enumerate(dirs) if not lora_ready(d, rank)]
+    if missing:
+        import make_lora_adapters  # numpy, torch, safetensors: only when something is missing
+        log(f"making LoRA adapters {missing} (rank {rank}) in {out}")
+        for i in missing:
+            make_lora_adapters.make(model_dir, out, i, rank)
+    return dirs
+
+
+def metrale_lora_flags(adapters: list[Path], dtype: str, mix: list[int]) -> list[str]:
+    """The flags `metrale bench` gets for --lora-mix: every adapter, its slot dtype, the mix."""
+    out = []
+    for i, d in enumerate(adapters):
+        out += ["--lora", f"l{i}={d}"]
+    return out + ["--lora-dtype", dtype, "--lora-mix", ",".join(map(str, mix))]
 
 
 def plan_prerequisites(args, engines: list[str], build: bool,
@@ -331,6 +414,20 @@ def plan_prerequisites(args, engines: list[str], build: bool,
             debian += [prereqs.BUILD_TOOLS["c++"]]
         if not ckpt_ready or convert:
             modules += prereqs.GGUF_CONVERSION
+    if args.lora_mix:
+        count = args.lora_count or max(max(args.lora_mix), 1)
+        adir = lora_dir(args.cache_dir, model_dir, args.lora_rank)
+        if not all(lora_ready(adir / f"lora-{i}", args.lora_rank) for i in range(count)):
+            modules += ["numpy", "torch", "transformers"]  # safetensors comes with transformers
+        if "llama.cpp" in engines:
+            # The adapter's GGUF is keyed by the adapter files, which may not exist yet: a
+            # missing adapter means a conversion too.
+            a0 = adir / "lora-0"
+            if not lora_ready(a0, args.lora_rank) or not llama_cpp_peer.lora_gguf_path(
+                    args.cache_dir, model_dir, a0).is_file():
+                modules += prereqs.GGUF_CONVERSION
+            if not llama_cpp_peer.lora_bench_tool_path(args.cache_dir).is_file():
+                debian += [prereqs.BUILD_TOOLS["c++"]]
     venvs = (formats.quantizers(rows) if not ckpt_ready else
              formats.quantized_missing(rows, args.cache_dir, model_dir))
     if "metrale" in engines and build and args.metrale_bin == RELEASE / "src" / "metrale":
@@ -402,6 +499,17 @@ def main() -> None:
                          "prompt once, before the timed rounds, and their token ids are compared)")
     ap.add_argument("--greedy-tokens", type=int, default=16,
                     help="tokens each engine decodes in the greedy check")
+    ap.add_argument("--lora-mix", type=mix_list, default=None,
+                    help="time decode with LoRA adapters too: per count N, metrale's rows cycle "
+                         "through the first N adapters (0 = base-model rows through the "
+                         "adapter pool), e.g. 0,1,4,16; llama.cpp runs lora-0 on every row")
+    ap.add_argument("--lora-rank", type=int, default=16,
+                    help="rank (and lora_alpha) of the random adapters (--lora-mix)")
+    ap.add_argument("--lora-count", type=int, default=None,
+                    help="adapters to make and load (default: the largest --lora-mix)")
+    ap.add_argument("--lora-dtype", choices=["bf16", "f32"], default="bf16",
+                    help="metrale's --lora-dtype, the adapter slots' storage (default bf16: the "
+                         "adapters' own dtype, as llama.cpp's bf16 adapter GGUF)")
     args = ap.parse_args()
     # The command exactly as typed (run from the repository root), for results.json and the
     # table; `args` in results.json spells out every default it relied on.
@@ -417,6 +525,14 @@ def main() -> None:
         sys.exit("--greedy-tokens: expected >= 1")
     if args.model and not (args.model.resolve() / "config.json").is_file():
         sys.exit(f"--model: {args.model.resolve()}/config.json not found")
+    if args.lora_mix is not None:
+        if args.lora_rank < 1:
+            sys.exit("--lora-rank: expected >= 1")
+        if args.lora_count is not None and args.lora_count < max(max(args.lora_mix), 1):
+            sys.exit(f"--lora-count {args.lora_count}: --lora-mix needs "
+                     f"{max(max(args.lora_mix), 1)}")
+    elif args.lora_count is not None:
+        sys.exit("--lora-count: give --lora-mix too")
     if args.llama_outtype and args.llama_formats:
         sys.exit("--llama-outtype and --llama-formats: give one (--llama-formats supersedes it)")
     metrale_formats = formats.format_list(args.formats, formats.METRALE_FORMATS, "--formats")
@@ -465,6 +581,36 @@ def main() -> None:
         llama_cpp_peer.ensure_build(args.cache_dir, lsrc)
         if not args.no_greedy and "metrale" in engines:
             llama_cpp_peer.ensure_greedy_tool(args.cache_dir, lsrc)
+    lora = None  # --lora-mix: what results.json keeps (config.lora)
+    if args.lora_mix is not None:
+        count = args.lora_count or max(max(args.lora_mix), 1)
+        adapters = ensure_lora_adapters(args.cache_dir, model_dir, count, args.lora_rank)
+        lora = {"mix": args.lora_mix, "rank": args.lora_rank, "count": count,
+                "dtype": args.lora_dtype, "adapters": [str(d) for d in adapters],
+                "generator": ["python3", "tools/bench/make_lora_adapters.py", "--model",
+                              str(model_dir), "--out",
+                              str(lora_dir(args.cache_dir, model_dir, args.lora_rank)),
+                              "--count", str(count), "--rank", str(args.lora_rank)],
+                "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                            "down_proj"],
+                "metrale_flags": metrale_lora_flags(adapters, args.lora_dtype, args.lora_mix),
+                "llama_cpp": None}
+        if lsrc is not None:
+            try:
+                gguf = llama_cpp_peer.ensure_lora_gguf(args.cache_dir, lsrc, model_dir,
+                                                       adapters[0])
+                llama_cpp_peer.ensure_lora_bench_tool(args.cache_dir, lsrc)
+                lora["llama_cpp"] = {
+                    "adapter": str(adapters[0]), "gguf": str(gguf),
+                    "gguf_bytes": gguf.stat().st_size,
+                    "convert_command": llama_cpp_peer.lora_convert_command(
+                        lsrc, model_dir, adapters[0], gguf),
+                    "timing_tool": "tools/bench/llama_lora_bench.cpp (llama-batched-bench's "
+                                   "decode loop; the pinned llama-batched-bench ignores --lora)",
+                    "mode": "one adapter applied to every row (llama_set_adapters_lora)"}
+            except (Exception, SystemExit) as e:  # noqa: BLE001 — the base rows still run
+                log(f"llama.cpp LoRA adapter not prepared: {e}")
+                lora["llama_cpp"] = {"error": str(e)}
     batches_all = sorted(set(args.batch) | {1})
     formats.prepare(rows, args.cache_dir, model_dir, lsrc, batches_all, not args.no_install, log)
     runnable = [r for r in rows if not r.error]
@@ -481,12 +627,15 @@ def main() -> None:
             return [str(metrale), "bench", "--model", str(row.model_dir), "--threads",
                     str(threads), "--prefill", prefill, "--batch", batch, "--decode-tokens",
                     str(args.decode_tokens), "--reps", "1", "--json", "--no-bandwidth",
-                    *metrale_fixed]  # the round's probe measures bandwidth
+                    *metrale_fixed,  # the round's probe measures bandwidth
+                    *(lora["metrale_flags"] if lora else [])]
         if row.engine == "llama.cpp":
+            with_lora = lora and lora["llama_cpp"] and "error" not in lora["llama_cpp"]
             return [sys.executable, str(REPO / "tools/bench/llama_cpp_peer.py"), "--model",
                     str(row.model_dir), "--threads", str(threads), "--prefill", prefill,
                     "--batch", batch, "--decode-tokens", str(args.decode_tokens), "--outtype",
-                    row.format, "--cache-dir", str(args.cache_dir), "--json"]
+                    row.format, "--cache-dir", str(args.cache_dir), "--json",
+                    *(["--lora", lora["llama_cpp"]["adapter"]] if with_lora else [])]
         return [sys.executable, str(REPO / "tools/bench/hf_peer.py"), "--model",
                 str(row.model_dir), "--threads", str(threads), "--prefill", prefill, "--batch",
                 batch, "--decode-tokens", str(hf_steps), "--reps", "1", "--json"]
@@ -500,6 +649,8 @@ def main() -> None:
         flags = split_flags(command(metrale_row, args.threads[0])[2:])
         flags["--threads"] = "per row of the table"
         flags["--model"] = "per row of the table (config.rows)"
+        if lora:
+            flags["--lora"] = lora["metrale_flags"][1:2 * lora["count"]:2]  # repeated: all
         known = metrale_bench_options(metrale)
         metrale_info = {
             "binary": str(metrale),
@@ -538,6 +689,7 @@ def main() -> None:
                                        for t in args.threads},
                    "probe_command": {str(t): probe_command(t) for t in args.threads},
                    "metrale": metrale_info,
+                   "lora": lora,
                    "llama_cpp": llama_cpp_peer.source_info(args.cache_dir)
                    if "llama.cpp" in engines else None,
                    "python": {"executable": sys.executable, "version": sys.version.split()[0],
@@ -577,6 +729,34 @@ def main() -> None:
                 metrale, mrow.model_dir, args.cache_dir, lrow.gguf, max(args.threads),
                 args.greedy_tokens, mflags, precision, args.timeout, (mrow.format, lrow.format),
                 formats.quantizer_note(mrow, lrow)))
+
+    # --- greedy check with lora-0 applied in both engines (the same adapter weights) ---
+    lora_llama = (lora or {}).get("llama_cpp") or {}
+    if lora is None:
+        pass
+    elif args.no_greedy:
+        results["greedy_lora"] = {"skipped": "--no-greedy"}
+    elif not pairs or not lora_llama.get("gguf"):
+        results["greedy_lora"] = {"skipped": "needs metrale and llama.cpp, and lora-0's GGUF"
+                                  + (f" ({lora_llama['error']})" if "error" in lora_llama
+                                     else "")}
+    else:
+        mrow, lrow = pairs[0]
+        lflags = mflags + ["--lora", f"l0={lora['adapters'][0]}", "--lora-dtype",
+                           args.lora_dtype]
+        bf16_both = gcompute in ("bf16", "int8") and mrow.format == lrow.format == "bf16"
+        precision = ((f"bf16 both, adapter lora-0 (rank {args.lora_rank}, bf16; metrale "
+                      f"--lora-dtype {args.lora_dtype})") if bf16_both else
+                     f"metrale {mrow.format} --compute {gcompute} --lora-dtype "
+                     f"{args.lora_dtype}, llama.cpp {lrow.format}; adapter lora-0")
+        g = greedy_check(metrale, mrow.model_dir, args.cache_dir, lrow.gguf, max(args.threads),
+                         args.greedy_tokens, lflags, precision, args.timeout,
+                         (mrow.format, lrow.format), formats.quantizer_note(mrow, lrow),
+                         lora=Path(lora_llama["gguf"]))
+        g["adapter"] = lora["adapters"][0]
+        g["adapter_effect"] = adapter_effect(results["greedy"]["pairs"][0], g)
+        log(f"greedy with LoRA: {g['adapter_effect']}")
+        results["greedy_lora"] = {"pairs": [g]}
 
     # --- interleaved rounds ---
     for rnd in range(args.reps):

@@ -22,6 +22,14 @@
   16 (`-npl`), also with `-lm none`, each sequence decoding after a 16-token prompt of its own
   (as `metrale bench` does; llama-bench's tg64 starts from an empty cache). Each call does one repetition (plus llama-bench's own
   warm-up) so the caller can interleave repetitions with the other engines.
+* LoRA (--lora ADAPTER_DIR, for bench/compare/run.py --lora-mix): the PEFT adapter converted
+  by the vendored convert_lora_to_gguf.py (--base <the HF checkpoint> --outtype bf16), cached
+  like the model's GGUF; decode with and without it timed in one process by
+  tools/bench/llama_lora_bench.cpp (built like llama_greedy.cpp against the pinned build's
+  libraries), because the pinned llama-batched-bench accepts --lora but never applies it (it
+  creates its context without common_init_from_params; it even accepts a path that does not
+  exist) and llama-bench has no LoRA option. That tool repeats llama-batched-bench's timed
+  decode at each batch width; one adapter for all rows is llama.cpp's only mode.
 
 Prints (with --json) the same object as `metrale bench --json`:
 {"prefill": {"128": tps, ...}, "decode": {"1": tps, ...}, ...}.
@@ -167,6 +175,8 @@ def ensure_build(cache: Path, src: Path) -> Path:
 
 GREEDY_SOURCE = Path(__file__).resolve().parent / "llama_greedy.cpp"
 GREEDY_TOOL = "llama-greedy"
+LORA_BENCH_SOURCE = Path(__file__).resolve().parent / "llama_lora_bench.cpp"
+LORA_BENCH_TOOL = "llama-lora-bench"
 
 
 def greedy_link_libraries(build: Path) -> list[str]:
@@ -190,16 +200,30 @@ def greedy_tool_path(cache: Path) -> Path:
     return build_dir(cache) / "bin" / GREEDY_TOOL
 
 
+def lora_bench_tool_path(cache: Path) -> Path:
+    return build_dir(cache) / "bin" / LORA_BENCH_TOOL
+
+
 def ensure_greedy_tool(cache: Path, src: Path) -> Path:
     """tools/bench/llama_greedy.cpp compiled (-O2, the build's C++ compiler) against the
     pinned build's static libraries, which ensure_build makes as llama-bench's dependencies,
     into <build>/bin/llama-greedy; recompiled when the source or libllama.a is newer. Nothing
     is added to the cmake build, so llama-bench / llama-batched-bench and the build stamp
     stay as they are. The numerics are the library's: one program linking libllama.a."""
+    return ensure_tool(cache, src, GREEDY_SOURCE, greedy_tool_path(cache))
+
+
+def ensure_lora_bench_tool(cache: Path, src: Path) -> Path:
+    """tools/bench/llama_lora_bench.cpp, built as ensure_greedy_tool builds llama-greedy."""
+    return ensure_tool(cache, src, LORA_BENCH_SOURCE, lora_bench_tool_path(cache))
+
+
+def ensure_tool(cache: Path, src: Path, source: Path, tool: Path) -> Path:
+    """One C++ file of tools/bench compiled against the pinned build's static libraries into
+    `tool` (see ensure_greedy_tool); recompiled when the source or libllama.a is newer."""
     ensure_build(cache, src)
     build = build_dir(cache)
-    tool = greedy_tool_path(cache)
-    newest = max(GREEDY_SOURCE.stat().st_mtime, (build / "src" / "libllama.a").stat().st_mtime)
+    newest = max(source.stat().st_mtime, (build / "src" / "libllama.a").stat().st_mtime)
     if tool.is_file() and tool.stat().st_mtime >= newest:
         return tool
     cxx = "c++"
@@ -208,7 +232,7 @@ def ensure_greedy_tool(cache: Path, src: Path) -> Path:
     if m and Path(m.group(1)).is_file():
         cxx = m.group(1)
     cmd = [cxx, "-std=c++17", "-O2", "-I", str(src / "include"), "-I", str(src / "ggml" / "include"),
-           str(GREEDY_SOURCE), "-o", str(tool.with_suffix(".partial")),
+           str(source), "-o", str(tool.with_suffix(".partial")),
            *greedy_link_libraries(build), "-pthread"]
     log(f"building {tool} ({' '.join(cmd)})")
     subprocess.run(cmd, cwd=build, check=True, stdout=sys.stderr)
@@ -217,11 +241,52 @@ def ensure_greedy_tool(cache: Path, src: Path) -> Path:
 
 
 def greedy_command(cache: Path, gguf: Path, ids: list[int], n: int, threads: int,
-           load_mode: str = "mmap") -> list[str]:
-    """The llama-greedy command line for this GGUF and prompt (run it with ensure_greedy_tool
-    done first)."""
+           load_mode: str = "mmap", lora: Path | None = None) -> list[str]:
+    """The llama-greedy command line for this GGUF and prompt, with the LoRA adapter GGUF
+    `lora` applied if given (run it with ensure_greedy_tool done first)."""
     return [str(greedy_tool_path(cache)), "-m", str(gguf), "--ids", ",".join(map(str, ids)),
-            "-n", str(n), "-t", str(threads), "--load-mode", load_mode]
+            "-n", str(n), "-t", str(threads), "--load-mode", load_mode,
+            *(["--lora", str(lora)] if lora else [])]
+
+
+LORA_OUTTYPE = "bf16"  # the adapters are bf16, as metrale's slots under --lora-dtype bf16
+
+
+def lora_gguf_path(cache: Path, model_dir: Path, adapter_dir: Path,
+                   outtype: str = LORA_OUTTYPE) -> Path:
+    """Where the GGUF of this PEFT adapter (for this base checkpoint) is cached: keyed by the
+    checkpoint as gguf_path is, and by the adapter's path, size and mtime."""
+    h = hashlib.sha256(str(adapter_dir.resolve()).encode())
+    for f in sorted(adapter_dir.glob("adapter_*")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return cache / "gguf" / "lora" / (f"{model_dir.name}-{checkpoint_key(model_dir)}-"
+                                      f"{adapter_dir.name}-{h.hexdigest()[:12]}-{outtype}-"
+                                      f"lcp{VERSION}.gguf")
+
+
+def lora_convert_command(src: Path, model_dir: Path, adapter_dir: Path, out: Path,
+                         outtype: str = LORA_OUTTYPE) -> list[str]:
+    """The vendored convert_lora_to_gguf.py on a PEFT adapter directory; --base gives it the
+    checkpoint's config (no weights are read from it, nothing from the Hub)."""
+    return [sys.executable, str(src / "convert_lora_to_gguf.py"), "--base", str(model_dir),
+            "--outtype", outtype, "--outfile", str(out), str(adapter_dir)]
+
+
+def ensure_lora_gguf(cache: Path, src: Path, model_dir: Path, adapter_dir: Path,
+                     outtype: str = LORA_OUTTYPE) -> Path:
+    """The adapter converted once (the converter's log kept beside it as .log)."""
+    out = lora_gguf_path(cache, model_dir, adapter_dir, outtype)
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".gguf.partial")
+    cmd = lora_convert_command(src, model_dir, adapter_dir, partial, outtype)
+    log(f"converting adapter {adapter_dir} -> {out.name}: {' '.join(cmd)}")
+    with open(str(out) + ".log", "w") as fh:
+        subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT)
+    partial.rename(out)
+    return out
 
 
 def checkpoint_key(model_dir: Path) -> str:
@@ -449,9 +514,29 @@ def run_batched_bench(bin_dir: Path, gguf: Path, threads: int, batches: list[int
     return out
 
 
+def lora_bench_command(cache: Path, gguf: Path, lora: Path, threads: int, batches: list[int],
+                       decode_tokens: int, prompt: int) -> list[str]:
+    """llama-lora-bench: decode at each batch width without and with the adapter, with the
+    weights in anonymous memory as -lm none."""
+    return [str(lora_bench_tool_path(cache)), "-m", str(gguf), "--lora", str(lora), "-t",
+            str(threads), "-npl", ",".join(map(str, batches)), "-npp", str(prompt), "-ntg",
+            str(decode_tokens), "--load-mode", "none"]
+
+
+def run_lora_bench(cache: Path, gguf: Path, lora: Path, threads: int, batches: list[int],
+                   decode_tokens: int, prompt: int) -> dict:
+    cmd = lora_bench_command(cache, gguf, lora, threads, batches, decode_tokens, prompt)
+    log(" ".join(cmd))
+    res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    line = next((ln for ln in reversed(res.stdout.splitlines()) if ln.startswith("{")), None)
+    if line is None:
+        sys.exit(f"llama-lora-bench: no JSON on stdout:\n{res.stdout}\n{res.stderr[-2000:]}")
+    return {"command": cmd, **json.loads(line)}
+
+
 def bench(model_dir: Path, threads: int, prefill: list[int], batches: list[int],
           decode_tokens: int, outtype: str = "bf16", cache: Path = DEFAULT_CACHE,
-          batched_prompt: int = 16) -> dict:
+          batched_prompt: int = 16, lora: Path | None = None) -> dict:
     src = ensure_source(cache)
     bin_dir = ensure_build(cache, src)
     gguf = ensure_gguf(cache, src, model_dir, outtype)
@@ -460,6 +545,18 @@ def bench(model_dir: Path, threads: int, prefill: list[int], batches: list[int],
     if wider:
         out["decode"].update(run_batched_bench(bin_dir, gguf, threads, wider, decode_tokens,
                                                batched_prompt))
+    if lora:
+        # The adapter's GGUF and tool are made by the caller (run.py prepares them before the
+        # timed rounds); made here too when this script runs alone.
+        lora_gguf = ensure_lora_gguf(cache, src, model_dir, lora)
+        ensure_lora_bench_tool(cache, src)
+        res = run_lora_bench(cache, gguf, lora_gguf, threads, batches, decode_tokens,
+                             batched_prompt)
+        # decode_lora as `metrale bench --json` has it ({"1": {B: tps}}); decode_lora_base:
+        # the same tool's base-model figures in the same process (the ratio's denominator).
+        out["decode_lora"] = res["decode_lora"]
+        out["decode_lora_base"] = res["decode"]
+        out["lora"] = {"adapter": str(lora), "gguf": str(lora_gguf), "command": res["command"]}
     out["weight_bytes"] = gguf_summary(gguf)["per_step"]
     out["format"] = outtype
     out["gguf"] = str(gguf)
@@ -491,6 +588,10 @@ def main() -> None:
     ap.add_argument("--summary", action="store_true",
                     help="with --prepare-only: print the GGUF's per-tensor summary as JSON")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--lora", type=Path, default=None,
+                    help="a PEFT LoRA adapter directory: also time decode at every --batch "
+                         "width without and with it (converted by convert_lora_to_gguf.py, "
+                         "bf16; timed by tools/bench/llama_lora_bench.cpp)")
     ap.add_argument("--prepare-only", action="store_true",
                     help="download, build and convert, then exit")
     ap.add_argument("--json", action="store_true")
@@ -499,10 +600,13 @@ def main() -> None:
         src = ensure_source(args.cache_dir)
         ensure_build(args.cache_dir, src)
         gguf = ensure_gguf(args.cache_dir, src, args.model, args.outtype)
+        if args.lora:
+            ensure_lora_gguf(args.cache_dir, src, args.model, args.lora)
+            ensure_lora_bench_tool(args.cache_dir, src)
         print(json.dumps(gguf_summary(gguf), indent=2) if args.summary else gguf)
         return
     out = bench(args.model, args.threads, args.prefill, args.batch, args.decode_tokens,
-                args.outtype, args.cache_dir)
+                args.outtype, args.cache_dir, lora=args.lora)
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
 
 

@@ -1,12 +1,15 @@
 // llama-greedy: greedy decoding with llama.cpp's C API, for bench/compare/run.py's greedy check.
 //
-//   llama-greedy -m MODEL.gguf --ids 1,2,3 -n 16 [-t THREADS] [--load-mode mmap|none] [-v]
+//   llama-greedy -m MODEL.gguf --ids 1,2,3 -n 16 [-t THREADS] [--load-mode mmap|none]
+//                [--lora ADAPTER.gguf] [-v]
 //
 // Loads the GGUF on the CPU, decodes the prompt ids exactly as given (no bos or other special
 // token added), then picks N tokens by argmax of the logits (llama_get_logits_ith; no sampler
 // chain; ties go to the lower id, as metrale's greedy path) and prints one JSON line:
 //   {"ids": [...N ids...], "top2_margins": [...top1 - top2 logit at each step...],
 //    "top2_ids": [...the runner-up at each step...], "prompt": [...], "n_vocab": V, ...}
+// --lora: a LoRA adapter GGUF (convert_lora_to_gguf.py) loaded with llama_adapter_lora_init and
+// applied to the context at scale 1 (llama_set_adapters_lora) before the prompt.
 // Built by tools/bench/llama_cpp_peer.py (ensure_greedy_tool) against the static libraries of
 // the pinned llama.cpp build; written against that version's include/llama.h.
 #include <cmath>
@@ -52,7 +55,7 @@ std::vector<llama_token> parse_ids(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_path, ids_text, load_mode = "mmap";
+  std::string model_path, ids_text, load_mode = "mmap", lora_path;
   int n_predict = 16, threads = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -70,6 +73,8 @@ int main(int argc, char** argv) {
       threads = std::atoi(value().c_str());
     else if (a == "--load-mode")
       load_mode = value();
+    else if (a == "--lora")
+      lora_path = value();
     else if (a == "-v" || a == "--verbose")
       g_verbose = true;
     else
@@ -99,6 +104,14 @@ int main(int argc, char** argv) {
   cp.no_perf = true;
   llama_context* ctx = llama_init_from_model(model, cp);
   if (ctx == nullptr) die("cannot create a context");
+  llama_adapter_lora* adapter = nullptr;
+  if (!lora_path.empty()) {
+    adapter = llama_adapter_lora_init(model, lora_path.c_str());
+    if (adapter == nullptr) die("cannot load the LoRA adapter " + lora_path);
+    float scale = 1.0f;
+    if (llama_set_adapters_lora(ctx, &adapter, 1, &scale) != 0)
+      die("llama_set_adapters_lora failed");
+  }
 
   std::vector<llama_token> ids;
   std::vector<float> margins;
@@ -144,10 +157,12 @@ int main(int argc, char** argv) {
   json += "], \"prompt\": [";
   for (size_t i = 0; i < prompt.size(); ++i) json += (i ? ", " : "") + std::to_string(prompt[i]);
   json += "], \"n_vocab\": " + std::to_string(n_vocab) +
-          ", \"threads\": " + std::to_string(threads) + ", \"load_mode\": \"" + load_mode + "\"}";
+          ", \"threads\": " + std::to_string(threads) + ", \"load_mode\": \"" + load_mode +
+          "\", \"lora\": " + (lora_path.empty() ? "null" : "\"" + lora_path + "\"") + "}";
   std::puts(json.c_str());
 
   llama_free(ctx);
+  if (adapter != nullptr) llama_adapter_lora_free(adapter);
   llama_model_free(model);
   llama_backend_free();
   return 0;
