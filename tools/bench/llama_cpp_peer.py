@@ -264,6 +264,9 @@ def converter_options(model_dir: Path) -> tuple[list[str], list[str]]:
       deepseek-v2-lite-L<N> shape (model_type deepseek_v3) likewise: --pre-fallback
       deepseek-llm, DeepSeek-V2's pre-tokenizer. A fallback is used only when the hash is
       unknown, so a real checkpoint's tokenizer keeps its own.
+    * DeepSeek with q_lora_rank null and a layer count other than V2-Lite's 26 / 27: the
+      pinned llama.cpp requires deepseek2.attention.q_lora_rank then, which the converter
+      writes only when set: --q-lora-rank-zero (convert_gguf.py) writes it as 0.
     * Qwen3-Next without an MTP head (the random qwen3-next-L<N> shape leaves it out): the
       pinned converter assumes published Qwen3-Next checkpoints carry mtp.* tensors and fails
       an assertion (`assert self.opt_num_mtp_layers != 0`, conversion/qwen.py) unless told
@@ -275,6 +278,8 @@ def converter_options(model_dir: Path) -> tuple[list[str], list[str]]:
         wrapper += ["--pre-fallback", "llama-bpe"]
     if config.get("model_type") == "deepseek_v3":
         wrapper += ["--pre-fallback", "deepseek-llm"]
+        if config.get("q_lora_rank") is None and config.get("num_hidden_layers") not in (26, 27):
+            wrapper += ["--q-lora-rank-zero"]
     if config.get("model_type") == "qwen3_next" and not has_mtp_tensors(model_dir):
         converter += ["--no-mtp"]
     return wrapper, converter

@@ -55,10 +55,10 @@ e_score_correction_bias (zeros, as DeepseekV3 initialises it) for the choice, wh
 own deepseek_v2 type has a softmax router; the per-token work (64 experts, 6 chosen) is the
 same. llama.cpp's converter maps DeepseekV3ForCausalLM to its deepseek2 architecture (MLA with
 the absorbed k_b / v_b tensors; scoring_func "sigmoid" in the config selects its sigmoid
-gating). The tokenizer is DeepSeek's layout (100000 BPE tokens + 15 specials, padded by the
-config's vocab_size 102400) re-cut from the committed Qwen3 one, as for llama-3.2-1b. Per MoE
-layer 1.15 GB, the dense layer 0.16 GB, embedding + lm_head 0.84 GB: N=4 (the default)
-makes a 4.45 GB checkpoint.
+gating). The tokenizer is DeepSeek's layout (100000 BPE tokens, then specials: bos, eos and
+reserved ones up to the config's vocab_size 102400) re-cut from the committed Qwen3 one, as
+for llama-3.2-1b. Per MoE layer 1.15 GB, the dense layer 0.16 GB, embedding + lm_head
+0.84 GB: N=4 (the default) makes a 4.5 GB checkpoint.
 
 Nothing here is committed: the checkpoints are 1.2-9 GB. They go to <cache-dir>/<shape>/
 (default /tmp/metrale-bench/checkpoints) and are reused when the marker file says they were
@@ -602,11 +602,13 @@ def write_llama3_like_tokenizer(out: Path, n_base: int = 128000, n_special: int 
     write_recut_tokenizer(out, n_base, names, model_max_length=131072)
 
 
-def write_deepseek_like_tokenizer(out: Path, n_base: int = 100000, n_special: int = 15) -> None:
-    """DeepSeek-V2's vocabulary layout (100000 BPE tokens, then 15 specials from id 100000,
-    bos <｜begin▁of▁sentence｜> and eos <｜end▁of▁sentence｜> first; config.json's vocab_size
-    102400 pads the embedding past them) re-cut from the committed Qwen3 tokenizer, as
-    write_llama3_like_tokenizer does for Llama 3."""
+def write_deepseek_like_tokenizer(out: Path, n_base: int = 100000, n_special: int = 2400) -> None:
+    """DeepSeek-V2's vocabulary layout (100000 BPE tokens, then specials from id 100000, bos
+    <｜begin▁of▁sentence｜> and eos <｜end▁of▁sentence｜> first) re-cut from the committed Qwen3
+    tokenizer, as write_llama3_like_tokenizer does for Llama 3. DeepSeek-V2 ships 15 specials
+    and pads the embedding to vocab_size 102400; here reserved specials fill the padding too, so
+    every id a random-weight model may pick (greedy over all 102400 logits) is a token that
+    `metrale generate --ids` accepts back."""
     names = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"] + [
         f"<|reserved_special_token_{i}|>" for i in range(n_special - 2)]
     write_recut_tokenizer(out, n_base, names, model_max_length=16384)
