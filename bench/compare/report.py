@@ -247,6 +247,30 @@ def bytes_note(results: dict) -> str:
             f"{wb['total'] / 1e9:.2f} GB in all): {widths}{parts}.")
 
 
+def kv_line(results: dict) -> str | None:
+    """What each row's engine reported it keeps in its KV cache per token (all layers), from
+    the first sample that says: metrale bench's kv_bytes_per_token (its f32 pages), the llama.cpp
+    peer's figure computed from the GGUF as llama_kv_cache sizes it (kv_cache.layout)."""
+    seen = {}
+    for per_row in results["samples"].values():
+        for row_id, samples in per_row.items():
+            s = next((x for x in samples if x.get("kv_bytes_per_token")), None)
+            if s and row_id not in seen:
+                layout = (s.get("kv_cache") or {}).get("layout") or \
+                    (f"{s['kv_dtype']} pages" if s.get("kv_dtype") else None)
+                seen[row_id] = f"{row_id} {s['kv_bytes_per_token']:,} B" + (
+                    f" ({layout})" if layout else "")
+    logs = sorted({(p.get("llama.cpp") or {}).get("kv_cache_log") or ""
+                   for p in (results.get("greedy") or {}).get("pairs", [])} - {""})
+    if not seen and not logs:
+        return None
+    line = "KV cache per token, all layers: " + "; ".join(seen.values()) + "."
+    if logs:
+        line += " llama.cpp's own log of the cache it allocated (greedy check, its small " \
+                "context): " + "; ".join(f"`{x.strip()}`" for x in logs) + "."
+    return line
+
+
 def greedy_lines(results: dict) -> list[str]:
     """One line per greedy-check pair (run.py's "greedy" entry: {"pairs": [...]}, or one
     pair's dict in older files); none for older runs, --no-greedy, or not both engines."""
@@ -417,6 +441,9 @@ def markdown(results: dict, summary: dict) -> str:
                    for t, v in results["bandwidth"].items())
     lines.append(f"Read bandwidth (bench/bandwidth_probe, median of runs): {bw}. "
                  f"{bytes_note(results)} Medians of {cfg['reps']} interleaved repetitions.")
+    kv = kv_line(results)
+    if kv:
+        lines += ["", kv]
     notes = format_notes(results)
     if notes:
         lines += ["", "Weight formats (GB/step and the roofline: the bytes a decode step reads "

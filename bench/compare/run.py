@@ -8,6 +8,8 @@
         --prefill 128,512,2048 --batch 1,4,16
     python3 bench/compare/run.py --model-shape qwen3-0.6b --engines metrale,llama.cpp \
         --formats bf16,w4a16,w8a16,fp8,nvfp4 --llama-formats bf16,q4_0-bf16head,q8_0-bf16head,q4_0,q8_0
+    python3 bench/compare/run.py --model-shape deepseek-v2-lite-L4 --engines metrale,llama.cpp \
+        --prefill 128,512 --batch 1,4,16
 
 First checks what the run needs (Python modules from tools/bench/requirements.txt, Debian
 packages) and installs what is missing, printing each command — or, with --no-install, stops
@@ -21,6 +23,10 @@ Before the rounds, where metrale and llama.cpp both run, a greedy check: each de
 (llama.cpp through tools/bench/llama_greedy.cpp, built against the pinned build's libraries),
 and results.json records both id lists, llama.cpp's top-1 minus top-2 logit at each step and
 the first step where they differ (--no-greedy skips it; a difference never fails the run).
+The table also gets each engine's KV cache bytes per token (all layers): metrale bench's own
+figure (its f32 pages; an MLA layer keeps the latent + rope key), llama.cpp's computed from
+the GGUF as its llama_kv_cache sizes it (deepseek2: the latent + rope key as K in f16, no V),
+and the greedy check records llama.cpp's own log line on the cache it allocated.
 Each engine run is a fresh process printing one JSON object; its peak RSS is taken from
 wait4() (max over the process and the children it waited for). Medians over rounds go to
 <out>/table.md, results.json (every sample too) and chart.png. See docs/performance.md.

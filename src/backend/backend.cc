@@ -206,7 +206,7 @@ WeightTensor Backend::prepare(const WeightTensor& w, PrepareMode mode) {
   return do_prepare(w, mode);
 }
 
-void Backend::linear(ConstRows x, const WeightTensor& w, Rows y) {
+void Backend::check_linear(ConstRows x, const WeightTensor& w, Rows y) const {
   check_weight("linear", w);
   METRALE_CHECK(knows_packing(w), "linear '", w.name, "': unknown packing ", w.packing);
   METRALE_CHECK(supports(Op::kLinear, w.format, DType::kF32), "linear '", w.name,
@@ -214,9 +214,23 @@ void Backend::linear(ConstRows x, const WeightTensor& w, Rows y) {
                 name(), " backend");
   check_rows({"linear", w.name, "input"}, x, x.n_rows, w.n_in);
   check_rows({"linear", w.name, "output"}, y, x.n_rows, w.n_out);
+}
+
+void Backend::linear(ConstRows x, const WeightTensor& w, Rows y) {
+  check_linear(x, w, y);
   if (x.n_rows == 0) return;
   const ObservedOp observe(*this, Op::kLinear, &w);
   do_linear(x, w, y);
+}
+
+void Backend::linears(std::span<const LinearCall> calls) {
+  for (size_t i = 0; i < calls.size(); ++i) {
+    METRALE_CHECK(calls[i].w != nullptr, "linears: call ", i, " has no weight");
+    check_linear(calls[i].x, *calls[i].w, calls[i].y);
+  }
+  if (calls.empty()) return;
+  const ObservedOp observe(*this, Op::kLinear, calls[0].w);
+  do_linears(calls);
 }
 
 void Backend::embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) {

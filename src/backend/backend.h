@@ -81,11 +81,23 @@ struct WeightTensor {
 // Q4_0 / Q8_0 weights), integer products summed exactly, scales applied in f32; fp8 as kF32.
 // Results differ from kF32 by the activations' rounding; a row still depends only on itself.
 // A backend without such a kernel computes in f32.
+// One product of a batch of linear layers (Backend::linears): y = x W^T (+ bias), exactly
+// as linear(x, *w, y) computes it.
+struct LinearCall {
+  ConstRows x;  // [rows, w->n_in]
+  const WeightTensor* w = nullptr;
+  Rows y;  // [rows, w->n_out]
+};
+
 enum class Compute : uint8_t { kF32, kBF16, kInt8 };
 
 enum class PrepareMode : uint8_t {
   kInPlace,  // keep reading the caller's memory (e.g. the safetensors mmap)
   kCopy,     // copy (and repack) into backend memory; the caller may release its source
+  // kCopy, but the weight's kernel reads f32 activations whatever the backend's Compute (no
+  // rounding of its inputs): for small matrices where rounding would cost accuracy and saves
+  // no bandwidth (MLA's per-head absorption).
+  kCopyF32Input,
 };
 
 // rms_norm conventions: Llama/Qwen/Mistral scale by w; Gemma-style checkpoints store w - 1
@@ -400,6 +412,11 @@ class Backend {
   // --- ops ---
   // y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]).  x: [rows, n_in], y: [rows, n_out].
   void linear(ConstRows x, const WeightTensor& w, Rows y);
+  // Every call as linear() computes it, bit for bit, in one dispatch: many small products
+  // with their own weights and inputs (MLA's per-head absorption and expansion) without a
+  // barrier each. No call may write what another reads. Observed as one kLinear op on the
+  // first call's weight.
+  void linears(std::span<const LinearCall> calls);
   // out[r] = table[ids[r]] widened to f32; ids out of range throw.
   void embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out);
   void rms_norm(const RmsNormArgs& a);
@@ -424,6 +441,7 @@ class Backend {
   // Per device; arguments already validated by the public op of the same name.
   virtual WeightTensor do_prepare(const WeightTensor& w, PrepareMode mode) = 0;
   virtual void do_linear(ConstRows x, const WeightTensor& w, Rows y) = 0;
+  virtual void do_linears(std::span<const LinearCall> calls) = 0;
   virtual void do_embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) = 0;
   virtual void do_rms_norm(const RmsNormArgs& a) = 0;
   virtual void do_rope(const RopeArgs& a) = 0;
@@ -444,6 +462,8 @@ class Backend {
   virtual bool knows_packing(const WeightTensor& w) const = 0;
   // Largest head_dim the attention implementation accepts.
   virtual int64_t max_head_dim() const = 0;
+  // linear()'s checks of one product (throws Error naming the weight).
+  void check_linear(ConstRows x, const WeightTensor& w, Rows y) const;
 
  private:
   OpObserver* observer_ = nullptr;

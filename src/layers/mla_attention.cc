@@ -1,10 +1,31 @@
 #include "layers/mla_attention.h"
 
+#include <algorithm>
+#include <span>
 #include <sstream>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace metrale {
+namespace {
+
+// One head's product per call of `call(h)`, every head in one Backend::linears dispatch (a
+// few when there are more than kHeadsPerDispatch; the calls live on the stack, so a step
+// allocates nothing).
+template <typename Call>
+void per_head(Backend& be, const std::vector<WeightTensor>& heads, Call&& call) {
+  constexpr int64_t kHeadsPerDispatch = 64;
+  LinearCall calls[kHeadsPerDispatch];
+  const auto n = static_cast<int64_t>(heads.size());
+  for (int64_t h0 = 0; h0 < n; h0 += kHeadsPerDispatch) {
+    const int64_t k = std::min(kHeadsPerDispatch, n - h0);
+    for (int64_t i = 0; i < k; ++i) calls[i] = call(h0 + i);
+    be.linears(std::span<const LinearCall>(calls, static_cast<size_t>(k)));
+  }
+}
+
+}  // namespace
 
 std::unique_ptr<MlaAttention> MlaAttention::load(const ModelConfig& c, TensorLoader& l,
                                                  const std::string& p) {
@@ -45,17 +66,33 @@ std::unique_ptr<MlaAttention> MlaAttention::load(const ModelConfig& c, TensorLoa
   }
   a->kv_a_ = load_linear(l, p + "kv_a_proj_with_mqa", R + rope, H, bias);
   a->kv_a_norm_ = latent_norm(p + "kv_a_layernorm.weight", R);
-  // kv_b_proj [N * (nope + V), R]: per head nope key rows, then V value rows.
+  // kv_b_proj [N * (nope + V), R]: per head nope key rows, then V value rows. The per-head
+  // matrices keep bf16 when every value is one (a bf16 checkpoint: a rearrangement, no
+  // rounding), half the bytes of f32; otherwise (f32 checkpoints, fp8 decoded with its
+  // scales) f32. Their inputs stay f32 under --compute bf16 too (derived_matrix): rounding
+  // q_nope and the attention's latent output to bf16 moved deepseek_v3_mtp_bf16's logits past
+  // the bf16 tolerance (mean 0.070 from HF's native bf16, against 0.05), for a product that
+  // is 2-4% of a prefill. All heads share one name: linears() runs them as one op, profiled
+  // under it.
   const std::vector<float> kv_b = l.linear_floats(p + "kv_b_proj", N * (nope + V), R);
+  const bool bf16 = std::all_of(kv_b.begin(), kv_b.end(),
+                                [](float x) { return bf16_to_f32(f32_to_bf16(x)) == x; });
   std::vector<float> k_t(static_cast<size_t>(R * nope)), v(static_cast<size_t>(V * R));
+  std::vector<uint16_t> k_t16(bf16 ? k_t.size() : 0), v16(bf16 ? v.size() : 0);
+  auto derived = [&](const std::string& name, int64_t n_out, int64_t n_in,
+                     const std::vector<float>& x, std::vector<uint16_t>& x16) {
+    if (!bf16) return l.derived_matrix(name, n_out, n_in, x);
+    std::transform(x.begin(), x.end(), x16.begin(), f32_to_bf16);
+    return l.derived_matrix(name, n_out, n_in, std::span<const uint16_t>(x16));
+  };
   for (int64_t h = 0; h < N; ++h) {
     const float* rows = kv_b.data() + h * (nope + V) * R;
     for (int64_t j = 0; j < nope; ++j)
       for (int64_t r = 0; r < R; ++r) k_t[static_cast<size_t>(r * nope + j)] = rows[j * R + r];
     std::copy(rows + nope * R, rows + (nope + V) * R, v.begin());
-    const std::string head = p + "kv_b_proj (head " + std::to_string(h);
-    a->k_absorb_.push_back(l.derived_matrix(head + " keys, transposed)", R, nope, k_t));
-    a->v_up_.push_back(l.derived_matrix(head + " values)", V, R, v));
+    a->k_absorb_.push_back(
+        derived(p + "kv_b_proj (key rows of each head, transposed)", R, nope, k_t, k_t16));
+    a->v_up_.push_back(derived(p + "kv_b_proj (value rows of each head)", V, R, v, v16));
   }
   a->o_ = load_linear(l, p + "o_proj", H, N * V, c.attention_out_bias);
   return a;
@@ -98,10 +135,10 @@ void MlaAttention::forward(const ForwardContext& ctx, const LayerState& state, C
            .table = ctx.rope,
            .pairs = pairs_});
   const Rows q_latent = ws.rows(n, N * R);
-  for (int64_t h = 0; h < N; ++h) {
-    be.linear(column_slice(ConstRows(q), h * qk, nope_dim_), k_absorb_[static_cast<size_t>(h)],
-              column_slice(q_latent, h * R, R));
-  }
+  per_head(be, k_absorb_, [&](int64_t h) -> LinearCall {
+    return {column_slice(ConstRows(q), h * qk, nope_dim_), &k_absorb_[static_cast<size_t>(h)],
+            column_slice(q_latent, h * R, R)};
+  });
   const Rows latent_out = ws.rows(n, N * R);
   be.latent_attention({.q_latent = q_latent,
                        .q = q,
@@ -117,10 +154,10 @@ void MlaAttention::forward(const ForwardContext& ctx, const LayerState& state, C
                        .kv_rank = R,
                        .scale = scale_});
   const Rows attn = ws.rows(n, N * v_dim_);
-  for (int64_t h = 0; h < N; ++h) {
-    be.linear(column_slice(ConstRows(latent_out), h * R, R), v_up_[static_cast<size_t>(h)],
-              column_slice(attn, h * v_dim_, v_dim_));
-  }
+  per_head(be, v_up_, [&](int64_t h) -> LinearCall {
+    return {column_slice(ConstRows(latent_out), h * R, R), &v_up_[static_cast<size_t>(h)],
+            column_slice(attn, h * v_dim_, v_dim_)};
+  });
   o_.forward(be, attn, out);
 }
 

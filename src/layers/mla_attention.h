@@ -11,8 +11,9 @@
 //   score = q_nope . (W_uk c) + q_rope . k_rope = (W_uk^T q_nope) . c + q_rope . k_rope
 //   out_h = W_uv (sum_t p_t c_t)
 // with W_uk / W_uv the key / value rows of kv_b_proj for head h, applied per head before and
-// after the attention op (Backend::latent_attention). Equal to HF's order up to f32 rounding;
-// chunked prefill and decode read the same cache, so chunks do not change a result.
+// after the attention op (Backend::latent_attention), all heads in one Backend::linears call. Equal
+// to HF's order up to f32 rounding; chunked prefill and decode read the same cache, so chunks do
+// not change a result.
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,7 @@ class MlaAttention final : public Mixer {
   Linear q_;        // [n_heads * (nope + rope), q_lora_rank | H] q_b_proj or q_proj
   Linear kv_a_;     // [kv_lora_rank + rope, H] kv_a_proj_with_mqa
   Norm kv_a_norm_;  // [kv_lora_rank]
+  // bf16 when kv_b_proj's values all are (a bf16 checkpoint), else f32.
   std::vector<WeightTensor> k_absorb_;  // per head [kv_lora_rank, nope]: W_uk^T
   std::vector<WeightTensor> v_up_;      // per head [v, kv_lora_rank]: W_uv
   Linear o_;                            // [H, n_heads * v] o_proj

@@ -108,12 +108,12 @@ void TensorLoader::report(const std::string& module, const std::string& format,
   report_.push_back({module, format, rule});
 }
 
-WeightTensor TensorLoader::copy_prepared(WeightTensor w, const float* bias) {
+WeightTensor TensorLoader::copy_prepared(WeightTensor w, const float* bias, PrepareMode mode) {
   if (bias != nullptr) {
     w.bias = bias;
     w.bias_dtype = DType::kF32;
   }
-  WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
+  WeightTensor prepared = backend_.prepare(w, mode);
   METRALE_CHECK(prepared.storage != nullptr, "backend ", backend_.name(), " kept no copy of '",
                 w.name, "'");
   storage_.push_back(prepared.storage);
@@ -423,6 +423,18 @@ WeightTensor TensorLoader::derived_matrix(const std::string& name, int64_t n_out
                  .n_in = n_in,
                  .data = values.data()};
   return copy_prepared(std::move(w), nullptr);
+}
+
+WeightTensor TensorLoader::derived_matrix(const std::string& name, int64_t n_out, int64_t n_in,
+                                          std::span<const uint16_t> bf16_values) {
+  METRALE_CHECK(n_out > 0 && n_in > 0 && static_cast<int64_t>(bf16_values.size()) == n_out * n_in,
+                name, ": expected ", n_out, " x ", n_in, " values, found ", bf16_values.size());
+  WeightTensor w{.name = name,
+                 .format = WeightFormat::kBF16,
+                 .n_out = n_out,
+                 .n_in = n_in,
+                 .data = bf16_values.data()};
+  return copy_prepared(std::move(w), nullptr, PrepareMode::kCopyF32Input);
 }
 
 void TensorLoader::ignore(const std::string& name) { claimed_.insert(name); }

@@ -83,6 +83,11 @@ class TensorLoader {
   // backend memory and prepared; `name` says where it came from, for messages.
   WeightTensor derived_matrix(const std::string& name, int64_t n_out, int64_t n_in,
                               std::span<const float> values);
+  // The same for bf16 values (a layer rearranging a bf16 checkpoint's matrix: no rounding),
+  // read at half the bytes; prepared with PrepareMode::kCopyF32Input, so its inputs stay f32
+  // under every Compute (exact products, summed in f32 as the f32 path sums).
+  WeightTensor derived_matrix(const std::string& name, int64_t n_out, int64_t n_in,
+                              std::span<const uint16_t> bf16_values);
   // Whether the checkpoint holds `name` (claims nothing).
   bool has(const std::string& name) const { return checkpoint_.find(name) != nullptr; }
   const Checkpoint& checkpoint() const { return checkpoint_; }
@@ -114,7 +119,8 @@ class TensorLoader {
                                 const std::string& name);
   // prepare(kCopy) of `w` (with an f32 bias when given); the backend's copy is kept alive by
   // this loader's storage, so the caller may reuse w's memory.
-  WeightTensor copy_prepared(WeightTensor w, const float* bias);
+  WeightTensor copy_prepared(WeightTensor w, const float* bias,
+                             PrepareMode mode = PrepareMode::kCopy);
   // `name` [n] (f32 or bf16) widened into dst.
   void read_bias(const std::string& name, int64_t n, float* dst);
   void report(const std::string& module, const std::string& format, const std::string& rule);

@@ -325,7 +325,13 @@ def has_mtp_tensors(model_dir: Path) -> bool:
 def converter_options(model_dir: Path) -> tuple[list[str], list[str]]:
     """(convert_gguf.py options, convert_hf_to_gguf.py options) this checkpoint needs:
     * Llama-architecture checkpoints here carry a re-cut tokenizer with an unknown
-      pre-tokenizer hash (see convert_gguf.py): --pre-fallback llama-bpe.
+      pre-tokenizer hash (see convert_gguf.py): --pre-fallback llama-bpe; the
+      deepseek-v2-lite-L<N> shape (model_type deepseek_v3) likewise: --pre-fallback
+      deepseek-llm, DeepSeek-V2's pre-tokenizer. A fallback is used only when the hash is
+      unknown, so a real checkpoint's tokenizer keeps its own.
+    * DeepSeek with q_lora_rank null and a layer count other than V2-Lite's 26 / 27: the
+      pinned llama.cpp requires deepseek2.attention.q_lora_rank then, which the converter
+      writes only when set: --q-lora-rank-zero (convert_gguf.py) writes it as 0.
     * Qwen3-Next without an MTP head (the random qwen3-next-L<N> shape leaves it out): the
       pinned converter assumes published Qwen3-Next checkpoints carry mtp.* tensors and fails
       an assertion (`assert self.opt_num_mtp_layers != 0`, conversion/qwen.py) unless told
@@ -335,6 +341,10 @@ def converter_options(model_dir: Path) -> tuple[list[str], list[str]]:
     wrapper, converter = [], []
     if config.get("model_type") == "llama":
         wrapper += ["--pre-fallback", "llama-bpe"]
+    if config.get("model_type") == "deepseek_v3":
+        wrapper += ["--pre-fallback", "deepseek-llm"]
+        if config.get("q_lora_rank") is None and config.get("num_hidden_layers") not in (26, 27):
+            wrapper += ["--q-lora-rank-zero"]
     if config.get("model_type") == "qwen3_next" and not has_mtp_tensors(model_dir):
         converter += ["--no-mtp"]
     return wrapper, converter
@@ -472,6 +482,41 @@ def gguf_summary(path: Path) -> dict:
             "per_step": step, "kinds": kinds}
 
 
+# Bytes of llama.cpp's default KV cache types (llama-bench / llama-batched-bench / the greedy
+# tool leave -ctk / -ctv at f16).
+KV_CACHE_TYPE = ("f16", 2)
+
+
+def kv_cache_per_token(path: Path) -> dict | None:
+    """The KV cache llama.cpp allocates per token for this GGUF, from its metadata as
+    llama_kv_cache sizes it (src/llama-kv-cache.cpp): per layer K of key_length x head_count_kv
+    and V of value_length x head_count_kv values, in the default f16; a model with MLA lengths
+    (<arch>.attention.key_length_mla, deepseek2) is converted as MQA over the latent (one kv
+    head, key_length = kv_lora_rank + rope dim) and keeps K only, no V cache. None for an
+    architecture whose layers do not all keep K/V (hybrids) or whose lengths are per-layer
+    arrays."""
+    _, meta = gguf_tensors(path)
+    arch = meta.get("general.architecture")
+    if arch is None or arch in ("qwen3next", "qwen35", "qwen35moe"):
+        return None
+    n_layer = meta.get(f"{arch}.block_count")
+    n_head = meta.get(f"{arch}.attention.head_count")
+    n_kv = meta.get(f"{arch}.attention.head_count_kv", n_head)
+    embd = meta.get(f"{arch}.embedding_length")
+    k_len = meta.get(f"{arch}.attention.key_length", embd // n_head if embd and n_head else None)
+    v_len = meta.get(f"{arch}.attention.value_length", k_len)
+    if not all(isinstance(v, int) for v in (n_layer, n_kv, k_len, v_len)):
+        return None
+    mla = f"{arch}.attention.key_length_mla" in meta
+    k, v = k_len * n_kv, 0 if mla else v_len * n_kv
+    name, size = KV_CACHE_TYPE
+    return {"bytes": n_layer * (k + v) * size, "layers": n_layer, "k_values": k, "v_values": v,
+            "dtype": name, "mla_latent": mla,
+            "layout": (f"MLA latent: K {k} values (kv_lora_rank + rope) x {n_layer} layers, "
+                       f"no V, {name}" if mla else
+                       f"K {k} + V {v} values x {n_layer} layers, {name}")}
+
+
 def run_llama_bench(bin_dir: Path, gguf: Path, threads: int, prefill: list[int],
                     decode_tokens: int) -> dict:
     cmd = [str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads),
@@ -558,6 +603,10 @@ def bench(model_dir: Path, threads: int, prefill: list[int], batches: list[int],
         out["decode_lora_base"] = res["decode"]
         out["lora"] = {"adapter": str(lora), "gguf": str(lora_gguf), "command": res["command"]}
     out["weight_bytes"] = gguf_summary(gguf)["per_step"]
+    kv = kv_cache_per_token(gguf)
+    if kv:
+        out["kv_bytes_per_token"] = kv["bytes"]
+        out["kv_cache"] = kv
     out["format"] = outtype
     out["gguf"] = str(gguf)
     out["llama_cpp_python"] = VERSION

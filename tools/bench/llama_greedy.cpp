@@ -7,7 +7,11 @@
 // token added), then picks N tokens by argmax of the logits (llama_get_logits_ith; no sampler
 // chain; ties go to the lower id, as metrale's greedy path) and prints one JSON line:
 //   {"ids": [...N ids...], "top2_margins": [...top1 - top2 logit at each step...],
-//    "top2_ids": [...the runner-up at each step...], "prompt": [...], "n_vocab": V, ...}
+//    "top2_ids": [...the runner-up at each step...], "prompt": [...], "n_vocab": V,
+//    "kv_cache_log": "llama_kv_cache: size = ... K (f16): ..., V (f16): ...", "lora": ..., ...}
+// kv_cache_log is llama.cpp's own line on the KV cache it allocated (cells, layers, K and V
+// types and sizes; V 0 MiB where an MLA model keeps only the latent), so what it really
+// allocates is on record beside the bytes per token computed from the GGUF.
 // --lora: a LoRA adapter GGUF (convert_lora_to_gguf.py) loaded with llama_adapter_lora_init and
 // applied to the context at scale 1 (llama_set_adapters_lora) before the prompt.
 // Built by tools/bench/llama_cpp_peer.py (ensure_greedy_tool) against the static libraries of
@@ -24,9 +28,23 @@
 namespace {
 
 bool g_verbose = false;
+std::string g_kv_cache_log;  // llama.cpp's "llama_kv_cache: size = ..." line
 
 void log_cb(ggml_log_level level, const char* text, void*) {
   if (g_verbose || level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+  if (std::strncmp(text, "llama_kv_cache: size", 20) == 0) {
+    g_kv_cache_log = text;
+    while (!g_kv_cache_log.empty() && g_kv_cache_log.back() == '\n') g_kv_cache_log.pop_back();
+  }
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out + "\"";
 }
 
 [[noreturn]] void die(const std::string& msg) {
@@ -158,7 +176,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < prompt.size(); ++i) json += (i ? ", " : "") + std::to_string(prompt[i]);
   json += "], \"n_vocab\": " + std::to_string(n_vocab) +
           ", \"threads\": " + std::to_string(threads) + ", \"load_mode\": \"" + load_mode +
-          "\", \"lora\": " + (lora_path.empty() ? "null" : "\"" + lora_path + "\"") + "}";
+          "\", \"kv_cache_log\": " + json_string(g_kv_cache_log) +
+          ", \"lora\": " + (lora_path.empty() ? std::string("null") : json_string(lora_path)) + "}";
   std::puts(json.c_str());
 
   llama_free(ctx);

@@ -4,6 +4,7 @@
     python3 tools/bench/make_random_checkpoint.py --shape qwen3-0.6b [--cache-dir DIR]
     python3 tools/bench/make_random_checkpoint.py --shape qwen3-30b-a3b [--layers 6]
     python3 tools/bench/make_random_checkpoint.py --shape qwen3-next-L2
+    python3 tools/bench/make_random_checkpoint.py --shape deepseek-v2-lite-L4
 
 Dense shapes (qwen3-0.6b, llama-3.2-1b) are built with transformers' own config/model classes
 and written with save_pretrained, so the directory is exactly what an HF checkpoint of that
@@ -38,6 +39,26 @@ experts, so N=2 (the default) makes a 7.83 GB checkpoint, the fewest layers with
 the safetensors and the GGUF in the page cache plus one engine's copy of the weights come to
 3 x 7.8 = 23.5 GB of the machine's 24.7 GB (23 GiB), the largest that fits; N=3 (11 GB) would
 not fit even two of them beside an engine.
+
+The MLA shape deepseek-v2-lite-L<N> is DeepSeek-V2-Lite's published dimensions (hidden 2048,
+16 heads, q_lora_rank null (a full-rank q_proj), kv_lora_rank 512, qk_rope_head_dim 64,
+qk_nope_head_dim 128, v_head_dim 128; 64 routed experts top-6 with expert intermediate 1408,
+2 shared experts, n_group 1 / topk_group 1, norm_topk_prob false, routed_scaling_factor 1.0;
+first_k_dense_replace 1 with the dense layer's intermediate 10944; vocab 102400, untied
+lm_head; rope_theta 10000 with the YaRN scaling V2-Lite ships: factor 40 over 4096 original
+positions, beta_fast 32, beta_slow 1, mscale = mscale_all_dim = 0.707, so the rope's
+frequencies are YaRN's and the softmax scale is multiplied by mscale^2 = 1.261^2; rope on
+interleaved pairs as DeepSeek's own code does) with only N of its 27 layers: layer 0 dense,
+the rest MoE. It is written as model_type deepseek_v3 (DeepseekV3ForCausalLM), the MLA model
+metrale and transformers 5 run, so the router is V3's: sigmoid scores plus
+e_score_correction_bias (zeros, as DeepseekV3 initialises it) for the choice, where V2-Lite's
+own deepseek_v2 type has a softmax router; the per-token work (64 experts, 6 chosen) is the
+same. llama.cpp's converter maps DeepseekV3ForCausalLM to its deepseek2 architecture (MLA with
+the absorbed k_b / v_b tensors; scoring_func "sigmoid" in the config selects its sigmoid
+gating). The tokenizer is DeepSeek's layout (100000 BPE tokens, then specials: bos, eos and
+reserved ones up to the config's vocab_size 102400) re-cut from the committed Qwen3 one, as
+for llama-3.2-1b. Per MoE layer 1.15 GB, the dense layer 0.16 GB, embedding + lm_head
+0.84 GB: N=4 (the default) makes a 4.5 GB checkpoint.
 
 Nothing here is committed: the checkpoints are 1.2-9 GB. They go to <cache-dir>/<shape>/
 (default /tmp/metrale-bench/checkpoints) and are reused when the marker file says they were
@@ -178,6 +199,55 @@ QWEN3_NEXT_CONFIG = {
     "vocab_size": 151936,
 }
 
+# DeepSeek-V2-Lite's dimensions as a deepseek_v3 config (see the module docstring);
+# `ensure("deepseek-v2-lite-L<N>")` keeps N of its 27 layers. Streamed like Qwen3-MoE.
+DEEPSEEK_V2_LITE_BASE = "deepseek-v2-lite"
+DEEPSEEK_V2_LITE_DEFAULT_LAYERS = 4
+DEEPSEEK_V2_LITE_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 100000,
+    "eos_token_id": 100001,
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 10944,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 1408,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "norm_topk_prob": False,
+    "num_attention_heads": 16,
+    "num_experts_per_tok": 6,
+    "num_hidden_layers": 27,
+    "num_key_value_heads": 16,
+    "num_nextn_predict_layers": 0,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_interleave": True,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000,
+    "routed_scaling_factor": 1.0,
+    "scoring_func": "sigmoid",
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 102400,
+}
+
 # Streamed families: base name -> what canonical_shape / make_streamed need. Layer counts are
 # chosen per run with -L<N> (or --layers); SHAPES lists each family's default.
 STREAMED = {
@@ -195,10 +265,19 @@ STREAMED = {
                        "for N < 4 the last layer is full attention so both kinds are present "
                        "(N=2: linear, full); no MTP head",
     },
+    DEEPSEEK_V2_LITE_BASE: {
+        "class": "DeepseekV3", "real_layers": 27, "min_layers": 2,
+        "default_layers": DEEPSEEK_V2_LITE_DEFAULT_LAYERS, "tokenizer": "deepseek-like",
+        "description": "DeepSeek-V2-Lite's dimensions (MLA: 16 heads, q_lora_rank null, "
+                       "kv_lora_rank 512, rope 64, nope 128, v 128; 64 routed experts top-6, "
+                       "expert intermediate 1408, 2 shared; YaRN factor 40, mscale 0.707) as a "
+                       "deepseek_v3 checkpoint (sigmoid router, zero correction bias) with N of "
+                       "its 27 layers: layer 0 dense (intermediate 10944), the rest MoE",
+    },
 }
 for _base, _fam in STREAMED.items():
     SHAPES[f"{_base}-L{_fam['default_layers']}"] = {
-        "class": _fam["class"], "streamed": True, "tokenizer": "qwen3",
+        "class": _fam["class"], "streamed": True, "tokenizer": _fam.get("tokenizer", "qwen3"),
         "description": _fam["description"]}
 SHARD_BYTES = 4 * 10**9  # published checkpoints use ~4-5 GB shards
 
@@ -225,8 +304,10 @@ def canonical_shape(shape: str, layers: int | None = None) -> str:
         n = n or layers or spec["default_layers"]
         lo, hi = spec["min_layers"], spec["real_layers"]
         if not lo <= n <= hi:
-            why = (" (2 is the fewest with both a linear-attention and a full-attention layer)"
-                   if base == QWEN3_NEXT_BASE else "")
+            why = {QWEN3_NEXT_BASE: " (2 is the fewest with both a linear-attention and a "
+                                    "full-attention layer)",
+                   DEEPSEEK_V2_LITE_BASE: " (2 is the fewest with both the dense layer and an "
+                                          "MoE layer)"}.get(base, "")
             sys.exit(f"{base}: layers must be {lo}..{hi} (the real model has {hi}){why}, "
                      f"found {n}")
         return f"{base}-L{n}"
@@ -243,8 +324,8 @@ def shape_spec(shape: str) -> dict:
     fam = streamed_family(shape)
     if fam:
         spec = STREAMED[fam[0]]
-        return {"class": spec["class"], "streamed": True, "tokenizer": "qwen3",
-                "description": spec["description"]}
+        return {"class": spec["class"], "streamed": True,
+                "tokenizer": spec.get("tokenizer", "qwen3"), "description": spec["description"]}
     return SHAPES[shape]
 
 
@@ -359,6 +440,53 @@ def qwen3_next_tensors(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
+def deepseek_v2_lite_config(layers: int) -> dict:
+    config = dict(DEEPSEEK_V2_LITE_CONFIG)
+    config["num_hidden_layers"] = layers
+    return config
+
+
+def deepseek_v3_tensors(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, init) of every tensor of a DeepSeek-V3-type checkpoint without q_lora
+    (q_proj full rank) in the published names: MLA attention, a dense MLP for the first
+    first_k_dense_replace layers, then the router (+ e_score_correction_bias, "zeros"), the
+    per-expert routed experts and the shared experts (one MLP of n_shared_experts x the
+    expert intermediate)."""
+    assert config["q_lora_rank"] is None
+    h, v, n = config["hidden_size"], config["vocab_size"], config["num_attention_heads"]
+    r, rope = config["kv_lora_rank"], config["qk_rope_head_dim"]
+    nope, vd = config["qk_nope_head_dim"], config["v_head_dim"]
+    e, f = config["n_routed_experts"], config["moe_intermediate_size"]
+    fs = config["n_shared_experts"] * f
+    out = [("model.embed_tokens.weight", (v, h), "normal")]
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        out += [
+            (p + "input_layernorm.weight", (h,), "ones"),
+            (a + "q_proj.weight", (n * (nope + rope), h), "normal"),
+            (a + "kv_a_proj_with_mqa.weight", (r + rope, h), "normal"),
+            (a + "kv_a_layernorm.weight", (r,), "ones"),
+            (a + "kv_b_proj.weight", (n * (nope + vd), r), "normal"),
+            (a + "o_proj.weight", (h, n * vd), "normal"),
+            (p + "post_attention_layernorm.weight", (h,), "ones"),
+        ]
+        if i < config["first_k_dense_replace"]:
+            fd = config["intermediate_size"]
+            out += [(p + "mlp.gate_proj.weight", (fd, h), "normal"),
+                    (p + "mlp.up_proj.weight", (fd, h), "normal"),
+                    (p + "mlp.down_proj.weight", (h, fd), "normal")]
+            continue
+        out += [(p + "mlp.gate.weight", (e, h), "normal"),  # router
+                (p + "mlp.gate.e_score_correction_bias", (e,), "zeros")]
+        out += expert_tensors(p, e, f, h)
+        out += [(p + "mlp.shared_experts.gate_proj.weight", (fs, h), "normal"),
+                (p + "mlp.shared_experts.up_proj.weight", (fs, h), "normal"),
+                (p + "mlp.shared_experts.down_proj.weight", (h, fs), "normal")]
+    out += [("model.norm.weight", (h,), "ones"), ("lm_head.weight", (v, h), "normal")]
+    return out
+
+
 def write_bf16_values(fh, name: str, numel: int, init: str, seed: int,
                       chunk: int = 1 << 24) -> None:
     """Writes numel bf16 values of `init` to fh, `chunk` at a time. The stream is seeded by
@@ -439,12 +567,18 @@ def make_streamed(shape: str, out: Path, seed: int) -> None:
     if base == QWEN3_NEXT_BASE:
         config = qwen3_next_config(layers)
         tensors = qwen3_next_tensors(config)
+    elif base == DEEPSEEK_V2_LITE_BASE:
+        config = deepseek_v2_lite_config(layers)
+        tensors = deepseek_v3_tensors(config)
     else:
         config = qwen3_moe_config(layers)
         tensors = qwen3_moe_tensors(config)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     total = write_streamed_safetensors(out, tensors, seed)
-    write_qwen3_tokenizer(out)
+    if STREAMED[base].get("tokenizer") == "deepseek-like":
+        write_deepseek_like_tokenizer(out)
+    else:
+        write_qwen3_tokenizer(out)
     import numpy as np
     (out / MARKER).write_text(json.dumps({
         "shape": shape, "seed": seed, "params": total // 2, "bytes": total,
@@ -463,6 +597,27 @@ def write_llama3_like_tokenizer(out: Path, n_base: int = 128000, n_special: int 
     committed Qwen3 tokenizer, since the Llama 3 tokenizer itself is not available offline.
     Only the layout matters for benchmarks (llama.cpp's GGUF needs a vocabulary of vocab_size
     entries); the benchmarks feed token ids, never text."""
+    names = ["<|begin_of_text|>", "<|end_of_text|>"] + [
+        f"<|reserved_special_token_{i}|>" for i in range(n_special - 2)]
+    write_recut_tokenizer(out, n_base, names, model_max_length=131072)
+
+
+def write_deepseek_like_tokenizer(out: Path, n_base: int = 100000, n_special: int = 2400) -> None:
+    """DeepSeek-V2's vocabulary layout (100000 BPE tokens, then specials from id 100000, bos
+    <｜begin▁of▁sentence｜> and eos <｜end▁of▁sentence｜> first) re-cut from the committed Qwen3
+    tokenizer, as write_llama3_like_tokenizer does for Llama 3. DeepSeek-V2 ships 15 specials
+    and pads the embedding to vocab_size 102400; here reserved specials fill the padding too, so
+    every id a random-weight model may pick (greedy over all 102400 logits) is a token that
+    `metrale generate --ids` accepts back."""
+    names = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"] + [
+        f"<|reserved_special_token_{i}|>" for i in range(n_special - 2)]
+    write_recut_tokenizer(out, n_base, names, model_max_length=16384)
+
+
+def write_recut_tokenizer(out: Path, n_base: int, names: list[str],
+                          model_max_length: int) -> None:
+    """The committed Qwen3 tokenizer cut to its first n_base tokens (and the merges that stay
+    within them), then `names` as special tokens from id n_base; bos / eos are names[0:2]."""
     with gzip.open(QWEN3_TOKENIZER / "tokenizer.json.gz", "rt", encoding="utf-8") as f:
         tok = json.load(f)
     vocab = {t: i for t, i in tok["model"]["vocab"].items() if i < n_base}
@@ -476,14 +631,12 @@ def write_llama3_like_tokenizer(out: Path, n_base: int = 128000, n_special: int 
     tok["model"]["merges"] = [m for m in tok["model"]["merges"]
                               if all(p in vocab for p in pair(m)) and "".join(pair(m)) in vocab]
     tok["model"]["vocab"] = vocab
-    names = ["<|begin_of_text|>", "<|end_of_text|>"] + [
-        f"<|reserved_special_token_{i}|>" for i in range(n_special - 2)]
     tok["added_tokens"] = [
         {"id": n_base + i, "content": name, "single_word": False, "lstrip": False,
          "rstrip": False, "normalized": False, "special": True} for i, name in enumerate(names)]
     (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
     (out / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": names[0], "eos_token": names[1], "model_max_length": 131072,
+        "bos_token": names[0], "eos_token": names[1], "model_max_length": model_max_length,
         "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
 
 
@@ -559,7 +712,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None,
                     help=f"{', '.join(STREAMED)} only: decoder layers to keep (default " +
                          ", ".join(f"{f['default_layers']} for {b}" for b, f in STREAMED.items())
-                         + "; the real models have 48)")
+                         + "; the real models have " +
+                         ", ".join(f"{f['real_layers']}" for f in STREAMED.values()) + ")")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="regenerate even if cached")

@@ -124,7 +124,8 @@ WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
     // Always repacked (either mode): codes, scales, zero points and the input order folded
     // into one buffer the kernels stream (cpu/linear_quant.h); nothing refers to w's memory.
     // Compute::kInt8 packs the q8 layout where the format has one (cpu/linear_quant.h).
-    const bool q8 = compute_ == Compute::kInt8 && cpu::q8_packable(w.format);
+    const bool q8 = compute_ == Compute::kInt8 && mode != PrepareMode::kCopyF32Input &&
+                    cpu::q8_packable(w.format);
     const size_t data_bytes = cpu::quant_packed_bytes(w, q8);
     const size_t bias_offset = round_up(data_bytes, kSmallAlign);
     const size_t bias_bytes = w.bias != nullptr ? static_cast<size_t>(w.n_out) * sizeof(float) : 0;
@@ -146,11 +147,14 @@ WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
   // A copy is the chance to repack bf16 rows for the AVX-512 kernels (in place, the caller's
   // rows stay as they are and the Highway kernel reads them): the pair layout for bf16
   // compute, else the 16-row tiles of the f32-activation kernel.
-  const bool copy_bf16 = mode == PrepareMode::kCopy && w.format == WeightFormat::kBF16;
-  const bool pairs = copy_bf16 && compute_ != Compute::kF32 && cpu::pairs_packable(w.n_in);
+  // kCopyF32Input keeps the f32-activation kernel whatever the compute.
+  const bool copy = mode != PrepareMode::kInPlace;
+  const bool copy_bf16 = copy && w.format == WeightFormat::kBF16;
+  const bool pairs = copy_bf16 && mode == PrepareMode::kCopy && compute_ != Compute::kF32 &&
+                     cpu::pairs_packable(w.n_in);
   const bool pack = copy_bf16 && !pairs && cpu::packable_bf16(w.n_in) && cpu::packed_bf16_enabled();
-  const size_t data_bytes = mode != PrepareMode::kCopy ? 0
-                            : pairs                    ? cpu::pairs_bf16_bytes(w.n_out, w.n_in)
+  const size_t data_bytes = !copy   ? 0
+                            : pairs ? cpu::pairs_bf16_bytes(w.n_out, w.n_in)
                             : pack
                                 ? cpu::packed_bf16_bytes(w.n_out, w.n_in)
                                 : weight_row_bytes(w.format, w.n_in) * static_cast<size_t>(w.n_out);
@@ -167,7 +171,7 @@ WeightTensor CpuBackend::do_prepare(const WeightTensor& w, PrepareMode mode) {
                    reinterpret_cast<uint16_t*>(base));
     out.data = base;
     out.packing = cpu::kPackingBf16x16;
-  } else if (mode == PrepareMode::kCopy) {
+  } else if (copy) {
     std::memcpy(base, w.data, data_bytes);
     out.data = base;
   }
@@ -260,6 +264,67 @@ void CpuBackend::do_linear(ConstRows x, const WeightTensor& w, Rows y) {
   const cpu::LinearJob job = cpu::make_linear_job(x, x_bf16, w, y, x_quant);
   for_output_pieces(*pool_, w.n_out, job.unit_multiple(),
                     [&](int64_t o_begin, int64_t o_end) { job.run(o_begin, o_end); });
+}
+
+void CpuBackend::do_linears(std::span<const LinearCall> calls) {
+  // Each call's input as its kernel reads it (bf16 rows, quantized rows), back to back.
+  size_t bf16_values = 0, quant_bytes = 0;
+  for (const LinearCall& c : calls) {
+    if (cpu::reads_bf16_input(*c.w)) bf16_values += static_cast<size_t>(c.x.n_rows * c.x.n_cols);
+    quant_bytes += static_cast<size_t>(c.x.n_rows * cpu::quant_input_bytes(*c.w));
+  }
+  if (x_bf16_.size() < bf16_values) x_bf16_.resize(bf16_values);
+  if (x_quant_.size() * sizeof(float) < quant_bytes)
+    x_quant_.resize(quant_bytes / sizeof(float) + 1);
+  linear_inputs_.clear();
+  size_t bf16_at = 0, quant_at = 0;
+  int64_t units = 0;
+  for (const LinearCall& c : calls) {
+    LinearInput in;
+    if (cpu::reads_bf16_input(*c.w)) {
+      in.bf16 = x_bf16_.data() + bf16_at;
+      bf16_at += static_cast<size_t>(c.x.n_rows * c.x.n_cols);
+    }
+    if (const int64_t bytes = cpu::quant_input_bytes(*c.w); bytes != 0) {
+      in.quant = reinterpret_cast<char*>(x_quant_.data()) + quant_at;
+      quant_at += static_cast<size_t>(c.x.n_rows * bytes);
+    }
+    linear_inputs_.push_back(in);
+    if (c.x.n_rows > 0) units += (c.w->n_out + cpu::kLinearUnit - 1) / cpu::kLinearUnit;
+  }
+  input_pass(*pool_, static_cast<int64_t>(calls.size()), bf16_values + quant_bytes,
+             [&](int64_t b, int64_t e) {
+               for (auto i = static_cast<size_t>(b); i < static_cast<size_t>(e); ++i) {
+                 const LinearCall& c = calls[i];
+                 const LinearInput& in = linear_inputs_[i];
+                 if (in.bf16 != nullptr) cpu::round_rows_bf16(c.x, 0, c.x.n_rows, in.bf16);
+                 if (in.quant != nullptr)
+                   cpu::prepare_quant_input(cpu::quant_layout(*c.w), c.x, 0, c.x.n_rows, in.quant);
+               }
+             });
+  linear_jobs_.clear();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const LinearInput& in = linear_inputs_[i];
+    linear_jobs_.push_back(
+        cpu::make_linear_job(calls[i].x, in.bf16, *calls[i].w, calls[i].y, in.quant));
+  }
+  // One dispatch over the output pieces of every call, as the MoE op runs its experts.
+  linear_pieces_.clear();
+  const int64_t grain0 = std::max<int64_t>(1, units / (pool_->size() * kPiecesPerThread));
+  for (size_t j = 0; j < linear_jobs_.size(); ++j) {
+    const cpu::LinearJob& job = linear_jobs_[j];
+    if (calls[j].x.n_rows == 0) continue;
+    const int64_t m = job.unit_multiple();
+    const int64_t grain = (grain0 + m - 1) / m * m * cpu::kLinearUnit;
+    for (int64_t o = 0; o < job.n_out; o += grain)
+      linear_pieces_.push_back({static_cast<int32_t>(j), o, std::min(job.n_out, o + grain)});
+  }
+  pool_->parallel_for_dynamic(linear_pieces_.size(), 1, [&](size_t b, size_t e, int) {
+    for (size_t i = b; i < e; ++i) {
+      const LinearPiece& p = linear_pieces_[i];
+      linear_jobs_[static_cast<size_t>(p.job)].run(p.o_begin, p.o_end);
+    }
+  });
 }
 
 void CpuBackend::do_embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) {

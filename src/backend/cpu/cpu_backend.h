@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
  protected:
   WeightTensor do_prepare(const WeightTensor& w, PrepareMode mode) override;
   void do_linear(ConstRows x, const WeightTensor& w, Rows y) override;
+  void do_linears(std::span<const LinearCall> calls) override;
   void do_embedding(const WeightTensor& table, std::span<const int32_t> ids, Rows out) override;
   void do_rms_norm(const RmsNormArgs& a) override;
   void do_rope(const RopeArgs& a) override;
@@ -67,6 +68,17 @@ class CpuBackend final : public Backend {
   std::vector<uint16_t> x_bf16_;  // input rows rounded to bf16 (Compute::kBF16)
   std::vector<float> x_quant_;    // input rows as a quantized kernel reads them (any bytes)
   std::vector<cpu::AttentionRowSpan> attention_spans_;
+  struct LinearPiece {  // do_linears: outputs [o_begin, o_end) of linear_jobs_[job]
+    int32_t job;
+    int64_t o_begin, o_end;
+  };
+  struct LinearInput {  // do_linears: where a call's input goes as its kernel reads it
+    uint16_t* bf16 = nullptr;
+    void* quant = nullptr;
+  };
+  std::vector<LinearInput> linear_inputs_;
+  std::vector<cpu::LinearJob> linear_jobs_;
+  std::vector<LinearPiece> linear_pieces_;
   struct MoeScratch {                         // cpu_moe.cc: the rows of one call grouped by expert
     std::vector<int32_t> count, start, fill;  // [n_experts]
     std::vector<int32_t> slot;                // [n * k] grouped row of each (row, choice)

@@ -57,6 +57,31 @@ void CpuBackend::do_attention(const AttentionArgs& a) {
   });
 }
 
+void CpuBackend::do_latent_attention(const LatentAttentionArgs& a) {
+  const KvLayout& kv = a.cache.layout;
+  const int64_t n = a.q.n_rows;
+  pool_->parallel_for(static_cast<size_t>(n), [&](size_t b, size_t e, int) {
+    for (auto r = static_cast<int64_t>(b); r < static_cast<int64_t>(e); ++r) {
+      const int64_t slot = a.slots[static_cast<size_t>(r)];
+      float* col = a.cache.k_page(slot / kv.page_size, 0) + slot % kv.page_size;
+      const float* x = a.kv.row(r);
+      for (int64_t d = 0; d < kv.head_dim; ++d) col[d * kv.page_size] = x[d];
+    }
+  });
+  // Scratch for as many keys as the cache holds: sized once, so a growing sequence never
+  // allocates in a later step.
+  const size_t per_thread =
+      (cpu::latent_attention_scratch_floats(kv.head_dim, kv.n_slots()) + 15) / 16 * 16;
+  float* scratch = thread_scratch(per_thread);
+  const int64_t groups = (a.n_heads + cpu::kLatentHeadGroup - 1) / cpu::kLatentHeadGroup;
+  // Items cost in proportion to their row's keys (a prefill's causal triangle): claimed one
+  // at a time, so both ends of the triangle spread over the threads.
+  pool_->parallel_for_dynamic(static_cast<size_t>(n * groups), 1, [&](size_t b, size_t e, int t) {
+    cpu::latent_attention_items(a, static_cast<int64_t>(b), static_cast<int64_t>(e),
+                                scratch + static_cast<size_t>(t) * per_thread);
+  });
+}
+
 void CpuBackend::do_gated_activation(const GatedActivationArgs& a) {
   pool_->parallel_for(static_cast<size_t>(a.gate.n_rows), [&](size_t b, size_t e, int) {
     cpu::gated_activation_rows(a, static_cast<int64_t>(b), static_cast<int64_t>(e));

@@ -86,4 +86,16 @@ void attention_items(const AttentionTask& t, const AttentionPlan& plan, int64_t 
 // Largest head_dim the attention kernel accepts (its accumulators live on the stack).
 inline constexpr int64_t kMaxHeadDim = 512;
 
+// Multi-head latent attention (backend.h LatentAttentionArgs) after the pass's rows were
+// stored: items [item_begin, item_end), an item being one row and up to kLatentHeadGroup of
+// its heads (item = row * groups + group, groups = ceil(n_heads / kLatentHeadGroup)).
+// scratch: latent_attention_scratch_floats(...) floats of this thread's own.
+inline constexpr int64_t kLatentHeadGroup = 16;
+inline constexpr int64_t kLatentMaxLanes = 16;  // widest float vector of any compiled target
+inline size_t latent_attention_scratch_floats(int64_t dim, int64_t max_keys) {
+  return static_cast<size_t>((dim + max_keys) * kLatentMaxLanes);
+}
+void latent_attention_items(const LatentAttentionArgs& a, int64_t item_begin, int64_t item_end,
+                            float* scratch);
+
 }  // namespace metrale::cpu

@@ -1,83 +1,165 @@
-// CpuBackend::latent_attention: store this pass's latent rows, then per (row, head): the scores
-// of the row's visible keys page by page into per-thread scratch, their max, exp(score - max)
-// summed in key order, the weighted latents accumulated in key order, and a final division.
-// The keys of a page are transposed ([dim][offset], kv_cache.h), so both the scores (one dot
-// product per offset) and the latent sums run along contiguous offsets. Items (row, head) are
-// independent and each sums in a fixed order: the thread split and the chunking of a prefill
-// cannot change a result.
+// Multi-head latent attention in latent space (backend.h LatentAttentionArgs), heads on the
+// vector lanes.
+//
+// All heads of an MLA layer read the same single-"head" cache [latent | rope key], so the
+// heads of one row are the natural tile: a work item is one row and up to kLatentHeadGroup of
+// its heads, run kN heads at a time (one vector of queries; kN = 16 with AVX-512). With the
+// queries on the lanes every step is vertical, no horizontal sums:
+//  - scores: for a tile of keys, acc_k += broadcast(key_k[d]) * Q[d] over d = 0, 1, ... in
+//    order; Q[d] holds dim d of every head of the chunk (gathered once per chunk), and the
+//    key values come from the page's transposed layout ([dim][offset], kv_cache.h);
+//  - softmax in two passes over the row's visible keys, per lane: the max of scale * score,
+//    p = Exp(s - max) (Highway's vector exp), the sum of p in key order;
+//  - P.V: for a tile of latent dims, acc_d += broadcast(latent_k[d]) * P[k] over the keys in
+//    order (latent_k[d] for consecutive keys is contiguous in the page), then times 1 / sum.
+// Each query's arithmetic depends only on its own lane: not on the head chunk, the other
+// rows, the thread split or how a prefill was chunked. The scalar twin is
+// reference::latent_attention (two passes, sums in double).
+// Highway re-includes this file once per target: these lines keep their order.
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backend/cpu/latent_attention.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+// clang-format on
 #include <algorithm>
-#include <cmath>
+#include <limits>
 
-#include "backend/cpu/cpu_backend.h"
-#include "core/thread_pool.h"
+#include "backend/cpu/kernels.h"
 
-namespace metrale {
-namespace {
+HWY_BEFORE_NAMESPACE();
+namespace metrale::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
 
-void attend(const LatentAttentionArgs& a, int64_t r, int64_t h, float* scores) {
+constexpr int64_t kN = static_cast<int64_t>(hn::MaxLanes(DF()));
+static_assert(kN <= kLatentMaxLanes, "scratch is sized for kLatentMaxLanes lanes");
+constexpr int kKeyTile = 8;   // keys whose scores accumulate at once
+constexpr int kDimTile = 16;  // latent dims whose P.V sums accumulate at once
+
+// s[i * kN + lane] = sum_d q[d * kN + lane] * col[d * ps + i] for KT keys, d in order.
+template <int KT>
+HWY_INLINE void KeyScores(const float* HWY_RESTRICT q, const float* col, int64_t ps, int64_t dim,
+                          float* HWY_RESTRICT s) {
+  const DF df;
+  VF acc[KT];
+  for (int i = 0; i < KT; ++i) acc[i] = hn::Zero(df);
+  for (int64_t d = 0; d < dim; ++d) {
+    const VF qd = hn::LoadU(df, q + d * kN);
+    const float* c = col + d * ps;
+    for (int i = 0; i < KT; ++i) acc[i] = hn::MulAdd(hn::Set(df, c[i]), qd, acc[i]);
+  }
+  for (int i = 0; i < KT; ++i) hn::StoreU(acc[i], df, s + i * kN);
+}
+
+// acc[i] += p[o * kN + lanes] * col[(d0 + i) * ps + o] for keys o = 0..n-1 in order.
+template <int DT>
+HWY_INLINE void DimSums(const float* HWY_RESTRICT p, const float* col, int64_t ps, int64_t n,
+                        VF* acc) {
+  const DF df;
+  for (int64_t o = 0; o < n; ++o) {
+    const VF pk = hn::LoadU(df, p + o * kN);
+    for (int i = 0; i < DT; ++i) acc[i] = hn::MulAdd(hn::Set(df, col[i * ps + o]), pk, acc[i]);
+  }
+}
+
+// Latent dims [d0, d0 + DT) of the chunk's outputs: out_lane[d] = inv_lane * sum_k p * c_k[d].
+template <int DT>
+HWY_INLINE void OutputTile(const LatentAttentionArgs& a, const KvPageTable& t, int64_t n_keys,
+                           const float* HWY_RESTRICT p, VF inv, int64_t d0, float* const* out,
+                           int n_lanes) {
+  const DF df;
+  const int64_t ps = a.cache.layout.page_size;
+  VF acc[DT];
+  for (int i = 0; i < DT; ++i) acc[i] = hn::Zero(df);
+  for (int64_t first = 0; first < n_keys; first += ps) {
+    const float* page = a.cache.k_page(t.block_table[static_cast<size_t>(first / ps)], 0);
+    DimSums<DT>(p + first * kN, page + d0 * ps, ps, std::min(ps, n_keys - first), acc);
+  }
+  HWY_ALIGN float tile[kDimTile * kLatentMaxLanes];
+  for (int i = 0; i < DT; ++i) hn::Store(hn::Mul(acc[i], inv), df, tile + i * kN);
+  for (int j = 0; j < n_lanes && j < kN; ++j)  // (n_lanes <= kN; the bound tells the compiler)
+    for (int i = 0; i < DT; ++i) out[j][d0 + i] = tile[i * kN + j];
+}
+
+// Heads [h0, h0 + n_lanes) of row r, n_lanes <= kN. scratch (any alignment): dim * kN floats
+// for the queries, then n_keys * kN for the scores.
+void AttendChunk(const LatentAttentionArgs& a, int64_t r, int64_t h0, int n_lanes,
+                 float* HWY_RESTRICT scratch) {
+  const DF df;
   const KvLayout& kv = a.cache.layout;
   const int64_t dim = kv.head_dim, rank = a.kv_rank, rope = dim - rank, ps = kv.page_size;
   const KvPageTable& t = a.seqs[static_cast<size_t>(a.row_seq[static_cast<size_t>(r)])];
   const int64_t n_keys = a.positions[static_cast<size_t>(r)] + 1;
-  const float* ql = a.q_latent.row(r) + h * rank;
-  const float* qr = a.q.row(r) + h * (a.nope_dim + rope) + a.nope_dim;
-  float* out = a.out.row(r) + h * rank;
-  auto page_at = [&](int64_t first) {
-    return a.cache.k_page(t.block_table[static_cast<size_t>(first / ps)], 0);
-  };
-  // Scores: q_latent . c + q_rope . k_rope, summed over the dims in order.
-  for (int64_t first = 0; first < n_keys; first += ps) {
-    const float* page = page_at(first);
-    const int64_t n = std::min(ps, n_keys - first);
-    float* s = scores + first;
-    std::fill(s, s + n, 0.0f);
-    for (int64_t d = 0; d < dim; ++d) {
-      const float q = d < rank ? ql[d] : qr[d - rank];
-      const float* col = page + d * ps;
-      for (int64_t o = 0; o < n; ++o) s[o] += q * col[o];
-    }
+  float* q = scratch;
+  float* s = scratch + dim * kN;
+  // Q[d][lane]: [q_latent | q_rope] of each head; lanes past n_lanes stay 0 (scores 0, unused).
+  std::fill(q, q + dim * kN, 0.0f);
+  float* out[kLatentMaxLanes];
+  for (int j = 0; j < n_lanes; ++j) {
+    const int64_t h = h0 + j;
+    const float* ql = a.q_latent.row(r) + h * rank;
+    const float* qr = a.q.row(r) + h * (a.nope_dim + rope) + a.nope_dim;
+    for (int64_t d = 0; d < rank; ++d) q[d * kN + j] = ql[d];
+    for (int64_t d = 0; d < rope; ++d) q[(rank + d) * kN + j] = qr[d];
+    out[j] = a.out.row(r) + h * rank;
   }
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < n_keys; ++i) mx = std::max(mx, scores[i] *= a.scale);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n_keys; ++i) sum += scores[i] = std::exp(scores[i] - mx);
-  std::fill(out, out + rank, 0.0f);
+  // Scores, key tile by key tile within each page.
   for (int64_t first = 0; first < n_keys; first += ps) {
-    const float* page = page_at(first);
+    const float* page = a.cache.k_page(t.block_table[static_cast<size_t>(first / ps)], 0);
     const int64_t n = std::min(ps, n_keys - first);
-    const float* p = scores + first;
-    for (int64_t d = 0; d < rank; ++d) {
-      const float* col = page + d * ps;
-      float acc = out[d];
-      for (int64_t o = 0; o < n; ++o) acc += p[o] * col[o];
-      out[d] = acc;
-    }
+    int64_t o = 0;
+    for (; o + kKeyTile <= n; o += kKeyTile)
+      KeyScores<kKeyTile>(q, page + o, ps, dim, s + (first + o) * kN);
+    for (; o + 4 <= n; o += 4) KeyScores<4>(q, page + o, ps, dim, s + (first + o) * kN);
+    for (; o < n; ++o) KeyScores<1>(q, page + o, ps, dim, s + (first + o) * kN);
   }
-  const float inv = 1.0f / sum;
-  for (int64_t d = 0; d < rank; ++d) out[d] *= inv;
+  // Softmax per lane: max of the scaled scores, then exp and their sum in key order.
+  const VF scale = hn::Set(df, a.scale);
+  VF mx = hn::Set(df, -std::numeric_limits<float>::infinity());
+  for (int64_t k = 0; k < n_keys; ++k) {
+    const VF v = hn::Mul(hn::LoadU(df, s + k * kN), scale);
+    hn::StoreU(v, df, s + k * kN);
+    mx = hn::Max(mx, v);
+  }
+  VF sum = hn::Zero(df);
+  for (int64_t k = 0; k < n_keys; ++k) {
+    const VF p = hn::Exp(df, hn::Sub(hn::LoadU(df, s + k * kN), mx));
+    hn::StoreU(p, df, s + k * kN);
+    sum = hn::Add(sum, p);
+  }
+  const VF inv = hn::Div(hn::Set(df, 1.0f), sum);
+  int64_t d0 = 0;
+  for (; d0 + kDimTile <= rank; d0 += kDimTile)
+    OutputTile<kDimTile>(a, t, n_keys, s, inv, d0, out, n_lanes);
+  for (; d0 + 4 <= rank; d0 += 4) OutputTile<4>(a, t, n_keys, s, inv, d0, out, n_lanes);
+  for (; d0 < rank; ++d0) OutputTile<1>(a, t, n_keys, s, inv, d0, out, n_lanes);
 }
 
-}  // namespace
-
-void CpuBackend::do_latent_attention(const LatentAttentionArgs& a) {
-  const KvLayout& kv = a.cache.layout;
-  const int64_t n = a.q.n_rows;
-  pool_->parallel_for(static_cast<size_t>(n), [&](size_t b, size_t e, int) {
-    for (auto r = static_cast<int64_t>(b); r < static_cast<int64_t>(e); ++r) {
-      const int64_t slot = a.slots[static_cast<size_t>(r)];
-      float* col = a.cache.k_page(slot / kv.page_size, 0) + slot % kv.page_size;
-      const float* x = a.kv.row(r);
-      for (int64_t d = 0; d < kv.head_dim; ++d) col[d * kv.page_size] = x[d];
-    }
-  });
-  // Scores of as many keys as the cache holds: sized once, so a growing sequence never
-  // allocates in a later step.
-  const size_t per_thread = static_cast<size_t>(kv.n_slots() + 15) / 16 * 16;
-  float* scratch = thread_scratch(per_thread);
-  pool_->parallel_for(static_cast<size_t>(n * a.n_heads), [&](size_t b, size_t e, int t) {
-    for (auto i = static_cast<int64_t>(b); i < static_cast<int64_t>(e); ++i)
-      attend(a, i / a.n_heads, i % a.n_heads, scratch + static_cast<size_t>(t) * per_thread);
-  });
+void LatentAttentionItems(const LatentAttentionArgs& a, int64_t item_begin, int64_t item_end,
+                          float* scratch) {
+  const int64_t groups = (a.n_heads + kLatentHeadGroup - 1) / kLatentHeadGroup;
+  for (int64_t item = item_begin; item < item_end; ++item) {
+    const int64_t r = item / groups;
+    const int64_t end = std::min(a.n_heads, (item % groups + 1) * kLatentHeadGroup);
+    for (int64_t h0 = item % groups * kLatentHeadGroup; h0 < end; h0 += kN)
+      AttendChunk(a, r, h0, static_cast<int>(std::min(kN, end - h0)), scratch);
+  }
 }
 
-}  // namespace metrale
+}  // namespace metrale::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace metrale::cpu {
+
+HWY_EXPORT(LatentAttentionItems);
+void latent_attention_items(const LatentAttentionArgs& a, int64_t item_begin, int64_t item_end,
+                            float* scratch) {
+  HWY_DYNAMIC_DISPATCH(LatentAttentionItems)(a, item_begin, item_end, scratch);
+}
+
+}  // namespace metrale::cpu
+#endif

@@ -131,6 +131,38 @@ size_t state_elem_bytes(DType t) { return t == DType::kF32 ? sizeof(float) : siz
 
 }  // namespace
 
+void latent_attention(const LatentAttentionArgs& a) {
+  const KvLayout& kv = a.cache.layout;
+  const int64_t dim = kv.head_dim, rank = a.kv_rank, rope = dim - rank, ps = kv.page_size;
+  for (int64_t r = 0; r < a.q.n_rows; ++r) {
+    const KvPageTable& t = a.seqs[static_cast<size_t>(a.row_seq[static_cast<size_t>(r)])];
+    const int64_t n_keys = a.positions[static_cast<size_t>(r)] + 1;
+    auto key = [&](int64_t k, int64_t d) {
+      return double{a.cache.k_page(t.block_table[static_cast<size_t>(k / ps)], 0)[d * ps + k % ps]};
+    };
+    for (int64_t h = 0; h < a.n_heads; ++h) {
+      const float* ql = a.q_latent.row(r) + h * rank;
+      const float* qr = a.q.row(r) + h * (a.nope_dim + rope) + a.nope_dim;
+      std::vector<double> p(static_cast<size_t>(n_keys));
+      double mx = -INFINITY;
+      for (int64_t k = 0; k < n_keys; ++k) {
+        double s = 0.0;
+        for (int64_t d = 0; d < dim; ++d) s += (d < rank ? ql[d] : qr[d - rank]) * key(k, d);
+        p[static_cast<size_t>(k)] = s * a.scale;
+        mx = std::max(mx, p[static_cast<size_t>(k)]);
+      }
+      double sum = 0.0;
+      for (double& v : p) sum += v = std::exp(v - mx);
+      float* out = a.out.row(r) + h * rank;
+      for (int64_t d = 0; d < rank; ++d) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < n_keys; ++k) acc += p[static_cast<size_t>(k)] * key(k, d);
+        out[d] = static_cast<float>(acc / sum);
+      }
+    }
+  }
+}
+
 void causal_conv(const CausalConvArgs& a) {
   const int64_t C = a.x.n_cols, K = a.kernel, n = a.x.n_rows;
   for (int64_t r0 = 0; r0 < n;) {

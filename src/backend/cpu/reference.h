@@ -31,6 +31,11 @@ void gated_activation(const GatedActivationArgs& a);
 void attention_row(const float* q, const float* k, const float* v, int64_t pos,
                    const AttentionShape& shape, float* out);
 
+// Same contract as Backend::latent_attention after the pass's rows were stored (the cache
+// holds them): per row and head, scores summed in double, max, exp, sum, weighted latents in
+// double, in key order.
+void latent_attention(const LatentAttentionArgs& a);
+
 // Same contract as Backend::causal_conv: sums and silu in double; rows after a kept state
 // read it as stored.
 void causal_conv(const CausalConvArgs& a);

@@ -102,6 +102,84 @@ TEST(LatentAttention, ChunkedEqualsOneCallOnAnyThreadCount) {
   EXPECT_EQ(got, want);
 }
 
+// A ragged pass over two sequences whose pages are scrambled, with the kernel's items run on
+// every compiled target against the scalar reference: odd head counts (one short vector, more
+// than a head group), ranks that are not whole dim tiles, pages that are not whole key tiles.
+struct RaggedCase {
+  int64_t heads, rank, rope, nope, page;
+};
+
+void expect_items_match_reference(const RaggedCase& c) {
+  const int64_t dim = c.rank + c.rope, qk = c.nope + c.rope;
+  const std::vector<int64_t> lens = {3 * c.page + 5, 2 * c.page - 1};
+  int64_t pages = 0;
+  for (int64_t len : lens) pages += (len + c.page - 1) / c.page;
+  std::vector<float> cache =
+      random_vector(static_cast<size_t>(pages * c.page * dim), 11, -1.5f, 1.5f);
+  std::vector<std::vector<int32_t>> blocks(lens.size());
+  int32_t next = static_cast<int32_t>(pages) - 1;  // pages handed out backwards
+  for (size_t s = 0; s < lens.size(); ++s)
+    for (int64_t p = 0; p < (lens[s] + c.page - 1) / c.page; ++p) blocks[s].push_back(next--);
+  const std::vector<KvPageTable> tables = {{blocks[0], lens[0]}, {blocks[1], lens[1]}};
+  // Rows: a decode of each sequence, then a chunk of the first one's prefill.
+  std::vector<int32_t> row_seq = {0, 1},
+                       pos = {static_cast<int32_t>(lens[0] - 1), static_cast<int32_t>(lens[1] - 1)};
+  for (int32_t p = 0; p < static_cast<int32_t>(c.page) + 3; ++p) {
+    row_seq.push_back(0);
+    pos.push_back(p);
+  }
+  const auto n = static_cast<int64_t>(pos.size());
+  const auto q_latent = random_vector(static_cast<size_t>(n * c.heads * c.rank), 12, -0.5f, 0.5f);
+  const auto q = random_vector(static_cast<size_t>(n * c.heads * qk), 13, -1.5f, 1.5f);
+  std::vector<float> want(static_cast<size_t>(n * c.heads * c.rank)), got(want.size());
+  LatentAttentionArgs a{.q_latent = rows_of(q_latent.data(), n, c.heads * c.rank),
+                        .q = rows_of(q.data(), n, c.heads * qk),
+                        .nope_dim = c.nope,
+                        .out = rows_of(want.data(), n, c.heads * c.rank),
+                        .cache = {cache.data(), nullptr,
+                                  KvLayout{.n_pages = pages,
+                                           .page_size = c.page,
+                                           .n_kv_heads = 1,
+                                           .head_dim = dim,
+                                           .keys_only = true}},
+                        .seqs = tables,
+                        .row_seq = row_seq,
+                        .positions = pos,
+                        .n_heads = c.heads,
+                        .kv_rank = c.rank,
+                        .scale = 0.3f};
+  cpu::reference::latent_attention(a);
+  a.out = rows_of(got.data(), n, c.heads * c.rank);
+  const int64_t groups = (c.heads + cpu::kLatentHeadGroup - 1) / cpu::kLatentHeadGroup;
+  std::vector<float> scratch(cpu::latent_attention_scratch_floats(dim, pages * c.page));
+  testing::for_each_target([&] {
+    std::fill(got.begin(), got.end(), NAN);
+    // Items one at a time, in reverse: an item's result must not depend on the others.
+    for (int64_t item = n * groups - 1; item >= 0; --item)
+      cpu::latent_attention_items(a, item, item + 1, scratch.data());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 2e-6 + 2e-6 * std::abs(want[i]))
+          << "heads " << c.heads << " rank " << c.rank << " page " << c.page << " at " << i;
+  });
+}
+
+TEST(LatentAttention, KernelMatchesReferenceOnEveryTarget) {
+  for (const RaggedCase& c :
+       {RaggedCase{3, 20, 6, 5, 4}, RaggedCase{16, 64, 16, 8, 16}, RaggedCase{17, 37, 8, 3, 5},
+        RaggedCase{35, 52, 12, 4, 32}, RaggedCase{1, 1, 1, 1, 1}})
+    expect_items_match_reference(c);
+}
+
+TEST(LatentAttention, OneThreadEqualsThreeBitForBit) {
+  ThreadPool one(1), three(3);
+  CpuBackend a(one), b(three);
+  Latents x, y;
+  std::vector<float> want(static_cast<size_t>(kLen * kHeads * kRank)), got(want.size());
+  x.run(a, 0, kLen, want);
+  y.run(b, 0, kLen, got);
+  EXPECT_EQ(got, want);
+}
+
 TEST(LatentAttention, RejectsCachesWithValuesAndBadWidths) {
   ThreadPool pool(1);
   CpuBackend be(pool);
