@@ -107,6 +107,7 @@ class CpuBackend final : public Backend {
   std::vector<int64_t> lora_group_starts_, lora_fill_;
   std::vector<const float*> lora_xs_;
   std::vector<float*> lora_ys_;
+  std::vector<int32_t> lora_active_;
   std::vector<std::pair<int32_t, int32_t>> lora_items_;
   std::vector<float> lora_t_;
   int64_t delta_chunk_min_rows_ = cpu::kDeltaChunkMinRows;

@@ -198,22 +198,52 @@ void CpuBackend::do_lora(const LoraArgs& a) {
     }
   };
   const auto rows = static_cast<int64_t>(n_adapted);
-  pass(items.size(), rows * R * w.n_in, [&](size_t i0, size_t i1, int) {
-    for (size_t i = i0; i < i1; ++i) {
-      const auto [s, j0] = items[i];
-      const int64_t k0 = starts[static_cast<size_t>(s)], k1 = starts[static_cast<size_t>(s) + 1];
-      const int64_t nj = std::min<int64_t>(4, w.rank[s] - j0);
-      const std::byte* A = a_base + static_cast<size_t>(block(s) * R * w.n_in) * elem;
-      if (bf16) {
-        HWY_DYNAMIC_DISPATCH(cpu::ShrinkBf16)
-        (reinterpret_cast<const uint16_t*>(A), w.n_in, j0, nj, lora_xs_.data() + k0, k1 - k0,
-         t + k0 * R, R);
-      } else {
-        HWY_DYNAMIC_DISPATCH(cpu::ShrinkF32)
-        (reinterpret_cast<const float*>(A), w.n_in, j0, nj, lora_xs_.data() + k0, k1 - k0,
-         t + k0 * R, R);
-      }
+  auto shrink = [&](int32_t s, int32_t j0) {
+    const int64_t k0 = starts[static_cast<size_t>(s)], k1 = starts[static_cast<size_t>(s) + 1];
+    const int64_t nj = std::min<int64_t>(4, w.rank[s] - j0);
+    const std::byte* A = a_base + static_cast<size_t>(block(s) * R * w.n_in) * elem;
+    if (bf16) {
+      HWY_DYNAMIC_DISPATCH(cpu::ShrinkBf16)
+      (reinterpret_cast<const uint16_t*>(A), w.n_in, j0, nj, lora_xs_.data() + k0, k1 - k0,
+       t + k0 * R, R);
+    } else {
+      HWY_DYNAMIC_DISPATCH(cpu::ShrinkF32)
+      (reinterpret_cast<const float*>(A), w.n_in, j0, nj, lora_xs_.data() + k0, k1 - k0, t + k0 * R,
+       R);
     }
+  };
+  auto expand = [&](int64_t s, int64_t o0, int64_t o1) {
+    const int64_t k0 = starts[static_cast<size_t>(s)], k1 = starts[static_cast<size_t>(s) + 1];
+    const std::byte* Bt = b_base + static_cast<size_t>(block(s) * R * w.n_out) * elem;
+    if (bf16) {
+      HWY_DYNAMIC_DISPATCH(cpu::ExpandBf16)
+      (reinterpret_cast<const uint16_t*>(Bt), w.n_out, w.rank[s], t + k0 * R, R, w.scale[s],
+       lora_ys_.data() + k0, k1 - k0, o0, o1);
+    } else {
+      HWY_DYNAMIC_DISPATCH(cpu::ExpandF32)
+      (reinterpret_cast<const float*>(Bt), w.n_out, w.rank[s], t + k0 * R, R, w.scale[s],
+       lora_ys_.data() + k0, k1 - k0, o0, o1);
+    }
+  };
+  // Many distinct slots (a decode step of many adapters): one item per slot, its shrink then
+  // its expand, so one dispatch and each thread streams whole slots' A and B^T. The result is
+  // the same as the two passes' (the same per-row sums).
+  auto& active = lora_active_;
+  active.clear();
+  for (int64_t s = 0; s < w.n_slots; ++s)
+    if (starts[static_cast<size_t>(s)] < starts[static_cast<size_t>(s) + 1])
+      active.push_back(static_cast<int32_t>(s));
+  if (active.size() >= 2 * static_cast<size_t>(pool().size())) {
+    pass(active.size(), rows * R * (w.n_in + w.n_out), [&](size_t i0, size_t i1, int) {
+      for (size_t i = i0; i < i1; ++i) {
+        for (int32_t j0 = 0; j0 < w.rank[active[i]]; j0 += 4) shrink(active[i], j0);
+        expand(active[i], 0, w.n_out);
+      }
+    });
+    return;
+  }
+  pass(items.size(), rows * R * w.n_in, [&](size_t i0, size_t i1, int) {
+    for (size_t i = i0; i < i1; ++i) shrink(items[i].first, items[i].second);
   });
   // The expand over blocks of output columns.
   constexpr int64_t kCols = 256;
@@ -221,20 +251,7 @@ void CpuBackend::do_lora(const LoraArgs& a) {
   pass(static_cast<size_t>(n_blocks), rows * R * w.n_out, [&](size_t c0, size_t c1, int) {
     const int64_t o0 = static_cast<int64_t>(c0) * kCols;
     const int64_t o1 = std::min(w.n_out, static_cast<int64_t>(c1) * kCols);
-    for (int64_t s = 0; s < w.n_slots; ++s) {
-      const int64_t k0 = starts[static_cast<size_t>(s)], k1 = starts[static_cast<size_t>(s) + 1];
-      if (k0 == k1) continue;
-      const std::byte* Bt = b_base + static_cast<size_t>(block(s) * R * w.n_out) * elem;
-      if (bf16) {
-        HWY_DYNAMIC_DISPATCH(cpu::ExpandBf16)
-        (reinterpret_cast<const uint16_t*>(Bt), w.n_out, w.rank[s], t + k0 * R, R, w.scale[s],
-         lora_ys_.data() + k0, k1 - k0, o0, o1);
-      } else {
-        HWY_DYNAMIC_DISPATCH(cpu::ExpandF32)
-        (reinterpret_cast<const float*>(Bt), w.n_out, w.rank[s], t + k0 * R, R, w.scale[s],
-         lora_ys_.data() + k0, k1 - k0, o0, o1);
-      }
-    }
+    for (const int32_t s : active) expand(s, o0, o1);
   });
 }
 
