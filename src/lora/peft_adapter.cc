@@ -1,8 +1,5 @@
 #include "lora/peft_adapter.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -18,48 +15,12 @@
 #include "io/json/json_fields.h"
 #include "io/json/json_parse.h"
 #include "io/safetensors/file.h"
+#include "quant/py_regex.h"
 
 namespace metrale {
 namespace {
 
 constexpr std::string_view kPrefix = "base_model.model.";
-
-// A Python `re` pattern on PCRE2 (the syntax PEFT's patterns use is common to both).
-class PyRegex {
- public:
-  PyRegex(const std::string& pattern, const std::string& where) {
-    int code = 0;
-    PCRE2_SIZE offset = 0;
-    pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), 0,
-                                  &code, &offset, nullptr);
-    if (c == nullptr) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(code, msg, sizeof msg);
-      throw make_error(where, ": regex '", pattern, "' does not compile at offset ", offset, ": ",
-                       reinterpret_cast<const char*>(msg));
-    }
-    code_.reset(c);
-  }
-  // re.fullmatch (end = true) or re.match; the first capture group when asked.
-  bool match(std::string_view s, bool full, std::string* group1 = nullptr) const {
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_.get(), nullptr);
-    const uint32_t opts = PCRE2_ANCHORED | (full ? PCRE2_ENDANCHORED : 0u);
-    const int rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0,
-                               opts, md, nullptr);
-    if (rc >= 2 && group1 != nullptr) {
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-      *group1 = std::string(s.substr(ov[2], ov[3] - ov[2]));
-    }
-    pcre2_match_data_free(md);
-    return rc >= 0;
-  }
-
- private:
-  struct Free {
-    void operator()(pcre2_code* c) const { pcre2_code_free(c); }
-  };
-  std::unique_ptr<pcre2_code, Free> code_;
-};
 
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);

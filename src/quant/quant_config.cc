@@ -1,8 +1,5 @@
 #include "quant/quant_config.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,50 +8,19 @@
 #include "core/error.h"
 #include "io/json/json_fields.h"
 #include "io/json/json_parse.h"
+#include "quant/py_regex.h"
 
 namespace metrale {
 namespace {
 
 using Kind = ModuleScheme::Kind;
 
-// A compiled "re:" pattern, matched from the start of the name like Python's re.match.
-class AnchoredRegex {
- public:
-  AnchoredRegex(const std::string& pattern, const std::string& where) : pattern_(pattern) {
-    int code = 0;
-    PCRE2_SIZE offset = 0;
-    pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), 0,
-                                  &code, &offset, nullptr);
-    if (c == nullptr) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(code, msg, sizeof msg);
-      throw make_error(where, ": regex '", pattern, "' does not compile at offset ", offset, ": ",
-                       reinterpret_cast<const char*>(msg));
-    }
-    code_.reset(c);
-  }
-  bool match(std::string_view name) const {
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_.get(), nullptr);
-    const int rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(name.data()), name.size(),
-                               0, PCRE2_ANCHORED, md, nullptr);
-    pcre2_match_data_free(md);
-    return rc >= 0;
-  }
-
- private:
-  struct Free {
-    void operator()(pcre2_code* c) const { pcre2_code_free(c); }
-  };
-  std::string pattern_;
-  std::unique_ptr<pcre2_code, Free> code_;
-};
-
 // One entry of a target or ignore list in its dialect's matching rule.
 struct Matcher {
   enum class Rule : uint8_t { kExact, kRegex, kClassLinear, kGlob, kModulePath };
   Rule rule = Rule::kExact;
   std::string text;  // the entry as written
-  std::shared_ptr<AnchoredRegex> regex;
+  std::shared_ptr<PyRegex> regex;
 
   bool matches(std::string_view module) const {
     switch (rule) {
@@ -98,7 +64,7 @@ std::vector<Matcher> read_entries(const JsonList& list, Matcher::Rule rule) {
     if (rule == Matcher::Rule::kExact && s.starts_with("re:")) {
       m.rule = Matcher::Rule::kRegex;
       if (s.size() == 3) throw list.error(i, "empty regex after 're:'");
-      m.regex = std::make_shared<AnchoredRegex>(s.substr(3), list.where(i));
+      m.regex = std::make_shared<PyRegex>(s.substr(3), list.where(i));
     } else if (rule == Matcher::Rule::kExact && s == "Linear") {
       m.rule = Matcher::Rule::kClassLinear;
     } else if (rule == Matcher::Rule::kExact) {
@@ -113,8 +79,7 @@ std::vector<Matcher> read_entries(const JsonList& list, Matcher::Rule rule) {
       }
       if (depth != 0) throw list.error(i, "glob '", s, "' has an unclosed '['");
     } else if (rule == Matcher::Rule::kModulePath) {
-      m.regex =
-          std::make_shared<AnchoredRegex>("(?:" + s + ")(?:(?<=\\.)|(?=\\.|$))", list.where(i));
+      m.regex = std::make_shared<PyRegex>("(?:" + s + ")(?:(?<=\\.)|(?=\\.|$))", list.where(i));
     }
     out.push_back(std::move(m));
   }
