@@ -364,6 +364,34 @@ void Backend::route(const RouteArgs& a) {
   do_route(a);
 }
 
+namespace {
+
+// A LoRA pool's weights and each row's slot (in [-1, n_slots), rank within [0, max_rank]), as
+// Backend::lora and the MoE op's expert adapters take them. Returns whether any row is adapted.
+bool check_lora(const LoraWeights& w, std::span<const int32_t> slots, int64_t n, const char* op) {
+  METRALE_CHECK(w.a != nullptr && w.b != nullptr && w.rank != nullptr && w.scale != nullptr, op,
+                ": no adapter weights");
+  METRALE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16, op, ": LoRA weights of dtype ",
+                dtype_name(w.dtype), ", expected f32 or bf16");
+  METRALE_CHECK(w.n_slots > 0 && w.n_experts > 0 && w.max_rank > 0, op, ": a LoRA pool of ",
+                w.n_slots, " slots x ", w.n_experts, " experts of rank ", w.max_rank);
+  check_span({op, "", "lora slots"}, slots, n);
+  bool any = false;
+  for (int64_t r = 0; r < n; ++r) {
+    const int32_t s = slots[static_cast<size_t>(r)];
+    METRALE_CHECK(s >= -1 && s < w.n_slots, op, ": row ", r, " has LoRA slot ", s,
+                  ", outside [-1, ", w.n_slots, ")");
+    if (s < 0) continue;
+    const int32_t rank = w.rank[s];
+    METRALE_CHECK(rank >= 0 && rank <= w.max_rank, op, ": LoRA slot ", s, " has rank ", rank,
+                  ", outside [0, ", w.max_rank, "]");
+    any = any || rank > 0;
+  }
+  return any;
+}
+
+}  // namespace
+
 void Backend::moe(const MoeArgs& a) {
   const int64_t n = a.x.n_rows;
   const auto n_experts = static_cast<int64_t>(a.expert_weights.size());
@@ -401,18 +429,12 @@ void Backend::moe(const MoeArgs& a) {
   for (const LoraWeights* l : {a.gate_up_lora, a.down_lora}) {
     if (l == nullptr || a.lora_slots.empty()) continue;  // no slots: every row is the base
     const bool gu = l == a.gate_up_lora;
-    METRALE_CHECK(l->a != nullptr && l->b != nullptr && l->rank != nullptr && l->scale != nullptr &&
-                      l->n_experts == n_experts && l->n_in == (gu ? h : inter) &&
+    METRALE_CHECK(l->n_experts == n_experts && l->n_in == (gu ? h : inter) &&
                       l->n_out == (gu ? 2 * inter : h),
                   "moe: the experts' ", gu ? "gate_up" : "down", " LoRA weights are ", l->n_experts,
                   " x [", l->n_out, ", ", l->n_in, "], expected ", n_experts, " x [",
                   gu ? 2 * inter : h, ", ", gu ? h : inter, "]");
-    check_span({"moe", "", "lora_slots"}, a.lora_slots, n);
-    for (int64_t r = 0; r < n; ++r) {
-      const int32_t s = a.lora_slots[static_cast<size_t>(r)];
-      METRALE_CHECK(s >= -1 && s < l->n_slots, "moe: row ", r, " has LoRA slot ", s,
-                    ", outside [-1, ", l->n_slots, ")");
-    }
+    check_lora(*l, a.lora_slots, n, "moe");
   }
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kMoe, nullptr);
@@ -512,33 +534,14 @@ void Backend::latent_attention(const LatentAttentionArgs& a) {
 }
 
 void Backend::lora(const LoraArgs& a) {
-  const LoraWeights* w = a.weights;
-  METRALE_CHECK(w != nullptr && w->a != nullptr && w->b != nullptr && w->rank != nullptr &&
-                    w->scale != nullptr,
-                "lora: no adapter weights");
-  METRALE_CHECK(w->dtype == DType::kF32 || w->dtype == DType::kBF16, "lora: weights of dtype ",
-                dtype_name(w->dtype), ", expected f32 or bf16");
-  METRALE_CHECK(w->n_slots > 0 && w->n_experts > 0 && w->max_rank > 0, "lora: a pool of ",
-                w->n_slots, " slots x ", w->n_experts, " experts of rank ", w->max_rank);
-  METRALE_CHECK(a.expert >= 0 && a.expert < w->n_experts, "lora: expert ", a.expert,
-                " outside [0, ", w->n_experts, ")");
+  METRALE_CHECK(a.weights != nullptr, "lora: no adapter weights");
+  const LoraWeights& w = *a.weights;
+  METRALE_CHECK(a.expert >= 0 && a.expert < w.n_experts, "lora: expert ", a.expert, " outside [0, ",
+                w.n_experts, ")");
   const int64_t n = a.x.n_rows;
-  check_rows({"lora", "", "x"}, a.x, n, w->n_in);
-  check_rows({"lora", "", "y"}, a.y, n, w->n_out);
-  check_span({"lora", "", "slots"}, a.slots, n);
-  bool any = false;
-  for (int64_t r = 0; r < n; ++r) {
-    const int32_t s = a.slots[static_cast<size_t>(r)];
-    METRALE_CHECK(s >= -1 && s < w->n_slots, "lora: row ", r, " has slot ", s, ", outside [-1, ",
-                  w->n_slots, ")");
-    if (s >= 0) {
-      const int32_t rank = w->rank[s];
-      METRALE_CHECK(rank >= 0 && rank <= w->max_rank, "lora: slot ", s, " has rank ", rank,
-                    ", outside [0, ", w->max_rank, "]");
-      any = any || rank > 0;
-    }
-  }
-  if (!any) return;
+  check_rows({"lora", "", "x"}, a.x, n, w.n_in);
+  check_rows({"lora", "", "y"}, a.y, n, w.n_out);
+  if (!check_lora(w, a.slots, n, "lora")) return;
   const ObservedOp observe(*this, Op::kLora, nullptr);
   do_lora(a);
 }
