@@ -10,6 +10,8 @@ pkg_check_modules(PNG REQUIRED IMPORTED_TARGET libpng)
 pkg_check_modules(JPEG REQUIRED IMPORTED_TARGET libjpeg)
 pkg_check_modules(WEBP REQUIRED IMPORTED_TARGET libwebp libwebpdemux)
 find_package(GIF REQUIRED)
+# metrale serve: Debian's cpp-httplib (docs/dependencies.md says why this one).
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 # Tokenizer tests, bench and fuzz read gzip-compressed fixtures (libpng needs zlib anyway).
 find_package(ZLIB REQUIRED)
 if(METRALE_BUILD_TESTS)

@@ -1,0 +1,92 @@
+#pragma once
+// Prefix caching for the server: a radix tree over whole KV pages, keyed by the tokens they
+// hold (and by the LoRA adapter that computed them), so a request whose prompt starts with
+// tokens already computed adopts their pages instead of prefilling them again.
+//
+// - Pages are shared, not copied: the tree holds one reference on each page it caches
+//   (KvPool's page reference counts), a sequence that adopts a prefix holds another. Only
+//   whole pages are cached and adopted, and at least one prompt token is always left to
+//   compute (its logits are the first sample).
+// - Eviction: when the scheduler needs pages, unreferenced leaves go first, least recently
+//   used first (dense models), or by Marconi's utility (hybrid models, below).
+// - Hybrid models (Gated DeltaNet layers): attention KV alone cannot resume a sequence; the
+//   recurrent state at the same token count is needed too. The cache keeps state snapshots
+//   (StatePool snapshot blocks) at page boundaries the scheduler stops prefill chunks at, and
+//   a prefix is adopted only down to the deepest node holding a snapshot, and only when that
+//   depth is at least marconi_min_tokens() (Marconi's admission rule: a short match saves
+//   less compute than the snapshot costs to keep). When snapshot blocks run out, the node
+//   with the lowest utility gives its snapshot up:
+//     utility = recency (0 oldest .. 1 newest, by rank) + alpha * (prefill FLOPs the node's
+//               depth saves per byte it holds, normalised to 0..1 over the candidates)
+//   (Marconi, Pan et al. 2025, "Marconi: Prefix Caching for the Era of Hybrid LLMs").
+//
+// Not thread-safe: the scheduler's thread owns it, as it owns the Model.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "engine/model.h"
+
+namespace metrale {
+
+// Marconi's floor: a snapshot is restored only for a match at least this deep (tokens).
+inline constexpr int64_t DEFAULT_MARCONI_MIN_TOKENS = 256;
+// Sets the floor once per process, before any PrefixCache is made; 0 removes it. Throws on a
+// negative value or a second call.
+void set_marconi_min_tokens(int64_t tokens);
+int64_t marconi_min_tokens();
+
+struct PrefixCacheOptions {
+  bool enabled = true;
+  double marconi_alpha = 1.0;  // weight of FLOPs-per-byte against recency (hybrid eviction)
+};
+
+struct PrefixCacheStats {
+  int64_t lookups = 0;       // attach() calls
+  int64_t hits = 0;          // attach() calls that adopted at least one page
+  int64_t tokens_saved = 0;  // prompt tokens adopted instead of prefilled, summed
+  int64_t pages_held = 0;    // pages the tree holds a reference on
+  int64_t snapshots_held = 0;
+  uint64_t bytes_held = 0;  // pages_held * page bytes + snapshots_held * snapshot bytes
+  int64_t evicted_pages = 0;
+  int64_t evicted_snapshots = 0;
+};
+
+class PrefixCache {
+ public:
+  // `model` must outlive the cache. Hybrid models need LoadOptions::state_snapshots > 0 for
+  // any hit (without snapshot blocks nothing can be restored; the cache then only counts).
+  PrefixCache(Model& model, const PrefixCacheOptions& options = {});
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  bool enabled() const;
+  // Before the first step of `seq` (empty; its adapter already set): adopts the longest
+  // cached prefix of `prompt` this model can resume from, leaving at least one token of the
+  // prompt to compute. Returns the number of tokens adopted (0: nothing; seq unchanged).
+  int64_t attach(Sequence& seq, std::span<const int32_t> prompt);
+  // Records `seq`'s whole pages (all of its tokens up to the last page boundary) in the tree,
+  // sharing them. Hybrid models: also snapshots the recurrent state when seq's token count is
+  // a page boundary, deep enough to be restored, and not already snapshotted. Call after
+  // steps (a prefill chunk ending at a page boundary; a finished request before release).
+  void insert(const Sequence& seq);
+  // Whether insert() would take a snapshot for a sequence of `n_tokens` (hybrid models: a
+  // page boundary at or past the Marconi floor). The scheduler ends prefill chunks there.
+  bool wants_snapshot_at(int64_t n_tokens) const;
+  // Drops unreferenced cached pages (and their snapshots) until the KV pool has `pages` free
+  // pages or nothing more can go. Returns the pool's free pages afterwards.
+  int64_t make_room(int64_t pages);
+  // Pages the tree could give back now (held by nothing but the tree).
+  int64_t evictable_pages() const;
+  // Drops everything the tree holds that no sequence uses.
+  void clear();
+  PrefixCacheStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace metrale
