@@ -9,6 +9,8 @@
   To move the pin: change the three constants together (the commit is the sdist CHANGELOG's
   "update llama.cpp to ggml-org/llama.cpp@..." line of that version; ensure_source checks it).
 * Build: Release, -DGGML_NATIVE=ON, CPU only, static, into <cache>/llama.cpp-VERSION-build.
+  llama-server (bench/compare/serve_bench.py) is built on demand in the same directory
+  (ensure_server_tool: SERVER_CMAKE_FLAGS, no web UI, nothing downloaded).
 * Weights: the HF checkpoint converted by the vendored converter to GGUF bf16, cached per
   checkpoint + format + llama-cpp-python version (converter options per architecture: see
   converter_options; a Qwen3-Next checkpoint without an MTP head needs --no-mtp). Quantized
@@ -53,6 +55,7 @@ SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 LLAMA_CPP_COMMIT = "0c1e57098"  # ggml-org/llama.cpp, per the sdist's CHANGELOG for VERSION
 TOOLS = ("llama-bench", "llama-batched-bench")
 QUANTIZE_TOOL = "llama-quantize"  # built on demand beside TOOLS (ensure_quantize_tool)
+SERVER_TOOL = "llama-server"  # built on demand beside TOOLS (ensure_server_tool)
 
 # llama.cpp weight formats: name -> how the GGUF is made. "convert": the converter's --outtype;
 # "quantize": llama-quantize's type, from the bf16 GGUF, with "args" before the file names.
@@ -77,6 +80,16 @@ FORMATS = {
 CMAKE_FLAGS = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
                "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF"]
+# What llama-server (bench/compare/serve_bench.py) adds to CMAKE_FLAGS, in the same build
+# directory, when it is first asked for: the tools/server subdirectory, and no web UI. The
+# pinned tree's UI assets come from `npm run build` (LLAMA_BUILD_UI) or a download from a
+# Hugging Face bucket at build time (LLAMA_USE_PREBUILT_UI, on by default); with both off
+# scripts/ui-assets.cmake embeds an empty asset table, the server answers its API and
+# nothing is fetched. The bench tools' objects and the build stamp are unchanged by it (the
+# option only adds subdirectories), so a tree whose llama_cpp_peer.py predates this finds
+# its build as it left it.
+SERVER_CMAKE_FLAGS = ["-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
+                      "-DLLAMA_USE_PREBUILT_UI=OFF"]
 
 
 def log(msg: str) -> None:
@@ -396,6 +409,35 @@ def ensure_quantize_tool(cache: Path, src: Path) -> Path:
         log(f"building {QUANTIZE_TOOL} in {build_dir(cache)}")
         subprocess.run(["cmake", "--build", str(build_dir(cache)), "--target", QUANTIZE_TOOL,
                         "-j2"], check=True, stdout=sys.stderr)
+    return tool
+
+
+def server_tool_path(cache: Path) -> Path:
+    return build_dir(cache) / "bin" / SERVER_TOOL
+
+
+def server_info(cache: Path) -> dict:
+    """What results.json records about the llama-server binary: source_info plus the cmake
+    options it was configured with and its target."""
+    return {**source_info(cache), "targets": [SERVER_TOOL],
+            "cmake_flags": CMAKE_FLAGS + SERVER_CMAKE_FLAGS, "binary": str(server_tool_path(cache))}
+
+
+def ensure_server_tool(cache: Path, src: Path) -> Path:
+    """llama-server of the pinned build: the build directory of TOOLS reconfigured with
+    SERVER_CMAKE_FLAGS (later -D options win), then its llama-server target (libllama, ggml
+    and common are shared with the bench tools, so only the server's own sources compile).
+    The build stamp is left as it is, as for llama-quantize."""
+    ensure_build(cache, src)
+    tool = server_tool_path(cache)
+    if tool.is_file():
+        return tool
+    build = build_dir(cache)
+    log(f"building {SERVER_TOOL} in {build} (once; several minutes on 2 cores)")
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS,
+                    *SERVER_CMAKE_FLAGS], check=True, stdout=sys.stderr)
+    subprocess.run(["cmake", "--build", str(build), "--target", SERVER_TOOL, "-j2"],
+                   check=True, stdout=sys.stderr)
     return tool
 
 
