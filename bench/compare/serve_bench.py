@@ -777,7 +777,11 @@ def main() -> None:
             "git": compare.git_state(),
             "built_from_this_tree": args.metrale_bin == RELEASE / "src" / "metrale"
             and not args.no_build,
-            "serve_options": eng.metrale_help}
+            "serve_options": eng.metrale_help,
+            # every option's default as this binary states it (--max-rows: its prefill chunk;
+            # llama-server's is its ubatch, 512)
+            "serve_help": subprocess.run([str(metrale), "serve", "--help"], capture_output=True,
+                                         text=True).stdout}
     if llama_server:
         r = subprocess.run([str(llama_server), "--version"], capture_output=True, text=True)
         versions["llama.cpp"] = {**llama_cpp_peer.server_info(args.cache_dir),
