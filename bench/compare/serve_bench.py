@@ -55,7 +55,7 @@ Flags (each recorded in results.json, with the full server command lines):
                   in anonymous memory, as run.py's llama-bench; metrale's default --weights copy)
                   --metrics, then --llama-args. Everything else is this version's default
                   (batch 2048, ubatch 512, f16 KV cache, flash attention auto, --cache-ram 8192
-                  MiB host prompt cache, --ctx-checkpoints as built).
+                  MiB host prompt cache, 32 context checkpoints per slot).
 
 Outputs in --out: results.json (the command, every option, each server's command, log file,
 peak RSS (VmHWM) and /metrics text at the end, each engine's version / commit, machine facts
