@@ -202,8 +202,8 @@ struct PrefixCache::Impl {
   }
 
   // Gives back the pages at the end of leaf x that only the tree holds, and its snapshot (the
-  // node no longer ends where it was taken). A leaf left with no pages goes, and so does a
-  // root left with no children.
+  // node no longer ends where it was taken). A leaf left with no pages goes (a root left
+  // with no children goes in remove_empty_roots).
   void evict(Node* x) {
     const std::vector<int32_t> key = page_tokens(x->tokens, 0);
     const int64_t t = unused_tail(*x);
