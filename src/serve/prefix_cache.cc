@@ -374,6 +374,37 @@ void PrefixCache::insert(const Sequence& seq) {
   }
 }
 
+std::vector<int64_t> PrefixCache::snapshot_points(const Sequence& seq,
+                                                  std::span<const int32_t> prompt) const {
+  const Impl& m = *impl_;
+  std::vector<int64_t> points;
+  if (prompt.empty()) return points;
+  const int64_t limit = (static_cast<int64_t>(prompt.size()) - 1) / m.page;  // pages
+  // Where the prompt leaves the tree: whole pages matched along any path, mid-edge included.
+  int64_t matched = 0;
+  if (const auto found = m.roots.find(adapter_key(seq)); found != m.roots.end()) {
+    const Impl::Node* x = found->second.get();
+    while (matched < limit) {
+      const auto child = x->children.find(m.page_tokens(prompt, matched));
+      if (child == x->children.end()) break;
+      const Impl::Node* c = child->second.get();
+      const auto edge = static_cast<int64_t>(c->pages.size());
+      int64_t k = 1;
+      while (k < edge && matched + k < limit && m.page_matches(*c, k, prompt, matched + k)) ++k;
+      matched += k;
+      if (k < edge) break;
+      x = c;
+    }
+  }
+  for (const int64_t pages : {matched, limit}) {
+    const int64_t n = pages * m.page;
+    if (n > static_cast<int64_t>(seq.tokens.size()) && wants_snapshot_at(n) &&
+        (points.empty() || points.back() != n))
+      points.push_back(n);
+  }
+  return points;
+}
+
 bool PrefixCache::wants_snapshot_at(int64_t n_tokens) const {
   const Impl& m = *impl_;
   return m.options.enabled && m.hybrid && m.snapshot_slots > 0 && n_tokens > 0 &&

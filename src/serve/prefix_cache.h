@@ -25,6 +25,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/model.h"
 
@@ -78,6 +79,13 @@ class PrefixCache {
   // Whether insert() would take a snapshot for a sequence of `n_tokens` (hybrid models: a
   // page boundary at or past the Marconi floor). The scheduler ends prefill chunks there.
   bool wants_snapshot_at(int64_t n_tokens) const;
+  // Hybrid models: the token counts past seq's own at which the scheduler should end prefill
+  // chunks of `prompt` so insert() can snapshot there — Marconi's two checkpoints: the page
+  // boundary where the prompt leaves the tree (a branch point: the prefix it shares with
+  // earlier requests, such as a system prompt, will likely be shared again) and the prompt's
+  // last resumable page boundary (the same prompt again, or the next turn of its
+  // conversation). Only points wants_snapshot_at() accepts, ascending; none for dense models.
+  std::vector<int64_t> snapshot_points(const Sequence& seq, std::span<const int32_t> prompt) const;
   // Drops unreferenced cached pages (and their snapshots) until the KV pool has `pages` free
   // pages or nothing more can go. Returns the pool's free pages afterwards. The unit is a
   // leaf's edge: the pages at its end that only the tree holds (a leaf that a running

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "serve/prefix_cache.h"
+#include "serve/scheduler.h"
 #include "support/test_support.h"
 
 namespace metrale {
@@ -244,6 +245,65 @@ TEST(HybridPrefixCache, AdoptAndSaveStateRefuseMisuse) {
   m->release(s);
   m->release(owner);
   EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages());
+}
+
+}  // namespace
+}  // namespace metrale
+
+namespace metrale {
+namespace {
+
+// The scheduler on a hybrid model: requests sharing a 75-token prefix. The first leaves a
+// snapshot at its prompt's last page boundary (80 is past the shared part, so no use) and at
+// chunk ends; the second resumes from the deepest usable one and stops its prefill where it
+// leaves the tree (64, Marconi's branch point) to snapshot there; the third resumes at 64.
+// Every stream equals the same request with the cache off.
+TEST(HybridScheduler, MarconiBranchPointSnapshotsServeLaterRequests) {
+  use_test_floor();
+  const std::vector<int32_t> shared = random_ids(75, 7);
+  std::vector<ServeRequest> requests;
+  for (uint32_t i = 0; i < 3; ++i) {
+    ServeRequest r;
+    r.prompt = concat(shared, random_ids(10, 100 + i));
+    r.max_tokens = 6;
+    r.ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  auto run = [&](bool cache_on) {
+    auto m = load(/*snapshots=*/4);
+    SchedulerOptions o{.max_seqs = 2, .prefill_chunk = 24};
+    o.cache.enabled = cache_on;
+    Scheduler sched(*m, o);
+    std::vector<std::pair<std::vector<int32_t>, int64_t>> out;  // tokens, cached tokens
+    for (const ServeRequest& r : requests) {
+      auto s = sched.submit(r);
+      std::vector<int32_t> tokens;
+      int64_t cached = -1;
+      std::vector<ServeEvent> events;
+      while (cached < 0) {
+        events.clear();
+        s->next(events, std::chrono::milliseconds(100));
+        for (const ServeEvent& e : events) {
+          tokens.insert(tokens.end(), e.tokens.begin(), e.tokens.end());
+          if (e.done) {
+            EXPECT_EQ(e.finish, FinishReason::kLength) << e.error;
+            cached = e.usage.cached_tokens;
+          }
+        }
+      }
+      out.emplace_back(tokens, cached);
+    }
+    return out;
+  };
+  const auto off = run(false);
+  const auto on = run(true);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(on[i].first, off[i].first) << i;
+    EXPECT_EQ(off[i].second, 0);
+  }
+  EXPECT_EQ(on[0].second, 0);
+  EXPECT_EQ(on[1].second, 48);  // the first request's snapshot at its chunk end 48
+  EXPECT_EQ(on[2].second, 64);  // the branch point the second request snapshotted
 }
 
 }  // namespace
