@@ -43,9 +43,9 @@ struct ServeRequest {
   uint64_t seed = 0;
   std::vector<int32_t> eos_ids;  // empty: default_eos_ids(model)
   bool ignore_eos = false;
-  std::vector<std::string> stop;  // stop strings: the text is cut before the first one
-  int top_logprobs = -1;          // -1: no logprobs; k >= 0: the token's and k alternatives
-  std::string adapter;            // a LoRA adapter loaded in the model ("" = base)
+  std::vector<std::string> stop;         // stop strings: the text is cut before the first one
+  int top_logprobs = -1;                 // -1: no logprobs; k >= 0: the token's and k alternatives
+  std::string adapter;                   // a LoRA adapter loaded in the model ("" = base)
   std::chrono::milliseconds timeout{0};  // 0: SchedulerOptions::request_timeout
 };
 
@@ -75,7 +75,7 @@ struct ServeUsage {
 // whole. The last event has done = true.
 struct ServeEvent {
   std::string text;
-  std::vector<int32_t> tokens;        // the tokens this event's text came from
+  std::vector<int32_t> tokens;         // the tokens this event's text came from
   std::vector<TokenLogprob> logprobs;  // one per token when top_logprobs >= 0
   bool done = false;
   FinishReason finish = FinishReason::kStop;  // when done
@@ -109,9 +109,9 @@ class ServeStream {
 };
 
 struct SchedulerOptions {
-  int64_t max_seqs = 8;        // streams decoding at once (hybrid: <= LoadOptions::max_seqs)
-  int64_t max_queue = 256;     // waiting requests beyond this: SchedulerBusy
-  int64_t prefill_chunk = 0;   // prefill tokens per step; 0: the model's max_rows
+  int64_t max_seqs = 8;       // streams decoding at once (hybrid: <= LoadOptions::max_seqs)
+  int64_t max_queue = 256;    // waiting requests beyond this: SchedulerBusy
+  int64_t prefill_chunk = 0;  // prefill tokens per step; 0: the model's max_rows
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
   PrefixCacheOptions cache;
 };
