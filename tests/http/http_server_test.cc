@@ -239,7 +239,7 @@ bool saw_cancel(const Scheduler& s, int64_t before) {
   return false;
 }
 
-// Keeps the scheduler's single... its stream slots busy for a while, so a request sent now waits.
+// Fills the scheduler's four stream slots for a while, so a request sent now waits in the queue.
 std::vector<std::shared_ptr<ServeStream>> occupy(Scheduler& s) {
   std::vector<std::shared_ptr<ServeStream>> busy;
   for (int i = 0; i < 4; ++i) {
