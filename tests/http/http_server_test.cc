@@ -38,9 +38,10 @@ class ServerFixture : public ::testing::Test {
  protected:
   void SetUp() override {
     model_ = load_demo();
-    scheduler_ = std::make_unique<Scheduler>(*model_, SchedulerOptions{.max_seqs = 4});
+    scheduler_ = std::make_unique<Scheduler>(*model_, scheduler_options());
     HttpServerOptions o;
     o.port = 0;
+    o.read_timeout = 1s;
     o.api_key = kKey;
     o.model_name = "demo";
     o.max_body_bytes = 64 << 10;
@@ -64,6 +65,8 @@ class ServerFixture : public ::testing::Test {
     server_->stop();
     thread_.join();
   }
+
+  virtual SchedulerOptions scheduler_options() const { return {.max_seqs = 4}; }
 
   httplib::Result post(const std::string& path, const std::string& body) {
     return client_->Post(path.c_str(), body, "application/json");
@@ -230,6 +233,17 @@ TEST_F(ServerFixture, ChatStreamsSseChunks) {
   EXPECT_NE(body.find("\"completion_tokens\":8"), std::string::npos) << body;
 }
 
+// A raw connection to the server.
+int connect_to(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  return fd;
+}
+
 // Waits up to 10 s for the scheduler to count a cancelled request.
 bool saw_cancel(const Scheduler& s, int64_t before) {
   for (int i = 0; i < 1000; ++i) {
@@ -273,12 +287,7 @@ TEST_F(ServerFixture, AStreamingClientThatLeavesCancelsItsStream) {
 TEST_F(ServerFixture, AWaitingClientThatLeavesCancelsItsRequest) {
   const auto busy = occupy(*scheduler_);  // the request below queues behind these
   const int64_t before = scheduler_->stats().requests_cancelled;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port_));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int fd = connect_to(port_);
   const std::string body = R"({"prompt": "And", "max_tokens": 900, "ignore_eos": true})";
   const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
                               std::string(kKey) + "\r\nContent-Type: application/json\r\n" +
@@ -288,6 +297,26 @@ TEST_F(ServerFixture, AWaitingClientThatLeavesCancelsItsRequest) {
   close(fd);
   EXPECT_TRUE(saw_cancel(*scheduler_, before));
   for (const auto& s : busy) s->cancel();
+}
+
+TEST_F(ServerFixture, ASlowClientIsDroppedAndOthersAreServed) {
+  const int fd = connect_to(port_);
+  const std::string partial = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                              std::string(kKey) + "\r\nContent-Length: 100\r\n\r\n{\"pro";
+  ASSERT_EQ(write(fd, partial.data(), partial.size()), static_cast<ssize_t>(partial.size()));
+  // Meanwhile the server answers others.
+  auto h = client_->Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  // After the read timeout (1 s here) the server gives up on the body: 400.
+  std::string reply;
+  char buf[4096];
+  for (ssize_t n;
+       reply.find("\r\n\r\n") == std::string::npos && (n = read(fd, buf, sizeof buf)) > 0;) {
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
 }
 
 TEST_F(ServerFixture, MetricsInPrometheusText) {
@@ -303,6 +332,50 @@ TEST_F(ServerFixture, MetricsInPrometheusText) {
         "metrale_http_responses_total{code=\"200\"}"}) {
     EXPECT_NE(r->body.find(name), std::string::npos) << name << "\n" << r->body;
   }
+}
+
+// One stream slot and one queue place: a third request is refused with 429, and a request
+// past its deadline ends with 503.
+class BusyServer : public ServerFixture {
+ protected:
+  SchedulerOptions scheduler_options() const override {
+    return {.max_seqs = 1, .max_queue = 1, .request_timeout = 100ms};
+  }
+};
+
+// A long request submitted straight to the scheduler, once it runs.
+std::shared_ptr<ServeStream> hog(Scheduler& s) {
+  ServeRequest r;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 1000;
+  r.ignore_eos = true;
+  r.timeout = 60s;
+  const int64_t running = s.stats().running;
+  auto stream = s.submit(r);
+  for (int i = 0; i < 1000 && s.stats().running == running; ++i) std::this_thread::sleep_for(1ms);
+  return stream;
+}
+
+TEST_F(BusyServer, AFullQueueIs429) {
+  std::vector<std::shared_ptr<ServeStream>> busy = {hog(*scheduler_)};
+  ServeRequest queued;
+  queued.prompt = {1, 2, 3};
+  queued.timeout = 60s;
+  busy.push_back(scheduler_->submit(queued));  // the one queue place
+  auto r = post("/v1/completions", R"({"prompt": "And", "max_tokens": 4})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429);
+  EXPECT_EQ(error_of(r)["type"], "rate_limit_error");
+  for (const auto& s : busy) s->cancel();
+}
+
+TEST_F(BusyServer, ARequestPastItsDeadlineIs503) {
+  const auto busy = hog(*scheduler_);  // the one slot, for far longer than 100 ms
+  auto r = post("/v1/completions", R"({"prompt": "And", "max_tokens": 4})");
+  busy->cancel();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(error_of(r)["code"], "timeout");
 }
 
 }  // namespace
