@@ -212,6 +212,12 @@ void guarded(httplib::Response& res, F&& body) {
 
 std::string HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response& res,
                                         const httplib::ContentReader& reader) const {
+  // A request with neither Content-Length nor chunked encoding has no body (RFC 9112 6.3);
+  // httplib 0.11 would read one until the client closes or the read timeout fires.
+  if (!req.has_header("Content-Length") &&
+      req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos) {
+    return "";
+  }
   // httplib 0.11 enforces its payload limit only on a Content-Length body (413 before reading
   // it); a chunked body would grow without bound, so the receiver stops it here.
   std::string body;
@@ -232,7 +238,6 @@ std::string HttpServer::Impl::read_body(const httplib::Request& req, httplib::Re
                    "", "", "payload_too_large");
   }
   if (!ok) throw ApiError(400, "could not read the request body");
-  (void)req;
   return body;
 }
 
@@ -298,12 +303,12 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r,
   Collected c;
   std::vector<ServeEvent> events;
   while (!c.done) {
+    if (stopping) {
+      stream->cancel();
+      throw ApiError(503, "the server is stopping", "", "", "server_stopping");
+    }
     events.clear();
     if (!stream->next(events, options.poll_interval)) {
-      if (stopping) {
-        stream->cancel();
-        throw ApiError(503, "the server is stopping", "", "", "server_stopping");
-      }
       if (peer_gone(fd)) {
         // Nobody will read the answer: free the sequence now. 499 ("client closed request",
         // nginx's code) only shows in the logs and /metrics.
