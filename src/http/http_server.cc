@@ -302,24 +302,29 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r,
   const int fd = find_connection_socket(req);
   Collected c;
   std::vector<ServeEvent> events;
+  // The client is checked every poll_interval, whether tokens are flowing or not: a request
+  // decoding steadily must notice a hang-up as soon as a waiting one.
+  auto next_check = std::chrono::steady_clock::now() + options.poll_interval;
   while (!c.done) {
     if (stopping) {
       stream->cancel();
       throw ApiError(503, "the server is stopping", "", "", "server_stopping");
     }
     events.clear();
-    if (!stream->next(events, options.poll_interval)) {
-      if (peer_gone(fd)) {
-        // Nobody will read the answer: free the sequence now. 499 ("client closed request",
-        // nginx's code) only shows in the logs and /metrics.
-        stream->cancel();
-        ++client_disconnects;
-        res.status = 499;
-        return;
-      }
-      continue;
-    }
+    stream->next(events, options.poll_interval);
     for (ServeEvent& e : events) c.add(e);
+    if (c.done) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_check) continue;
+    next_check = now + options.poll_interval;
+    if (peer_gone(fd)) {
+      // Nobody will read the answer: free the sequence now. 499 ("client closed request",
+      // nginx's code) only shows in the logs and /metrics.
+      stream->cancel();
+      ++client_disconnects;
+      res.status = 499;
+      return;
+    }
   }
   const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
   count_finish(endpoint, c.finish);
@@ -355,12 +360,14 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
     SseEncoder encoder;
     std::vector<ServeEvent> events;
     bool finished = false;
+    std::chrono::steady_clock::time_point next_check;
   };
   auto state = std::make_shared<State>(
       State{stream,
             SseEncoder(kind, std::move(meta), r.top_logprobs >= 0, r.include_usage, tok),
             {},
-            false});
+            false,
+            std::chrono::steady_clock::now() + options.poll_interval});
   const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
@@ -369,16 +376,21 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
       "text/event-stream",
       [this, state, endpoint](size_t /*offset*/, httplib::DataSink& sink) {
         state->events.clear();
-        if (!state->stream->next(state->events, options.poll_interval)) {
-          // Nothing yet (queued, or a long prefill): is anyone still listening? is_writable()
-          // also peeks the socket, so a closed connection shows here.
+        const bool got = state->stream->next(state->events, options.poll_interval);
+        // Is anyone still listening? Checked every poll_interval (a write to a closed
+        // connection fails too, but only once text is written: a queued request, a long
+        // prefill or text held back by a stop string writes nothing). is_writable() also
+        // peeks the socket, so a closed connection shows here.
+        const auto now = std::chrono::steady_clock::now();
+        if (!got || now >= state->next_check) {
+          state->next_check = now + options.poll_interval;
           if (stopping || !sink.is_writable()) {
             if (!stopping) ++client_disconnects;
             state->stream->cancel();
             return false;
           }
-          return true;
         }
+        if (!got) return true;
         std::string out;
         for (const ServeEvent& e : state->events) {
           out += state->encoder.encode(e);
