@@ -1,8 +1,24 @@
 #include "engine/kv_pool.h"
 
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
 #include "core/error.h"
 
 namespace metrale {
+namespace {
+
+// "3, 17 and 40" for an error message: at most 8 ids, then how many more.
+std::string page_list(const std::vector<int32_t>& pages) {
+  std::ostringstream os;
+  const size_t shown = std::min<size_t>(pages.size(), 8);
+  for (size_t i = 0; i < shown; ++i) os << (i == 0 ? "" : ", ") << pages[i];
+  if (pages.size() > shown) os << " and " << pages.size() - shown << " more";
+  return os.str();
+}
+
+}  // namespace
 
 std::vector<KvShape> kv_shapes(const ModelConfig& c) {
   std::vector<KvShape> out;
@@ -56,6 +72,13 @@ KvPool::KvPool(Backend& backend, int64_t n_pages, int64_t page_size,
   }
   free_.reserve(static_cast<size_t>(n_pages));
   for (int64_t p = n_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
+  refs_.assign(static_cast<size_t>(n_pages), 0);
+}
+
+int32_t KvPool::refs(int32_t page) const {
+  METRALE_CHECK(page >= 0 && page < layout_.n_pages, "kv cache: page ", page,
+                " is outside the pool [0, ", layout_.n_pages, ")");
+  return refs_[static_cast<size_t>(page)];
 }
 
 void KvPool::reserve(std::vector<int32_t>& block_table, int64_t n_tokens) {
@@ -67,22 +90,90 @@ void KvPool::reserve(std::vector<int32_t>& block_table, int64_t n_tokens) {
                 " free of ", layout_.n_pages, " (raise --kv-tokens / LoadOptions::kv_tokens)");
   for (int64_t i = 0; i < more; ++i) {
     block_table.push_back(free_.back());
+    refs_[static_cast<size_t>(free_.back())] = 1;
     free_.pop_back();
+  }
+}
+
+void KvPool::retain(std::span<const int32_t> pages) {
+  std::vector<int32_t> outside, free;
+  for (int32_t p : pages) {
+    if (p < 0 || p >= layout_.n_pages)
+      outside.push_back(p);
+    else if (refs_[static_cast<size_t>(p)] == 0)
+      free.push_back(p);
+  }
+  METRALE_CHECK(outside.empty(), "kv cache: retain of page(s) ", page_list(outside),
+                " outside the pool [0, ", layout_.n_pages, ")");
+  METRALE_CHECK(free.empty(), "kv cache: retain of free page(s) ", page_list(free),
+                " (only pages some table holds can be shared)");
+  for (int32_t p : pages) {
+    METRALE_CHECK(refs_[static_cast<size_t>(p)] < INT32_MAX, "kv cache: page ", p,
+                  " has too many references");
+    ++refs_[static_cast<size_t>(p)];
+  }
+}
+
+void KvPool::drop(std::span<const int32_t> pages) {
+  // A page may be listed more than once: compare the count dropped with the count held.
+  std::vector<int32_t> sorted(pages.begin(), pages.end()), outside, over;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j < sorted.size() && sorted[j] == sorted[i]) ++j;
+    const int32_t p = sorted[i];
+    if (p < 0 || p >= layout_.n_pages)
+      outside.push_back(p);
+    else if (static_cast<size_t>(refs_[static_cast<size_t>(p)]) < j - i)
+      over.push_back(p);
+    i = j;
+  }
+  METRALE_CHECK(outside.empty(), "kv cache: release of page(s) ", page_list(outside),
+                " outside the pool [0, ", layout_.n_pages, ")");
+  METRALE_CHECK(over.empty(), "kv cache: release of page(s) ", page_list(over),
+                " that are free or hold fewer references than are dropped (released twice?)");
+  // Last to first, so the free stack hands a table's pages out again in their old order.
+  for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
+    if (--refs_[static_cast<size_t>(*it)] == 0) free_.push_back(*it);
   }
 }
 
 void KvPool::truncate(std::vector<int32_t>& block_table, int64_t n_tokens) {
   METRALE_CHECK(n_tokens >= 0, "kv cache: truncate to ", n_tokens, " tokens");
   const auto keep = static_cast<size_t>((n_tokens + layout_.page_size - 1) / layout_.page_size);
-  while (block_table.size() > keep) {
-    free_.push_back(block_table.back());
-    block_table.pop_back();
-  }
+  if (block_table.size() <= keep) return;
+  drop(std::span<const int32_t>(block_table).subspan(keep));
+  block_table.resize(keep);
 }
 
 void KvPool::release(std::vector<int32_t>& block_table) {
-  for (auto it = block_table.rbegin(); it != block_table.rend(); ++it) free_.push_back(*it);
+  drop(block_table);
   block_table.clear();
+}
+
+void KvPool::unshare(std::vector<int32_t>& block_table, int64_t index) {
+  METRALE_CHECK(index >= 0 && index < static_cast<int64_t>(block_table.size()),
+                "kv cache: unshare of entry ", index, " of a table of ", block_table.size(),
+                " pages");
+  const int32_t from = block_table[static_cast<size_t>(index)];
+  if (refs(from) <= 1) return;
+  METRALE_CHECK(!free_.empty(), "kv cache full: copying shared page ", from,
+                " before writing into it needs a free page, 0 free of ", layout_.n_pages,
+                " (raise --kv-tokens / LoadOptions::kv_tokens)");
+  const int32_t to = free_.back();
+  free_.pop_back();
+  refs_[static_cast<size_t>(to)] = 1;
+  --refs_[static_cast<size_t>(from)];
+  for (const KvLayerView& l : layers_) {
+    if (l.k == nullptr) continue;  // a layer that keeps nothing
+    const auto elems = static_cast<size_t>(l.layout.page_elems());
+    std::memcpy(l.k + to * l.layout.page_elems(), l.k + from * l.layout.page_elems(),
+                elems * sizeof(float));
+    if (l.v != nullptr)
+      std::memcpy(l.v + to * l.layout.page_elems(), l.v + from * l.layout.page_elems(),
+                  elems * sizeof(float));
+  }
+  block_table[static_cast<size_t>(index)] = to;
 }
 
 }  // namespace metrale

@@ -1,7 +1,10 @@
 #pragma once
 // The paged KV cache of a model: one pool of fixed-size pages shared by every sequence, the
-// same page index used in every layer. A sequence owns a block table (its pages in token
-// order); pages return to the free list when the sequence is released.
+// same page index used in every layer. A sequence holds a block table (its pages in token
+// order). Pages are reference counted: a page reserve() hands out has one reference, its
+// table's; the prefix cache (serve/prefix_cache.h) and the sequences that adopt a cached
+// prefix retain() more. truncate() and release() drop one reference per page they remove,
+// and a page returns to the free list when its last reference goes.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -30,18 +33,39 @@ class KvPool {
   const KvLayout& layout() const { return layout_; }
   // Bytes one token takes over all layers.
   int64_t bytes_per_token() const { return bytes_per_token_; }
+  int64_t page_size() const { return layout_.page_size; }
+  // Bytes one page takes over all layers (K and V).
+  int64_t bytes_per_page() const { return bytes_per_token_ * layout_.page_size; }
+  int64_t n_pages() const { return layout_.n_pages; }
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  // The references `page` has (0: free). Throws for a page outside the pool.
+  int32_t refs(int32_t page) const;
   KvLayerView layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
 
-  // Grows `block_table` so it covers `n_tokens` tokens. Throws an Error when the pool is
-  // out of pages (naming how many were needed and are free), leaving the table unchanged.
+  // Grows `block_table` so it covers `n_tokens` tokens with free pages (one reference each).
+  // Throws an Error when the pool is out of pages (naming how many were needed and are
+  // free), leaving the table unchanged.
   void reserve(std::vector<int32_t>& block_table, int64_t n_tokens);
-  // Shrinks the table to the pages `n_tokens` tokens need, returning the rest to the pool
-  // (rollback of rejected draft tokens). K/V past n_tokens in the last kept page is simply
-  // overwritten by the next tokens stored there.
+  // Adds one reference to each of `pages` (a page listed twice gets two). Throws an Error
+  // naming the pages outside the pool or free (nothing to share), changing nothing.
+  void retain(std::span<const int32_t> pages);
+  // Drops one reference from each of `pages`; a page whose last reference goes is free.
+  // Throws an Error naming the pages outside the pool or with fewer references than are
+  // dropped, changing nothing.
+  void drop(std::span<const int32_t> pages);
+  // Shrinks the table to the pages `n_tokens` tokens need, dropping its reference on the
+  // rest (rollback of rejected draft tokens). K/V past n_tokens in the last kept page is
+  // simply overwritten by the next tokens stored there — unless that page is shared, which
+  // the step first replaces by a private copy (unshare()).
   void truncate(std::vector<int32_t>& block_table, int64_t n_tokens);
-  // Returns every page of the table to the pool and clears it.
+  // Drops the table's reference on every page and clears it.
   void release(std::vector<int32_t>& block_table);
+  // Copy-on-write: when page block_table[index] has other references, copies its K/V (every
+  // layer, every slot) into a free page, which replaces it in the table (the table's
+  // reference moves to the copy). Nothing when the table is the page's only holder. Throws
+  // when the index is outside the table or no page is free, leaving the table unchanged.
+  // Host memory (the CPU backend's buffers).
+  void unshare(std::vector<int32_t>& block_table, int64_t index);
 
  private:
   KvLayout layout_;
@@ -49,6 +73,7 @@ class KvPool {
   std::vector<Buffer> buffers_;  // per layer: K pages then V pages (none for an empty shape)
   std::vector<KvLayerView> layers_;
   std::vector<int32_t> free_;  // a stack: most recently freed pages reused first
+  std::vector<int32_t> refs_;  // [n_pages] references per page; 0 on the free list
 };
 
 }  // namespace metrale

@@ -216,10 +216,14 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
   METRALE_CHECK(sink == nullptr || items.size() == 1,
                 "step: hidden states are recorded for one sequence only");
   if (state_ != nullptr) bind_states(items);
-  for (const StepItem& it : items) {
-    kv_->reserve(it.seq->block_table, static_cast<int64_t>(it.seq->tokens.size() + it.ids.size()));
-  }
   const int64_t page = kv_->layout().page_size;
+  for (const StepItem& it : items) {
+    // Copy-on-write: the first new token lands inside a page other holders (the prefix
+    // cache, a sequence that adopted it) still read; this sequence writes into a copy.
+    const auto have = static_cast<int64_t>(it.seq->tokens.size());
+    if (have % page != 0) kv_->unshare(it.seq->block_table, have / page);
+    kv_->reserve(it.seq->block_table, have + static_cast<int64_t>(it.ids.size()));
+  }
   int64_t row = 0, w = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
@@ -371,6 +375,62 @@ void Model::truncate(Sequence& seq, int64_t n) {
   }
   kv_->truncate(seq.block_table, n);
   seq.tokens.resize(static_cast<size_t>(n));
+}
+
+void Model::adopt_prefix(Sequence& seq, std::span<const int32_t> tokens,
+                         std::span<const int32_t> pages, int64_t snapshot) {
+  const int64_t page = kv_->page_size();
+  const auto n = static_cast<int64_t>(tokens.size());
+  METRALE_CHECK(seq.tokens.empty() && seq.block_table.empty() && seq.state_slot < 0,
+                "adopt_prefix: the sequence already holds ", seq.tokens.size(), " tokens and ",
+                seq.block_table.size(), " pages", seq.state_slot >= 0 ? " and a state slot" : "",
+                "; a prefix is adopted before the first step");
+  METRALE_CHECK(!pages.empty() && n == static_cast<int64_t>(pages.size()) * page,
+                "adopt_prefix: ", n, " tokens in ", pages.size(), " pages of ", page,
+                " tokens; expected whole pages, at least one");
+  METRALE_CHECK(n <= context_, "adopt_prefix: a prefix of ", n, " tokens exceeds the context of ",
+                context_, " tokens");
+  check_ids(tokens);
+  std::vector<int32_t> sorted(pages.begin(), pages.end());
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  METRALE_CHECK(twice == sorted.end(), "adopt_prefix: page ", twice == sorted.end() ? 0 : *twice,
+                " appears twice in the prefix's pages");
+  if (state_ == nullptr) {
+    METRALE_CHECK(snapshot == -1, "adopt_prefix: snapshot ", snapshot,
+                  " given, but the model keeps no recurrent state");
+  } else {
+    METRALE_CHECK(snapshot >= 0 && snapshot < state_->plan().snapshot_slots,
+                  "adopt_prefix: a hybrid model resumes from a state snapshot; snapshot ", snapshot,
+                  " is outside [0, ", state_->plan().snapshot_slots,
+                  ") (LoadOptions::state_snapshots)");
+  }
+  kv_->retain(pages);  // throws for pages outside the pool or free, retaining nothing
+  if (state_ != nullptr) {
+    try {
+      seq.state_slot = state_->acquire(&seq);
+    } catch (...) {
+      kv_->drop(pages);
+      throw;
+    }
+    StatePool::copy_block(state_->snapshot_block(snapshot),
+                          state_->block(seq.state_slot, n % state_->plan().versions),
+                          state_->plan().block_bytes);
+    seq.state_floor = n;
+  }
+  seq.block_table.assign(pages.begin(), pages.end());
+  seq.tokens.assign(tokens.begin(), tokens.end());
+}
+
+void Model::save_state(const Sequence& seq, int64_t snapshot) {
+  METRALE_CHECK(state_ != nullptr, "save_state: the model keeps no recurrent state");
+  METRALE_CHECK(seq.state_slot >= 0, "save_state: the sequence has no state slot (no step yet)");
+  state_->check_owner(seq.state_slot, &seq);
+  const auto n = static_cast<int64_t>(seq.tokens.size());
+  METRALE_CHECK(n >= seq.state_floor, "save_state: the state after ", n,
+                " tokens is no longer held (the ring keeps ", seq.state_floor, " tokens and on)");
+  StatePool::copy_block(state_->block(seq.state_slot, n % state_->plan().versions),
+                        state_->snapshot_block(snapshot), state_->plan().block_bytes);
 }
 
 LoraPool& Model::enable_lora(const LoraPoolOptions& options) {

@@ -92,6 +92,9 @@ class Model {
   // The most tokens one sequence can hold: the rope table and KV capacity bound it.
   int64_t context_limit() const { return context_; }
   const KvPool& kv_pool() const { return *kv_; }
+  // The pool itself, for whoever shares pages between sequences (serve/prefix_cache.h:
+  // retain / drop on pages a sequence holds).
+  KvPool& kv_pool() { return *kv_; }
   // The recurrent-state pool; nullptr for models without linear-attention layers.
   const StatePool* state_pool() const { return state_.get(); }
   // Bytes of the checkpoint's weights.
@@ -124,6 +127,25 @@ class Model {
   void truncate(Sequence& seq, int64_t n);
   // Returns the sequence's pages to the pool and empties it (and drops its adapter).
   void release(Sequence& seq);
+
+  // Prefix caching (serve/prefix_cache.h). A page shared by several sequences is only read
+  // while they agree on its tokens: step() copies a shared page before writing into it
+  // (after a truncate() into it), so sharing never changes another sequence's results.
+  //
+  // Makes the empty `seq` (its adapter may be set) start with `tokens`, whose K/V are in
+  // `pages` (tokens.size() == pages.size() * page size; the pages retained, not copied).
+  // Hybrid models also need the recurrent state after those tokens: `snapshot` names the
+  // StatePool snapshot block holding it (save_state), copied into a state slot the
+  // sequence acquires; dense models take no snapshot (-1). Throws an Error (seq unchanged)
+  // on a non-empty seq, a length mismatch, ids outside the vocabulary, a prefix past the
+  // context, bad or repeated pages, or a missing / stray / out-of-range snapshot.
+  void adopt_prefix(Sequence& seq, std::span<const int32_t> tokens, std::span<const int32_t> pages,
+                    int64_t snapshot = -1);
+  // Hybrid models: copies the recurrent state after seq's current tokens into snapshot
+  // block `snapshot` (any time the ring still holds it: right after a step, or a truncate()
+  // to a count at or past state_floor). Throws for dense models, a sequence without a state
+  // slot, or a snapshot index outside [0, LoadOptions::state_snapshots).
+  void save_state(const Sequence& seq, int64_t snapshot);
 
   // LoRA: makes the slot pool (lora/lora_pool.h) and attaches it to every layer; once per
   // model. Adapters are then loaded into it (lora_pool()->load) and chosen per sequence.

@@ -25,6 +25,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/model.h"
 
@@ -68,15 +69,27 @@ class PrefixCache {
   // prompt to compute. Returns the number of tokens adopted (0: nothing; seq unchanged).
   int64_t attach(Sequence& seq, std::span<const int32_t> prompt);
   // Records `seq`'s whole pages (all of its tokens up to the last page boundary) in the tree,
-  // sharing them. Hybrid models: also snapshots the recurrent state when seq's token count is
-  // a page boundary, deep enough to be restored, and not already snapshotted. Call after
-  // steps (a prefill chunk ending at a page boundary; a finished request before release).
+  // sharing them (where the tree already holds the same tokens, its pages stay). Hybrid
+  // models: only when wants_snapshot_at(seq's token count) — the pages together with a
+  // snapshot of the recurrent state there (unless that node has one already); at any other
+  // count nothing is recorded, since a hybrid model cannot resume from pages alone. Call
+  // after steps (a prefill chunk ending at a page boundary; a finished request before
+  // release).
   void insert(const Sequence& seq);
   // Whether insert() would take a snapshot for a sequence of `n_tokens` (hybrid models: a
   // page boundary at or past the Marconi floor). The scheduler ends prefill chunks there.
   bool wants_snapshot_at(int64_t n_tokens) const;
+  // Hybrid models: the token counts past seq's own at which the scheduler should end prefill
+  // chunks of `prompt` so insert() can snapshot there — Marconi's two checkpoints: the page
+  // boundary where the prompt leaves the tree (a branch point: the prefix it shares with
+  // earlier requests, such as a system prompt, will likely be shared again) and the prompt's
+  // last resumable page boundary (the same prompt again, or the next turn of its
+  // conversation). Only points wants_snapshot_at() accepts, ascending; none for dense models.
+  std::vector<int64_t> snapshot_points(const Sequence& seq, std::span<const int32_t> prompt) const;
   // Drops unreferenced cached pages (and their snapshots) until the KV pool has `pages` free
-  // pages or nothing more can go. Returns the pool's free pages afterwards.
+  // pages or nothing more can go. Returns the pool's free pages afterwards. The unit is a
+  // leaf's edge: the pages at its end that only the tree holds (a leaf that a running
+  // sequence shares in part keeps the shared pages).
   int64_t make_room(int64_t pages);
   // Pages the tree could give back now (held by nothing but the tree).
   int64_t evictable_pages() const;

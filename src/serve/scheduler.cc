@@ -106,6 +106,8 @@ struct Scheduler::Active {
   size_t hold = 0;              // bytes held back for stop strings: longest stop string - 1
   std::vector<int32_t> pending_tokens;         // reported with the next event
   std::vector<TokenLogprob> pending_logprobs;  // one per pending token (top_logprobs >= 0)
+  // Hybrid models: token counts where prefill chunks end so the prefix cache can snapshot.
+  std::vector<int64_t> snapshot_points;
 
   explicit Active(uint64_t seed) : rng(seed) {}
 
@@ -484,6 +486,7 @@ void Scheduler::loop() {
       std::vector<int32_t> input(static_cast<size_t>(a->input_size()));
       for (int64_t i = 0; i < a->input_size(); ++i) input[static_cast<size_t>(i)] = a->input_at(i);
       const int64_t adopted = cache_->attach(a->seq, input);
+      a->snapshot_points = cache_->snapshot_points(a->seq, input);
       if (a->generated.empty()) {
         a->cached_tokens = std::min<int64_t>(adopted, static_cast<int64_t>(a->req.prompt.size()));
         prompt_tokens += static_cast<int64_t>(a->req.prompt.size());
@@ -528,9 +531,9 @@ void Scheduler::loop() {
           len = std::min({left, prefill_budget, model_.max_rows() - rows});
           if (requires_single_chunk_prefill(model_.config()) && len < left) len = 0;
           if (len <= 0) continue;
-          // Hybrid models: end the chunk where the prefix cache wants a snapshot.
-          for (int64_t p = have + 1; p < have + len; ++p) {
-            if (cache_->wants_snapshot_at(p)) {
+          // Hybrid models: end the chunk where the prefix cache will snapshot the state.
+          for (const int64_t p : a.snapshot_points) {
+            if (p > have && p < have + len) {
               len = p - have;
               break;
             }

@@ -361,3 +361,86 @@ TEST(Scheduler, UnknownAdapterEndsTheStreamWithAnError) {
 
 }  // namespace
 }  // namespace metrale
+
+namespace metrale {
+namespace {
+
+// A long shared system prompt, then distinct questions: with the prefix cache on, later
+// requests adopt the shared pages (usage.cached_tokens) and every stream is what it is with
+// the cache off — both runs concurrent, chunked, in any order.
+TEST(SchedulerPrefixCache, SharedPrefixHitsAndOutputsEqualTheCacheOff) {
+  auto model = load_demo();
+  const std::string system =
+      "In the beginning God created the heaven and the earth. And the earth was without form, "
+      "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
+      "the face of the waters. And God said, Let there be light: and there was light. ";
+  std::vector<ServeRequest> requests;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    ServeRequest r;
+    r.prompt = encode(*model, system + kPrompts[i]);
+    r.max_tokens = 12;
+    r.ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  auto run = [&](bool cache_on) {
+    SchedulerOptions o{.max_seqs = 3, .prefill_chunk = 24};
+    o.cache.enabled = cache_on;
+    Scheduler sched(*model, o);
+    std::vector<Outcome> out;
+    // The first request alone fills the cache; the rest run concurrently.
+    out.push_back(drain(*sched.submit(requests[0])));
+    std::vector<std::shared_ptr<ServeStream>> streams;
+    for (size_t i = 1; i < requests.size(); ++i) streams.push_back(sched.submit(requests[i]));
+    for (auto& s : streams) out.push_back(drain(*s));
+    return std::pair(out, settled(sched));
+  };
+  const auto [off, off_stats] = run(false);
+  const auto [on, on_stats] = run(true);
+  int64_t cached = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(on[i].tokens, off[i].tokens) << i;
+    EXPECT_EQ(on[i].text, off[i].text) << i;
+    EXPECT_EQ(off[i].usage.cached_tokens, 0);
+    cached += on[i].usage.cached_tokens;
+    EXPECT_EQ(on[i].usage.cached_tokens % 16, 0) << "whole pages only";
+  }
+  EXPECT_EQ(on[0].usage.cached_tokens, 0);
+  const int64_t shared = static_cast<int64_t>(encode(*model, system).size()) / 16 * 16;
+  EXPECT_GE(cached, shared * static_cast<int64_t>(requests.size() - 1) / 2);
+  EXPECT_EQ(off_stats.cache.hits, 0);
+  EXPECT_GE(on_stats.cache.hits, static_cast<int64_t>(requests.size()) - 1);
+  EXPECT_EQ(on_stats.cache.tokens_saved, cached);
+  EXPECT_GT(on_stats.cache.bytes_held, 0u);
+  EXPECT_LT(on_stats.prefill_tokens, off_stats.prefill_tokens);
+  EXPECT_EQ(on_stats.kv_pages_free + on_stats.cache.pages_held, on_stats.kv_pages_total);
+}
+
+// A cache that fills the KV pool is evicted as new requests need pages; outputs unchanged.
+TEST(SchedulerPrefixCache, CachedPagesGiveWayToNewRequests) {
+  auto model = load_demo(/*kv_tokens=*/160);
+  std::vector<ServeRequest> requests;
+  std::vector<GenerateResult> want;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    ServeRequest r;
+    r.prompt = encode(*model, kPrompts[i] + " " + kPrompts[(i + 3) % kPrompts.size()]);
+    r.max_tokens = 30;
+    r.ignore_eos = true;
+    GenerateOptions g;
+    g.max_new_tokens = 30;
+    g.ignore_eos = true;
+    Session s(*model);
+    want.push_back(s.generate(r.prompt, g));
+    requests.push_back(std::move(r));
+  }
+  Scheduler sched(*model, {.max_seqs = 2});
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Outcome got = drain(*sched.submit(requests[i]));
+    EXPECT_EQ(got.tokens, want[i].tokens) << i << ": " << got.error;
+  }
+  const SchedulerStats st = settled(sched);
+  EXPECT_GT(st.cache.evicted_pages, 0);
+  EXPECT_EQ(st.kv_pages_free + st.cache.pages_held, st.kv_pages_total);
+}
+
+}  // namespace
+}  // namespace metrale
