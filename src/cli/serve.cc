@@ -30,6 +30,7 @@ struct ServeFlags {
   double request_timeout_s = 600;
   int64_t prefill_chunk = 0;
   int64_t max_queue = 256;
+  int64_t state_snapshots = -1;  // -1: 2 per stream slot with the prefix cache, else 0
 };
 
 // --kv-budget BYTES -> KV capacity in tokens: the budget over what one token keeps in every
@@ -83,6 +84,11 @@ void run_serve(ServeFlags f) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   LoadOptions load = f.model.load_options();
+  // Hybrid models resume a cached prefix only from a recurrent-state snapshot taken at its
+  // page boundary (serve/prefix_cache.h), so the prefix cache needs snapshot blocks in the
+  // state pool; dense models ignore this.
+  load.state_snapshots =
+      f.state_snapshots >= 0 ? f.state_snapshots : (f.no_prefix_cache ? 0 : 2 * f.model.max_seqs);
   if (!f.kv_budget.empty()) {
     METRALE_CHECK(f.model.kv_tokens == 0, "give only one of --kv-budget and --kv-tokens");
     load.kv_tokens = kv_tokens_for_budget(f.model.dir, f.kv_budget);
@@ -146,6 +152,10 @@ void setup(CLI::App& app) {
   cmd->add_option("--prefill-chunk", f->prefill_chunk,
                   "prompt tokens prefilled per engine step (0: --max-rows)")
       ->check(CLI::Range(int64_t{0}, int64_t{65536}));
+  cmd->add_option("--state-snapshots", f->state_snapshots,
+                  "hybrid models: recurrent-state snapshots the prefix cache may keep "
+                  "(default: 2 per --max-seqs; 0 with --no-prefix-cache)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
   cmd->add_option("--max-queue", f->max_queue, "waiting requests beyond this get 429")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--http-threads", f->http.threads,

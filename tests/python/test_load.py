@@ -89,13 +89,18 @@ class LoadTest(unittest.TestCase):
             self.assertEqual(metrics["metrale_requests_rejected_total"], 0)
             self.assertEqual(metrics["metrale_requests_cancelled_total"], 0)
             self.assertEqual(metrics["metrale_requests_finished_total"], 2 * WAVE + len(reference))
+            # The shared system prompt (and each repeated request) comes from the prefix cache.
+            self.assertGreater(metrics["metrale_prefix_cache_hits_total"], WAVE)
+            self.assertGreater(metrics["metrale_prefix_cache_tokens_saved_total"], 0)
             # Memory: a bounded pool of pages and threads, not per-request growth. The second
             # wave repeats the first's requests, so a leak would show as growth between them.
             self.assertLess(peak[0], 1024 * 1024, "peak RSS over 1 GiB")
             self.assertLess(rss_after[1] - rss_after[0], 32 * 1024,
                             f"RSS grew {rss_after[1] - rss_after[0]} KiB across a repeated wave")
             print(f"\n{2 * WAVE} streamed requests from {CLIENTS} clients in {elapsed:.1f} s; "
-                  f"peak RSS {peak[0] // 1024} MiB, after each wave {[r // 1024 for r in rss_after]} MiB")
+                  f"peak RSS {peak[0] // 1024} MiB, after each wave {[r // 1024 for r in rss_after]} MiB; "
+                  f"prefix cache: {metrics['metrale_prefix_cache_hits_total']:.0f} hits, "
+                  f"{metrics['metrale_prefix_cache_tokens_saved_total']:.0f} tokens saved")
         finally:
             self.assertEqual(server.stop(), 0)
 
