@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -483,6 +484,19 @@ void HttpServer::Impl::setup() {
   server.set_tcp_nodelay(true);  // SSE events are small and must leave at once
 
   server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // A request with a body for any path but the POST endpoints is answered before httplib
+    // reads that body into memory (it would read a chunked one without limit). The body is
+    // left unread, so the connection cannot be reused.
+    static const std::array<std::string_view, 4> kPostPaths = {
+        "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"};
+    const bool post_endpoint =
+        req.method == "POST" &&
+        std::find(kPostPaths.begin(), kPostPaths.end(), req.path) != kPostPaths.end();
+    if (req.method != "GET" && req.method != "HEAD" && !post_endpoint) {
+      res.set_header("Connection", "close");
+      send_json(res, 404, error_body(404, "no such endpoint: " + req.method + " " + req.path));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options.api_key.empty() || req.path == "/health") {
       return httplib::Server::HandlerResponse::Unhandled;
     }
@@ -493,6 +507,7 @@ void HttpServer::Impl::setup() {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     res.set_header("WWW-Authenticate", "Bearer");
+    res.set_header("Connection", "close");  // a POST body, if any, is left unread
     send_error(res, ApiError(401,
                              auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'"
                                           : "invalid API key",

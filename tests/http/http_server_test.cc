@@ -118,6 +118,26 @@ TEST_F(ServerFixture, UnknownPathsAndModelsAre404) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
   EXPECT_EQ(error_of(r)["type"], "not_found_error");
+  // Bodies sent anywhere else are refused unread (a chunked one is not buffered).
+  auto put = client_->Put("/v1/completions", R"({"prompt": "x"})", "application/json");
+  ASSERT_TRUE(put);
+  EXPECT_EQ(put->status, 404);
+  httplib::Client c("127.0.0.1", port_);
+  c.set_bearer_token_auth(kKey);
+  auto chunked = c.Post(
+      "/v1/elsewhere",
+      [](size_t offset, httplib::DataSink& sink) {
+        if (offset >= (size_t{1} << 20)) {
+          sink.done();
+          return true;
+        }
+        const std::string block(4096, ' ');
+        return sink.write(block.data(), block.size());
+      },
+      "application/json");
+  if (chunked) {
+    EXPECT_EQ(chunked->status, 404);
+  }
   auto m = post("/v1/completions", R"({"model": "gpt-9", "prompt": "x"})");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 404);
