@@ -132,6 +132,9 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching)");
   f->model.add_to(*cmd);
+  // The shared flag means more here: the scheduler's stream slots, for every model.
+  cmd->get_option("--max-seqs")
+      ->description("streams decoding at once (hybrid models: also their recurrent-state slots)");
   cmd->add_option("--host", f->http.host,
                   "address to listen on (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", f->http.port, "TCP port (0: any free one)")
