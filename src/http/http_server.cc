@@ -482,6 +482,12 @@ void HttpServer::Impl::setup() {
   server.set_read_timeout(options.read_timeout);
   server.set_write_timeout(options.write_timeout);
   server.set_tcp_nodelay(true);  // SSE events are small and must leave at once
+  // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently take half the connections; SO_REUSEADDR alone still allows a quick restart.
+  server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
 
   server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     // A request with a body for any path but the POST endpoints is answered before httplib

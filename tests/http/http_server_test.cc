@@ -113,6 +113,13 @@ TEST_F(ServerFixture, HealthNeedsNoKeyEverythingElseDoes) {
   EXPECT_EQ(models["data"][0]["object"], "model");
 }
 
+TEST_F(ServerFixture, APortInUseIsAnError) {
+  HttpServerOptions o;
+  o.port = port_;
+  HttpServer second(*scheduler_, std::nullopt, o);
+  EXPECT_THROW(second.bind(), Error);
+}
+
 TEST_F(ServerFixture, UnknownPathsAndModelsAre404) {
   auto r = client_->Get("/v1/nothing");
   ASSERT_TRUE(r);
