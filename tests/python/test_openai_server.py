@@ -7,6 +7,7 @@ Run: build/venv/bin/python tests/python/test_openai_server.py (ctest runs it).
 import concurrent.futures
 import json
 import subprocess
+import time
 import unittest
 
 import openai
@@ -157,6 +158,19 @@ class OpenAiServerTest(unittest.TestCase):
             wrong.models.list()
         with self.assertRaises(openai.AuthenticationError):
             wrong.completions.create(model=self.model, prompt="x", max_tokens=1)
+
+    def test_a_client_that_closes_its_stream_cancels_the_request(self):
+        before = self.server.metrics()["metrale_requests_cancelled_total"]
+        stream = self.client.completions.create(model=self.model, prompt="And", max_tokens=1000,
+                                                stream=True, extra_body={"ignore_eos": True})
+        for i, _ in enumerate(stream):
+            if i == 2:
+                break
+        stream.close()  # hang up mid-stream
+        deadline = time.time() + 10
+        while self.server.metrics()["metrale_requests_cancelled_total"] == before:
+            self.assertLess(time.time(), deadline, "the server never cancelled the request")
+            time.sleep(0.02)
 
     def test_concurrent_streams_equal_each_request_alone(self):
         prompts = ["And God said", "In the beginning", "The LORD is my shepherd", "And Moses",
