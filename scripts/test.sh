@@ -6,6 +6,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/bootstrap.sh
 bash scripts/check_format.sh
+# The Python tests' venv (tests/python/requirements.txt: the official openai client): made
+# once, reinstalled only when the requirements change.
+venv=build/venv
+if ! cmp -s tests/python/requirements.txt "$venv/requirements.txt" 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+  cp tests/python/requirements.txt "$venv/requirements.txt"
+fi
 jobs="${METRALE_JOBS:-$(nproc)}"
 cmake --preset ci
 cmake --build --preset ci -j "$jobs"

@@ -1,0 +1,100 @@
+// libFuzzer target for the OpenAI request parser of `metrale serve`: any body must become a
+// request or an http::ApiError (a 400 to the client), never a crash, sanitizer report, hang or
+// a stray exception of another type (which the server would answer with a 500).
+// The first byte picks the endpoint (chat, completions, /tokenize, /detokenize); the rest is
+// the body. A chat request that parses is rendered with a small template and tokenized, and
+// every request that parses is mapped to a ServeRequest against a 1024-token context and its
+// responses formatted, as the server does.
+//
+//   ./openai_request_fuzz -dict=fuzz/openai_request.dict -max_len=4096 /tmp/openai_corpus
+// (run from the source root: it reads models/demo/tokenizer.json)
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chat/chat_template.h"
+#include "core/error.h"
+#include "http/openai_api.h"
+#include "io/tokenizer/tokenizer.h"
+
+namespace {
+
+using namespace metrale;
+
+const Tokenizer& tokenizer() {
+  static const Tokenizer tok = Tokenizer::from_file("models/demo/tokenizer.json");
+  return tok;
+}
+
+const chat::ChatTemplate& chat_template() {
+  static const chat::ChatTemplate t = chat::ChatTemplate::from_string(
+      "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+      "{% if tools %}{{ tools | tojson }}{% endif %}"
+      "{% if add_generation_prompt %}<|assistant|>{% endif %}",
+      "fuzz-template");
+  return t;
+}
+
+void respond(const http::OpenAiRequest& r, std::vector<int32_t> prompt) {
+  const ServeRequest s = http::to_serve_request(r, std::move(prompt), 1024);
+  // Format what a stream of these prompt tokens would send back.
+  ServeEvent e;
+  e.text = tokenizer().decode(
+      std::span<const int32_t>(s.prompt).first(std::min<size_t>(s.prompt.size(), 4)), false);
+  for (int32_t id : s.prompt)
+    e.logprobs.push_back({.id = id, .logprob = -1.0f, .top = {{id, -1.0f}}});
+  e.done = true;
+  e.finish = s.max_tokens % 2 ? FinishReason::kStop : FinishReason::kLength;
+  http::SseEncoder enc(r.kind, {"id-1", 0, r.model}, r.top_logprobs >= 0, r.include_usage,
+                       tokenizer());
+  (void)enc.encode(e);
+  http::Collected c;
+  c.add(e);
+  (void)http::dump_json(r.kind == http::ApiKind::kChat
+                            ? http::chat_completion_json({"id", 0, r.model}, c, true, tokenizer())
+                            : http::text_completion_json({"id", 0, r.model}, c, true, tokenizer()));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
+  try {
+    switch (data[0] % 4) {
+      case 0: {
+        const http::OpenAiRequest r = http::parse_chat_request(body);
+        std::string text;
+        try {
+          text = chat_template().render(r.chat);
+        } catch (const Error&) {
+          return 0;  // the server answers 400
+        }
+        respond(r, tokenizer().encode(text, false));
+        break;
+      }
+      case 1: {
+        const http::OpenAiRequest r = http::parse_completion_request(body);
+        std::vector<int32_t> prompt =
+            r.prompt_is_ids ? r.prompt_ids : tokenizer().encode(r.prompt_text, true);
+        // Ids past the vocabulary are the scheduler's to refuse; keep the formatting in range.
+        for (int32_t& id : prompt) id %= static_cast<int32_t>(tokenizer().id_limit());
+        respond(r, std::move(prompt));
+        break;
+      }
+      case 2:
+        (void)http::tokenize_response(body, tokenizer());
+        break;
+      default:
+        (void)http::detokenize_response(body, tokenizer());
+        break;
+    }
+  } catch (const http::ApiError&) {
+  } catch (const Error&) {
+  }
+  return 0;
+}

@@ -1,0 +1,172 @@
+// `metrale serve --model DIR`: the OpenAI-compatible HTTP server (http/http_server.h) over the
+// continuous-batching scheduler. Prints the URL once it listens; SIGINT / SIGTERM stop it
+// cleanly (waiting requests get 503, streams end, the engine thread joins).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "engine/kv_pool.h"
+#include "engine/state_pool.h"
+#include "http/http_server.h"
+#include "io/config/model_config.h"
+
+namespace metrale::cli {
+namespace {
+
+struct ServeFlags {
+  ModelFlags model;
+  http::HttpServerOptions http;
+  std::string kv_budget;
+  std::string chat_template;
+  bool no_prefix_cache = false;
+  double request_timeout_s = 600;
+  int64_t prefill_chunk = 0;
+  int64_t max_queue = 256;
+  int64_t state_snapshots = -1;  // -1: 2 per stream slot with the prefix cache, else 0
+};
+
+// --kv-budget BYTES -> KV capacity in tokens: the budget over what one token keeps in every
+// layer's cache (kv_shapes, f32 storage), read from config.json before the load.
+int64_t kv_tokens_for_budget(const std::string& dir, const std::string& budget) {
+  const uint64_t bytes = parse_byte_size(budget, "--kv-budget");
+  int64_t per_token = 0;
+  for (const KvShape& s : kv_shapes(load_model_config(dir))) per_token += s.bytes_per_token();
+  METRALE_CHECK(per_token > 0, dir, ": this model keeps no KV cache; --kv-budget does not apply");
+  const auto tokens = static_cast<int64_t>(bytes / static_cast<uint64_t>(per_token));
+  METRALE_CHECK(tokens >= 16, "--kv-budget ", budget, " holds ", tokens, " tokens at ", per_token,
+                " bytes per token; give at least 16 tokens' worth");
+  return std::min<int64_t>(tokens, int64_t{1} << 24);
+}
+
+std::optional<chat::ChatTemplate> load_chat_template(const ServeFlags& f, const Model& model) {
+  if (!f.chat_template.empty()) {
+    std::ifstream in(f.chat_template, std::ios::binary);
+    METRALE_CHECK(in.good(), "--chat-template ", f.chat_template, ": cannot read the file");
+    std::ostringstream text;
+    text << in.rdbuf();
+    // The model's named special tokens still reach the template (bos_token, eos_token, ...),
+    // as transformers passes its tokenizer's to any template.
+    std::map<std::string, std::string> specials;
+    const TokenizerConfig& tc = model.tokenizer()->config();
+    for (const auto& [name, value] :
+         {std::pair{"bos_token", tc.bos_token}, std::pair{"eos_token", tc.eos_token},
+          std::pair{"pad_token", tc.pad_token}, std::pair{"unk_token", tc.unk_token}}) {
+      if (value) specials[name] = *value;
+    }
+    return chat::ChatTemplate::from_string(text.str(), f.chat_template, std::move(specials));
+  }
+  try {
+    return chat::ChatTemplate::load(f.model.dir);
+  } catch (const Error& e) {
+    std::fprintf(stderr,
+                 "metrale serve: no chat template (%s); /v1/chat/completions answers 400 "
+                 "until one is given with --chat-template FILE\n",
+                 e.what());
+    return std::nullopt;
+  }
+}
+
+void run_serve(ServeFlags f) {
+  // Signals go to one thread that waits for them; block them before any other thread (the
+  // model's thread pool, the scheduler, httplib's pool) exists, so all inherit the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  LoadOptions load = f.model.load_options();
+  // Hybrid models resume a cached prefix only from a recurrent-state snapshot taken at its
+  // page boundary (serve/prefix_cache.h), so the prefix cache needs snapshot blocks in the
+  // state pool; dense models ignore this.
+  load.state_snapshots =
+      f.state_snapshots >= 0 ? f.state_snapshots : (f.no_prefix_cache ? 0 : 2 * f.model.max_seqs);
+  if (!f.kv_budget.empty()) {
+    METRALE_CHECK(f.model.kv_tokens == 0, "give only one of --kv-budget and --kv-tokens");
+    load.kv_tokens = kv_tokens_for_budget(f.model.dir, f.kv_budget);
+  }
+  std::unique_ptr<Model> model = Model::load(f.model.dir, load);
+  METRALE_CHECK(model->tokenizer() != nullptr, f.model.dir,
+                ": no tokenizer.json; the server needs one to read prompts and write text");
+  std::optional<chat::ChatTemplate> tmpl = load_chat_template(f, *model);
+
+  SchedulerOptions so;
+  so.max_seqs = f.model.max_seqs;
+  so.max_queue = f.max_queue;
+  so.prefill_chunk = f.prefill_chunk;
+  so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.request_timeout_s * 1000));
+  so.cache.enabled = !f.no_prefix_cache;
+  Scheduler scheduler(*model, so);
+
+  http::HttpServer server(scheduler, std::move(tmpl), f.http);
+  const int port = server.bind();
+  std::printf("metrale serve: %s on http://%s:%d/v1 (KV %lld tokens, %lld streams)\n",
+              server.model_name().c_str(), f.http.host.c_str(), port,
+              static_cast<long long>(model->kv_pool().layout().n_pages *
+                                     model->kv_pool().layout().page_size),
+              static_cast<long long>(so.max_seqs));
+  std::fflush(stdout);
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    std::fprintf(stderr, "metrale serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    server.stop();
+  });
+  server.listen();
+  // listen() returns only after stop(), or when accepting failed: wake the signal thread
+  // either way (a pending signal is consumed by its sigwait).
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+}
+
+void setup(CLI::App& app) {
+  auto f = std::make_shared<ServeFlags>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching)");
+  f->model.add_to(*cmd);
+  // The shared flag means more here: the scheduler's stream slots, for every model.
+  cmd->get_option("--max-seqs")
+      ->description("streams decoding at once (hybrid models: also their recurrent-state slots)");
+  cmd->add_option("--host", f->http.host,
+                  "address to listen on (default 127.0.0.1: this machine only)");
+  cmd->add_option("--port", f->http.port, "TCP port (0: any free one)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", f->http.api_key,
+                  "require 'Authorization: Bearer KEY' on every endpoint but /health");
+  cmd->add_option("--model-name", f->http.model_name,
+                  "the model id clients use (default: the model directory's name)");
+  cmd->add_option("--chat-template", f->chat_template,
+                  "a Jinja chat template file to use instead of the checkpoint's");
+  cmd->add_option("--kv-budget", f->kv_budget,
+                  "bytes for the KV cache (e.g. 2GiB); sets the capacity in tokens");
+  cmd->add_flag("--no-prefix-cache", f->no_prefix_cache,
+                "do not reuse the KV of shared prompt prefixes");
+  cmd->add_option("--request-timeout", f->request_timeout_s,
+                  "seconds a request may take, queueing included")
+      ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--prefill-chunk", f->prefill_chunk,
+                  "prompt tokens prefilled per engine step (0: --max-rows)")
+      ->check(CLI::Range(int64_t{0}, int64_t{65536}));
+  cmd->add_option("--state-snapshots", f->state_snapshots,
+                  "hybrid models: recurrent-state snapshots the prefix cache may keep "
+                  "(default: 2 per --max-seqs; 0 with --no-prefix-cache)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
+  cmd->add_option("--max-queue", f->max_queue, "waiting requests beyond this get 429")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--http-threads", f->http.threads,
+                  "connections served at once (each streaming client holds one)")
+      ->check(CLI::Range(2, 4096));
+  cmd->callback([f] { run_serve(*f); });
+}
+
+}  // namespace
+METRALE_REGISTER_COMMAND(setup);
+}  // namespace metrale::cli

@@ -1,0 +1,624 @@
+#include "http/http_server.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include <httplib.h>
+
+#include "http/openai_api.h"
+#include "io/tokenizer/tokenizer.h"
+
+namespace metrale::http {
+namespace {
+
+constexpr const char* kJson = "application/json";
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void send_json(httplib::Response& res, int status, const std::string& body) {
+  res.status = status;
+  res.set_content(body, kJson);
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.status(), dump_json(e.to_json()));
+}
+
+// Constant-time comparison, so the key cannot be guessed byte by byte from response times.
+bool same_secret(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  }
+  return diff == 0;
+}
+
+// The address and port of a socket end, printed as httplib prints req.remote_addr.
+bool socket_end(const sockaddr_storage& addr, socklen_t len, std::string& ip, int& port) {
+  std::array<char, NI_MAXHOST> host{};
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host.data(), host.size(), nullptr,
+                  0, NI_NUMERICHOST) != 0) {
+    return false;
+  }
+  ip = host.data();
+  if (addr.ss_family == AF_INET) {
+    port = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    port = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Calls fn(fd) for each socket of this process (from /proc/self/fd, Linux) until it returns
+// true; returns that fd, or -1.
+template <typename F>
+int find_socket(F&& fn) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;
+    if (fn(static_cast<int>(fd))) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// The socket of the connection a handler serves. cpp-httplib 0.11 gives a handler no access
+// to it (Request carries only the two ends' addresses, and the only hook on accepted sockets
+// is a private virtual), yet a non-streaming request must notice a client that hung up while
+// it waited, or a dead client's sequence would decode to max_tokens. A TCP connection is the
+// one socket of this process with its (local port, peer address, peer port), so the handler
+// finds it among /proc/self/fd (microseconds for the few hundred descriptors a server holds),
+// once per request. The connection thread owns the socket until the handler returns, so the
+// descriptor cannot be closed or reused meanwhile. -1 when not found (the request is then
+// only bounded by its timeout).
+int find_connection_socket(const httplib::Request& req) {
+  return find_socket([&](int fd) {
+    sockaddr_storage local{}, peer{};
+    socklen_t local_len = sizeof local, peer_len = sizeof peer;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
+      return false;  // not a socket, or not a connected one
+    }
+    std::string local_ip, peer_ip;
+    int local_port = -1, peer_port = -1;
+    return socket_end(local, local_len, local_ip, local_port) &&
+           socket_end(peer, peer_len, peer_ip, peer_port) && local_port == req.local_port &&
+           peer_port == req.remote_port && peer_ip == req.remote_addr;
+  });
+}
+
+// Debian's libcpp-httplib 0.11 is built with a listen backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG
+// is compiled into the library, so defining it here changes nothing): 32 clients connecting at
+// once would see dropped SYNs and second-long retries. Linux lets listen() be called again on a
+// listening socket to change its backlog, so the server finds its socket and raises it.
+void raise_listen_backlog(int port) {
+  find_socket([&](int fd) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    sockaddr_storage local{};
+    socklen_t local_len = sizeof local;
+    std::string ip;
+    int local_port = -1;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+        !socket_end(local, local_len, ip, local_port) || local_port != port) {
+      return false;
+    }
+    ::listen(fd, SOMAXCONN);
+    return true;
+  });
+}
+
+// Whether the peer closed or reset the connection: HTTP clients do not half-close while
+// awaiting a response, so a FIN (POLLRDHUP) means it went away.
+bool peer_gone(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Scheduler& scheduler;
+  const Model& model;
+  const Tokenizer& tok;
+  std::optional<chat::ChatTemplate> chat_template;
+  HttpServerOptions options;
+  std::string model_name;
+  int64_t created = unix_now();
+  httplib::Server server;
+  int port = -1;
+  std::atomic<bool> stopping{false};
+
+  // Counters the scheduler does not keep.
+  mutable std::mutex metrics_mu;
+  std::map<int, int64_t> responses_by_status;                       // guarded by metrics_mu
+  std::map<std::pair<std::string, std::string>, int64_t> finishes;  // (endpoint, reason)
+  std::atomic<int64_t> client_disconnects{0};
+
+  Impl(Scheduler& s, std::optional<chat::ChatTemplate> t, HttpServerOptions o)
+      : scheduler(s),
+        model(s.model()),
+        tok(*s.model().tokenizer()),
+        chat_template(std::move(t)),
+        options(std::move(o)) {
+    model_name = options.model_name.empty() ? model.dir().filename().string() : options.model_name;
+    if (model_name.empty()) model_name = model.dir().parent_path().filename().string();
+    setup();
+  }
+
+  void count_finish(const char* endpoint, FinishReason r) {
+    std::lock_guard lock(metrics_mu);
+    ++finishes[{endpoint, std::string(finish_reason_name(r))}];
+  }
+
+  void setup();
+  std::string read_body(const httplib::Request& req, httplib::Response& res,
+                        const httplib::ContentReader& reader) const;
+  std::vector<int32_t> encode_prompt(const OpenAiRequest& r) const;
+  std::shared_ptr<ServeStream> submit(ServeRequest request) const;
+  void generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
+                const httplib::ContentReader& reader);
+  void respond_streaming(ApiKind kind, const OpenAiRequest& r, std::shared_ptr<ServeStream> stream,
+                         ResponseMeta meta, httplib::Response& res);
+  void respond_whole(ApiKind kind, const OpenAiRequest& r,
+                     const std::shared_ptr<ServeStream>& stream, const ResponseMeta& meta,
+                     const httplib::Request& req, httplib::Response& res);
+  std::string metrics() const;
+};
+
+// Runs a handler body, turning every failure into an OpenAI error response: the server
+// itself never sees an exception from a request.
+template <typename F>
+void guarded(httplib::Response& res, F&& body) {
+  try {
+    body();
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  } catch (const SchedulerBusy& e) {
+    // A full queue is the client's cue to retry later (429); a stopping server is 503.
+    send_error(res, ApiError(e.stopping() ? 503 : 429, e.message(), "", "",
+                             e.stopping() ? "server_stopping" : "queue_full"));
+  } catch (const Error& e) {
+    send_error(res, ApiError(400, e.message()));
+  } catch (const std::exception& e) {
+    send_error(res, ApiError(500, std::string("internal error: ") + e.what()));
+  }
+}
+
+std::string HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response& res,
+                                        const httplib::ContentReader& reader) const {
+  // A request with neither Content-Length nor chunked encoding has no body (RFC 9112 6.3);
+  // httplib 0.11 would read one until the client closes or the read timeout fires.
+  if (!req.has_header("Content-Length") &&
+      req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos) {
+    return "";
+  }
+  // httplib 0.11 enforces its payload limit only on a Content-Length body (413 before reading
+  // it); a chunked body would grow without bound, so the receiver stops it here.
+  std::string body;
+  bool too_big = false;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (body.size() + n > options.max_body_bytes) {
+      too_big = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (too_big || res.status == 413) {
+    // What is left of the body is unread: the connection cannot be reused.
+    res.set_header("Connection", "close");
+    throw ApiError(413,
+                   "request body larger than " + std::to_string(options.max_body_bytes) + " bytes",
+                   "", "", "payload_too_large");
+  }
+  if (!ok) throw ApiError(400, "could not read the request body");
+  return body;
+}
+
+std::vector<int32_t> HttpServer::Impl::encode_prompt(const OpenAiRequest& r) const {
+  if (r.kind == ApiKind::kCompletion) {
+    if (r.prompt_is_ids) return r.prompt_ids;
+    // A text prompt gets the tokenizer's special tokens (bos), as `metrale generate`,
+    // vLLM and llama-server encode a completion prompt.
+    return tok.encode(r.prompt_text, /*add_special_tokens=*/true);
+  }
+  if (!chat_template) {
+    throw ApiError(400,
+                   "this model has no chat template (neither chat_template.jinja nor "
+                   "tokenizer_config.json's chat_template): start the server with "
+                   "--chat-template FILE, or use /v1/completions",
+                   "messages", "", "no_chat_template");
+  }
+  std::string text;
+  try {
+    text = chat_template->render(r.chat);
+  } catch (const Error& e) {
+    throw ApiError(400, "chat template: " + e.message(), "messages");
+  }
+  // The rendered text already holds every special token the template wants (bos included):
+  // encode it without adding more, as transformers' apply_chat_template(tokenize=True) and
+  // vLLM do (llama-server gets the same ids by dropping a leading bos from the rendered text
+  // and letting the tokenizer add it).
+  return tok.encode(text, /*add_special_tokens=*/false);
+}
+
+std::shared_ptr<ServeStream> HttpServer::Impl::submit(ServeRequest request) const {
+  if (stopping) throw ApiError(503, "the server is stopping", "", "", "server_stopping");
+  return scheduler.submit(std::move(request));
+}
+
+void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& reader) {
+  const std::string body = read_body(req, res, reader);
+  const OpenAiRequest r =
+      kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
+  if (!r.model.empty() && r.model != model_name) {
+    throw ApiError(
+        404,
+        "The model `" + r.model + "` does not exist (this server serves `" + model_name + "`).",
+        "model", "", "model_not_found");
+  }
+  ServeRequest s = to_serve_request(r, encode_prompt(r), model.context_limit());
+  std::shared_ptr<ServeStream> stream = submit(std::move(s));
+  ResponseMeta meta{(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),
+                    unix_now(), model_name};
+  if (r.stream) {
+    respond_streaming(kind, r, std::move(stream), std::move(meta), res);
+  } else {
+    respond_whole(kind, r, stream, meta, req, res);
+  }
+}
+
+void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r,
+                                     const std::shared_ptr<ServeStream>& stream,
+                                     const ResponseMeta& meta, const httplib::Request& req,
+                                     httplib::Response& res) {
+  const int fd = find_connection_socket(req);
+  Collected c;
+  std::vector<ServeEvent> events;
+  // The client is checked every poll_interval, whether tokens are flowing or not: a request
+  // decoding steadily must notice a hang-up as soon as a waiting one.
+  auto next_check = std::chrono::steady_clock::now() + options.poll_interval;
+  while (!c.done) {
+    if (stopping) {
+      stream->cancel();
+      throw ApiError(503, "the server is stopping", "", "", "server_stopping");
+    }
+    events.clear();
+    stream->next(events, options.poll_interval);
+    for (ServeEvent& e : events) c.add(e);
+    if (c.done) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_check) continue;
+    next_check = now + options.poll_interval;
+    if (peer_gone(fd)) {
+      // Nobody will read the answer: free the sequence now. 499 ("client closed request",
+      // nginx's code) only shows in the logs and /metrics.
+      stream->cancel();
+      ++client_disconnects;
+      res.status = 499;
+      return;
+    }
+  }
+  const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
+  count_finish(endpoint, c.finish);
+  switch (c.finish) {
+    case FinishReason::kStop:
+    case FinishReason::kLength: {
+      const bool logprobs = r.top_logprobs >= 0;
+      send_json(res, 200,
+                dump_json(kind == ApiKind::kChat ? chat_completion_json(meta, c, logprobs, tok)
+                                                 : text_completion_json(meta, c, logprobs, tok)));
+      return;
+    }
+    case FinishReason::kTimeout:
+      throw ApiError(503,
+                     "the request timed out after generating " +
+                         std::to_string(c.usage.completion_tokens) + " tokens",
+                     "", "", "timeout");
+    case FinishReason::kCancelled:
+      throw ApiError(503, "the request was cancelled", "", "", "cancelled");
+    case FinishReason::kError:
+      throw ApiError(500, "generation failed: " + c.error);
+  }
+}
+
+void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
+                                         std::shared_ptr<ServeStream> stream, ResponseMeta meta,
+                                         httplib::Response& res) {
+  // The provider runs on this connection's thread after the handler returns, once per chunk,
+  // until sink.done(). Whatever ends it early (a failed write, a dead socket, the server
+  // stopping) leaves `finished` false, and the releaser cancels the stream.
+  struct State {
+    std::shared_ptr<ServeStream> stream;
+    SseEncoder encoder;
+    std::vector<ServeEvent> events;
+    bool finished = false;
+    std::chrono::steady_clock::time_point next_check;
+  };
+  auto state = std::make_shared<State>(
+      State{stream,
+            SseEncoder(kind, std::move(meta), r.top_logprobs >= 0, r.include_usage, tok),
+            {},
+            false,
+            std::chrono::steady_clock::now() + options.poll_interval});
+  const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");  // proxies must not hold events back
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, state, endpoint](size_t /*offset*/, httplib::DataSink& sink) {
+        state->events.clear();
+        const bool got = state->stream->next(state->events, options.poll_interval);
+        // Is anyone still listening? Checked every poll_interval (a write to a closed
+        // connection fails too, but only once text is written: a queued request, a long
+        // prefill or text held back by a stop string writes nothing). is_writable() also
+        // peeks the socket, so a closed connection shows here.
+        const auto now = std::chrono::steady_clock::now();
+        if (!got || now >= state->next_check) {
+          state->next_check = now + options.poll_interval;
+          if (stopping || !sink.is_writable()) {
+            if (!stopping) ++client_disconnects;
+            state->stream->cancel();
+            return false;
+          }
+        }
+        if (!got) return true;
+        std::string out;
+        for (const ServeEvent& e : state->events) {
+          out += state->encoder.encode(e);
+          if (e.done) count_finish(endpoint, e.finish);
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          ++client_disconnects;
+          state->stream->cancel();
+          return false;
+        }
+        if (state->encoder.finished()) {
+          state->finished = true;
+          sink.done();
+        }
+        return true;
+      },
+      [state](bool /*success*/) {
+        if (!state->finished) state->stream->cancel();
+      });
+}
+
+std::string HttpServer::Impl::metrics() const {
+  const SchedulerStats s = scheduler.stats();
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
+      << name << ' ' << value << '\n';
+  };
+  metric("metrale_requests_running", "gauge", "Requests decoding in the batch.", s.running);
+  metric("metrale_requests_waiting", "gauge", "Requests queued for admission.", s.waiting);
+  metric("metrale_requests_finished_total", "counter", "Requests that finished (stop or length).",
+         s.requests_finished);
+  metric("metrale_requests_cancelled_total", "counter", "Requests cancelled (client gone).",
+         s.requests_cancelled);
+  metric("metrale_requests_timed_out_total", "counter", "Requests past their deadline.",
+         s.requests_timed_out);
+  metric("metrale_requests_failed_total", "counter", "Requests the engine failed.",
+         s.requests_failed);
+  metric("metrale_requests_rejected_total", "counter", "Requests refused (queue full).",
+         s.requests_rejected);
+  metric("metrale_preemptions_total", "counter", "Streams preempted for KV pages (recomputed).",
+         s.preemptions);
+  metric("metrale_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+         s.prompt_tokens);
+  metric("metrale_prefill_tokens_total", "counter", "Prompt tokens computed (not from the cache).",
+         s.prefill_tokens);
+  metric("metrale_generated_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
+  metric("metrale_steps_total", "counter", "Engine steps run.", s.steps);
+  metric("metrale_kv_pages_total", "gauge", "KV cache pages.", s.kv_pages_total);
+  metric("metrale_kv_pages_free", "gauge", "KV cache pages free.", s.kv_pages_free);
+  metric("metrale_prefix_cache_lookups_total", "counter", "Prefix-cache lookups.", s.cache.lookups);
+  metric("metrale_prefix_cache_hits_total", "counter", "Lookups that adopted a cached prefix.",
+         s.cache.hits);
+  metric("metrale_prefix_cache_tokens_saved_total", "counter",
+         "Prompt tokens adopted from the cache instead of computed.", s.cache.tokens_saved);
+  metric("metrale_prefix_cache_pages_held", "gauge", "KV pages the prefix cache holds.",
+         s.cache.pages_held);
+  metric("metrale_prefix_cache_snapshots_held", "gauge",
+         "Recurrent-state snapshots the prefix cache holds.", s.cache.snapshots_held);
+  metric("metrale_prefix_cache_bytes_held", "gauge", "Bytes the prefix cache holds.",
+         s.cache.bytes_held);
+  metric("metrale_prefix_cache_evicted_pages_total", "counter", "Cached pages evicted.",
+         s.cache.evicted_pages);
+  metric("metrale_prefix_cache_evicted_snapshots_total", "counter", "Cached snapshots evicted.",
+         s.cache.evicted_snapshots);
+  metric("metrale_http_client_disconnects_total", "counter",
+         "Requests whose client went away before the end.", client_disconnects.load());
+  std::lock_guard lock(metrics_mu);
+  o << "# HELP metrale_http_requests_finished_total Generation requests answered, by endpoint "
+       "and finish reason.\n# TYPE metrale_http_requests_finished_total counter\n";
+  for (const auto& [key, n] : finishes) {
+    o << "metrale_http_requests_finished_total{endpoint=\"" << key.first << "\",finish_reason=\""
+      << key.second << "\"} " << n << '\n';
+  }
+  o << "# HELP metrale_http_responses_total HTTP responses by status code.\n"
+       "# TYPE metrale_http_responses_total counter\n";
+  for (const auto& [code, n] : responses_by_status) {
+    o << "metrale_http_responses_total{code=\"" << code << "\"} " << n << '\n';
+  }
+  return o.str();
+}
+
+void HttpServer::Impl::setup() {
+  server.new_task_queue = [n = options.threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(n));
+  };
+  server.set_payload_max_length(options.max_body_bytes);
+  server.set_read_timeout(options.read_timeout);
+  server.set_write_timeout(options.write_timeout);
+  server.set_tcp_nodelay(true);  // SSE events are small and must leave at once
+  // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently take half the connections; SO_REUSEADDR alone still allows a quick restart.
+  server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+
+  server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // A request with a body for any path but the POST endpoints is answered before httplib
+    // reads that body into memory (it would read a chunked one without limit). The body is
+    // left unread, so the connection cannot be reused.
+    static const std::array<std::string_view, 4> kPostPaths = {
+        "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"};
+    const bool post_endpoint =
+        req.method == "POST" &&
+        std::find(kPostPaths.begin(), kPostPaths.end(), req.path) != kPostPaths.end();
+    if (req.method != "GET" && req.method != "HEAD" && !post_endpoint) {
+      res.set_header("Connection", "close");
+      send_json(res, 404, error_body(404, "no such endpoint: " + req.method + " " + req.path));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (options.api_key.empty() || req.path == "/health") {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string_view prefix = "Bearer ";
+    if (auth.size() > prefix.size() && auth.compare(0, prefix.size(), prefix) == 0 &&
+        same_secret(std::string_view(auth).substr(prefix.size()), options.api_key)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    res.set_header("WWW-Authenticate", "Bearer");
+    res.set_header("Connection", "close");  // a POST body, if any, is left unread
+    send_error(res, ApiError(401,
+                             auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'"
+                                          : "invalid API key",
+                             "", "", "invalid_api_key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Every error status the handlers did not describe (404 for an unknown path, httplib's own
+  // 400 / 413 / 414) in OpenAI's shape.
+  server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty() || res.status == 499) return;
+    const std::string message = res.status == 404
+                                    ? "no such endpoint: " + req.method + " " + req.path
+                                : res.status == 413 ? "request body too large"
+                                                    : "HTTP error " + std::to_string(res.status);
+    send_json(res, res.status, error_body(res.status, message));
+  });
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_json(res, 500, error_body(500, "internal error: " + what));
+      });
+  server.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+    std::lock_guard lock(metrics_mu);
+    ++responses_by_status[res.status];
+  });
+
+  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (stopping) {
+      send_json(res, 503, error_body(503, "the server is stopping"));
+    } else {
+      send_json(res, 200, R"({"status":"ok"})");
+    }
+  });
+  server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics(), "text/plain; version=0.0.4");
+  });
+  server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const nlohmann::json m = {{"id", model_name},
+                              {"object", "model"},
+                              {"created", created},
+                              {"owned_by", "metrale"},
+                              {"max_model_len", model.context_limit()}};
+    send_json(res, 200,
+              dump_json(nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({m})}}));
+  });
+  server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                             const httplib::ContentReader& reader) {
+    guarded(res, [&] { generate(ApiKind::kChat, req, res, reader); });
+  });
+  server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                        const httplib::ContentReader& reader) {
+    guarded(res, [&] { generate(ApiKind::kCompletion, req, res, reader); });
+  });
+  server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader& reader) {
+    guarded(res, [&] { send_json(res, 200, tokenize_response(read_body(req, res, reader), tok)); });
+  });
+  server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res,
+                                    const httplib::ContentReader& reader) {
+    guarded(res,
+            [&] { send_json(res, 200, detokenize_response(read_body(req, res, reader), tok)); });
+  });
+}
+
+HttpServer::HttpServer(Scheduler& scheduler, std::optional<chat::ChatTemplate> chat_template,
+                       HttpServerOptions options) {
+  METRALE_CHECK(scheduler.model().tokenizer() != nullptr, scheduler.model().dir().string(),
+                ": no tokenizer.json; the server needs one to read prompts and write text");
+  METRALE_CHECK(options.threads >= 2, "HttpServer: threads must be >= 2, found ", options.threads);
+  impl_ = std::make_unique<Impl>(scheduler, std::move(chat_template), std::move(options));
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  Impl& m = *impl_;
+  if (m.options.port == 0) {
+    m.port = m.server.bind_to_any_port(m.options.host);
+  } else {
+    m.port = m.server.bind_to_port(m.options.host, m.options.port) ? m.options.port : -1;
+  }
+  METRALE_CHECK(m.port > 0, "cannot listen on ", m.options.host, ":", m.options.port,
+                " (address in use, or not an address of this machine)");
+  raise_listen_backlog(m.port);
+  return m.port;
+}
+
+void HttpServer::listen() {
+  METRALE_CHECK(impl_->port > 0, "HttpServer::listen: call bind() first");
+  impl_->server.listen_after_bind();
+}
+
+void HttpServer::stop() {
+  impl_->stopping = true;
+  impl_->server.stop();
+}
+
+int HttpServer::port() const { return impl_->port; }
+const std::string& HttpServer::model_name() const { return impl_->model_name; }
+std::string HttpServer::metrics() const { return impl_->metrics(); }
+
+}  // namespace metrale::http

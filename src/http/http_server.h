@@ -1,0 +1,74 @@
+#pragma once
+// `metrale serve`'s HTTP front: an OpenAI-compatible server over cpp-httplib (0.11) and the
+// Scheduler (serve/scheduler.h).
+//
+//   POST /v1/chat/completions   chat template rendered here, then generation (SSE when stream)
+//   POST /v1/completions        text or token-id prompt
+//   GET  /v1/models             the one model served
+//   POST /tokenize, /detokenize llama-server's shapes
+//   GET  /health                {"status": "ok"}; never needs the API key
+//   GET  /metrics               Prometheus text: scheduler, KV pages, prefix cache, HTTP codes
+//
+// Threads: cpp-httplib serves each connection on a thread of its pool; a generation request
+// holds its thread while it waits on its ServeStream (the engine runs on the scheduler's one
+// thread), so the pool is sized for the concurrent streams wanted (default 128 >= 64 streaming
+// clients + idle keep-alive connections).
+//
+// Bad input never takes the server down: bodies over max_body_bytes are 413 (Content-Length
+// or chunked), malformed JSON and wrong types are 400 in OpenAI's error shape, a client that
+// sends too slowly hits read_timeout, and a client that goes away mid-request cancels its
+// ServeStream (streaming: a failed SSE write or a dead socket; non-streaming: its socket is
+// polled while waiting), so its sequence leaves the batch at the next step.
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "chat/chat_template.h"
+#include "serve/scheduler.h"
+
+namespace metrale::http {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;      // 0: any free port (bind() returns it)
+  std::string api_key;  // non-empty: every endpoint but /health needs "Authorization: Bearer KEY"
+  std::string model_name;  // the id /v1/models lists and responses carry; "": the model dir's name
+  size_t max_body_bytes = size_t{16} << 20;
+  std::chrono::seconds read_timeout{30};   // a client silent this long mid-request is dropped
+  std::chrono::seconds write_timeout{30};  // a client not reading this long is dropped
+  int threads = 128;                       // connections served at once
+  // How often a handler waiting for tokens checks that its client is still there.
+  std::chrono::milliseconds poll_interval{50};
+};
+
+class HttpServer {
+ public:
+  // `scheduler` (and its model, which must have a tokenizer) must outlive the server.
+  // `chat_template`: none serves no chat (400 naming --chat-template).
+  HttpServer(Scheduler& scheduler, std::optional<chat::ChatTemplate> chat_template,
+             HttpServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds host:port; returns the port (the chosen one for port 0). Error when it cannot.
+  int bind();
+  // Serves until stop(); call after bind(). Returns when every connection thread is done.
+  void listen();
+  // From any thread (not a signal handler): stops accepting, ends waiting requests (503) and
+  // streams (their ServeStreams are cancelled), and makes listen() return.
+  void stop();
+  int port() const;
+  const std::string& model_name() const;
+
+  // The /metrics text.
+  std::string metrics() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace metrale::http

@@ -1,0 +1,575 @@
+#include "http/openai_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <utility>
+
+#include "io/json/json_fields.h"
+#include "io/json/json_parse.h"
+#include "io/tokenizer/tokenizer.h"
+#include "io/tokenizer/utf8.h"
+
+namespace metrale::http {
+namespace {
+
+using nlohmann::json;
+constexpr std::string_view kSource = "request body";
+
+// Runs a JsonFields read of `key`; its Error (naming the field, expected vs found) becomes
+// a 400 whose param is the field.
+template <typename F>
+auto field(std::string_view key, F&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const ApiError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ApiError(400, e.message(), std::string(key));
+  }
+}
+
+ApiError bad(std::string_view key, std::string message) {
+  return ApiError(400, std::string(kSource) + ": field '" + std::string(key) + "': " + message,
+                  std::string(key));
+}
+
+ApiError unsupported(std::string_view key, std::string message) {
+  return ApiError(400, std::string(kSource) + ": field '" + std::string(key) + "': " + message,
+                  std::string(key), "", "unsupported_parameter");
+}
+
+json parse_body(std::string_view body) {
+  try {
+    return parse_json(body, kSource);
+  } catch (const Error& e) {
+    throw ApiError(400, e.message(), "", "", "invalid_json");
+  }
+}
+
+// The fields both APIs share: sampling, stop, stream, and the refused-unless-default ones.
+void read_common(const JsonFields& f, OpenAiRequest& r) {
+  if (auto m = field("model", [&] { return f.opt_string("model"); })) r.model = *m;
+  if (auto t = field("temperature", [&] { return f.opt_number_in("temperature", 0.0, 2.0); })) {
+    r.sampling.temperature = static_cast<float>(*t);
+  }
+  if (auto p = field("top_p", [&] { return f.opt_number_in("top_p", 0.0, 1.0); })) {
+    if (*p <= 0.0) throw bad("top_p", "expected a number in (0, 1], found 0");
+    r.sampling.top_p = static_cast<float>(*p);
+  }
+  // vLLM's extensions: top_k (-1 or 0: off), min_p, repetition_penalty, ignore_eos.
+  if (auto k = field("top_k", [&] { return f.opt_int_in("top_k", -1, int64_t{1} << 30); })) {
+    r.sampling.top_k = std::max<int64_t>(*k, 0);
+  }
+  if (auto p = field("min_p", [&] { return f.opt_number_in("min_p", 0.0, 1.0); })) {
+    r.sampling.min_p = static_cast<float>(*p);
+  }
+  if (auto p = field("repetition_penalty",
+                     [&] { return f.opt_number_in("repetition_penalty", 0.01, 100.0); })) {
+    r.sampling.repetition_penalty = static_cast<float>(*p);
+  }
+  r.ignore_eos = field("ignore_eos", [&] { return f.bool_or("ignore_eos", false); });
+  if (auto s = field("seed", [&] { return f.opt_int("seed"); })) {
+    r.seed = static_cast<uint64_t>(*s);
+  }
+
+  if (const json* stop = f.find("stop")) {
+    if (stop->is_string()) {
+      r.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > kMaxStopStrings) {
+        throw bad("stop", "at most " + std::to_string(kMaxStopStrings) + " stop strings, found " +
+                              std::to_string(stop->size()));
+      }
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) {
+          throw bad("stop", "item " + std::to_string(i) + ": expected a string, found " +
+                                describe_json_value((*stop)[i]));
+        }
+        r.stop.push_back((*stop)[i].get<std::string>());
+      }
+    } else {
+      throw bad("stop",
+                "expected a string or a list of strings, found " + describe_json_value(*stop));
+    }
+    for (const std::string& s : r.stop) {
+      if (s.empty()) throw bad("stop", "a stop string is empty");
+      if (s.size() > kMaxStopBytes) {
+        throw bad("stop",
+                  "a stop string is longer than " + std::to_string(kMaxStopBytes) + " bytes");
+      }
+    }
+  }
+
+  if (auto n = field("n", [&] { return f.opt_int("n"); }); n && *n != 1) {
+    throw unsupported("n", "only n = 1 is supported, found " + std::to_string(*n));
+  }
+  r.stream = field("stream", [&] { return f.bool_or("stream", false); });
+  if (auto so = field("stream_options", [&] { return f.opt_object("stream_options"); })) {
+    if (!r.stream) throw bad("stream_options", "only allowed when stream is true");
+    r.include_usage = field("stream_options", [&] { return so->bool_or("include_usage", false); });
+  }
+  // Penalties over the counts of generated tokens: not implemented, so only their neutral
+  // value is accepted (a client asking for them would otherwise silently get something else).
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    if (auto p = field(key, [&] { return f.opt_number_in(key, -2.0, 2.0); }); p && *p != 0.0) {
+      throw unsupported(key, "only 0 is supported");
+    }
+  }
+  if (const json* lb = f.find("logit_bias")) {
+    if (!lb->is_object())
+      throw bad("logit_bias", "expected an object, found " + describe_json_value(*lb));
+    if (!lb->empty()) throw unsupported("logit_bias", "logit_bias is not supported");
+  }
+  field("user", [&] { return f.opt_string("user"); });  // typed, otherwise ignored
+}
+
+void read_max_tokens(const JsonFields& f, OpenAiRequest& r, bool is_chat) {
+  // Chat: max_completion_tokens is the current name and wins; max_tokens the deprecated one.
+  if (is_chat) {
+    r.max_tokens = field("max_completion_tokens",
+                         [&] { return f.opt_int_in("max_completion_tokens", 1, kMaxTokensCap); });
+  }
+  auto v = field("max_tokens", [&] { return f.opt_int_in("max_tokens", 1, kMaxTokensCap); });
+  if (!r.max_tokens) r.max_tokens = v;
+}
+
+}  // namespace
+
+ApiError::ApiError(int status, std::string message, std::string param, std::string type,
+                   std::string code)
+    : Error(std::move(message)),
+      status_(status),
+      param_(std::move(param)),
+      type_(type.empty() ? error_type_for_status(status) : std::move(type)),
+      code_(std::move(code)) {}
+
+nlohmann::json ApiError::to_json() const {
+  return json{{"error",
+               {{"message", message()},
+                {"type", type_},
+                {"param", param_.empty() ? json(nullptr) : json(param_)},
+                {"code", code_.empty() ? json(nullptr) : json(code_)}}}};
+}
+
+std::string error_type_for_status(int status) {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 429:
+      return "rate_limit_error";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+std::string error_body(int status, std::string_view message, std::string_view param,
+                       std::string_view code) {
+  return dump_json(
+      ApiError(status, std::string(message), std::string(param), "", std::string(code)).to_json());
+}
+
+OpenAiRequest parse_chat_request(std::string_view body) {
+  const json doc = parse_body(body);
+  const JsonFields f = field("", [&] { return JsonFields(doc, std::string(kSource)); });
+  OpenAiRequest r;
+  r.kind = ApiKind::kChat;
+  read_common(f, r);
+  read_max_tokens(f, r, /*chat=*/true);
+
+  const JsonList messages = field("messages", [&] { return f.req_list("messages"); });
+  if (messages.size() == 0) throw bad("messages", "expected at least one message");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const JsonFields m = field("messages", [&] { return messages.object(i); });
+    field("messages", [&] { return m.req_string("role"); });
+    const json* content = m.find("content");
+    if (content != nullptr && !content->is_string() && !content->is_array()) {
+      throw bad("messages", "message " + std::to_string(i) +
+                                ": content must be a string, a list of parts or null, found " +
+                                describe_json_value(*content));
+    }
+  }
+  if (const json* tools = f.find("tools"); tools != nullptr && !tools->is_array()) {
+    throw bad("tools", "expected a list, found " + describe_json_value(*tools));
+  }
+  // Tool choice is left to the template and the model (no constrained decoding): typed only.
+  if (const json* tc = f.find("tool_choice");
+      tc != nullptr && !tc->is_string() && !tc->is_object()) {
+    throw bad("tool_choice", "expected a string or an object, found " + describe_json_value(*tc));
+  }
+  field("parallel_tool_calls", [&] { return f.opt_bool("parallel_tool_calls"); });
+  if (auto rf = field("response_format", [&] { return f.opt_object("response_format"); })) {
+    const std::string type = field("response_format", [&] { return rf->req_string("type"); });
+    if (type != "text") throw unsupported("response_format", "only type 'text' is supported");
+  }
+  if (const json* kw = f.find("chat_template_kwargs"); kw != nullptr && !kw->is_object()) {
+    throw bad("chat_template_kwargs", "expected an object, found " + describe_json_value(*kw));
+  }
+  const bool add_generation_prompt =
+      field("add_generation_prompt", [&] { return f.bool_or("add_generation_prompt", true); });
+  if (auto lp = field("logprobs", [&] { return f.opt_bool("logprobs"); }); lp && *lp) {
+    r.top_logprobs = 0;
+  }
+  if (auto k =
+          field("top_logprobs", [&] { return f.opt_int_in("top_logprobs", 0, kMaxTopLogprobs); })) {
+    if (r.top_logprobs < 0) throw bad("top_logprobs", "needs logprobs: true");
+    r.top_logprobs = static_cast<int>(*k);
+  }
+
+  // The template sees tools and messages in the request's key order (a model's tool prompt
+  // prints schemas as given), which nlohmann::json (sorted keys) loses: re-read them in
+  // order. The depth-limited parse above already accepted the text.
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body);
+  nlohmann::ordered_json sub = nlohmann::ordered_json::object();
+  sub["messages"] = ordered["messages"];
+  for (const char* key : {"tools", "chat_template_kwargs"}) {
+    if (ordered.contains(key) && !ordered[key].is_null()) sub[key] = ordered[key];
+  }
+  sub["add_generation_prompt"] = add_generation_prompt;
+  try {
+    r.chat = chat::ChatRequest::from_json(
+        sub.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace), kSource);
+  } catch (const Error& e) {
+    throw ApiError(400, e.message(), "messages");
+  }
+  return r;
+}
+
+OpenAiRequest parse_completion_request(std::string_view body) {
+  const json doc = parse_body(body);
+  const JsonFields f = field("", [&] { return JsonFields(doc, std::string(kSource)); });
+  OpenAiRequest r;
+  r.kind = ApiKind::kCompletion;
+  read_common(f, r);
+  read_max_tokens(f, r, /*chat=*/false);
+
+  // prompt: "text", [ids], or a batch of one of those; a batch of several is refused.
+  const json* prompt = f.find("prompt");
+  if (prompt == nullptr) {
+    throw ApiError(400, f.missing("prompt", "a string or a list of token ids").message(), "prompt");
+  }
+  auto read_ids = [&](const json& list) {
+    if (list.empty()) throw bad("prompt", "the list of token ids is empty");
+    for (const json& id : list) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() > int64_t{INT32_MAX}) {
+        throw bad("prompt", "expected token ids (integers >= 0), found " + describe_json_value(id));
+      }
+      r.prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+    r.prompt_is_ids = true;
+  };
+  if (prompt->is_string()) {
+    r.prompt_text = prompt->get<std::string>();
+  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) {
+    read_ids(*prompt);
+  } else if (prompt->is_array() && !prompt->empty()) {
+    if (prompt->size() > 1) {
+      throw unsupported("prompt", "a batch of " + std::to_string(prompt->size()) +
+                                      " prompts is not supported: send one request per prompt");
+    }
+    const json& one = (*prompt)[0];
+    if (one.is_string()) {
+      r.prompt_text = one.get<std::string>();
+    } else if (one.is_array()) {
+      read_ids(one);
+    } else {
+      throw bad("prompt",
+                "expected a string or a list of token ids, found " + describe_json_value(one));
+    }
+  } else {
+    throw bad("prompt",
+              "expected a string or a list of token ids, found " + describe_json_value(*prompt));
+  }
+
+  if (auto lp = field("logprobs", [&] { return f.opt_int_in("logprobs", 0, kMaxTopLogprobs); })) {
+    r.top_logprobs = static_cast<int>(*lp);
+  }
+  if (auto e = field("echo", [&] { return f.opt_bool("echo"); }); e && *e) {
+    throw unsupported("echo", "echo is not supported");
+  }
+  if (auto b = field("best_of", [&] { return f.opt_int("best_of"); }); b && *b != 1) {
+    throw unsupported("best_of", "only best_of = 1 is supported");
+  }
+  if (auto s = field("suffix", [&] { return f.opt_string("suffix"); }); s && !s->empty()) {
+    throw unsupported("suffix", "suffix is not supported");
+  }
+  return r;
+}
+
+ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> prompt,
+                              int64_t context_limit) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  const char* where = req.kind == ApiKind::kChat ? "messages" : "prompt";
+  if (n == 0) throw ApiError(400, "the prompt encodes to no tokens", where);
+  // One token at least must fit after the prompt: its logits give the first sample.
+  if (n >= context_limit) {
+    throw ApiError(400,
+                   "This model's maximum context length is " + std::to_string(context_limit) +
+                       " tokens. However, your prompt has " + std::to_string(n) +
+                       " tokens, which leaves no room for a completion.",
+                   where, "", "context_length_exceeded");
+  }
+  ServeRequest s;
+  s.max_tokens = context_limit - n;
+  if (req.max_tokens) {
+    if (*req.max_tokens > s.max_tokens) {
+      throw ApiError(400,
+                     "This model's maximum context length is " + std::to_string(context_limit) +
+                         " tokens. However, you requested " + std::to_string(n + *req.max_tokens) +
+                         " tokens (" + std::to_string(n) + " in the " + where + ", " +
+                         std::to_string(*req.max_tokens) +
+                         " in the completion). Please reduce the length of the " + where +
+                         " or completion.",
+                     req.kind == ApiKind::kChat ? "max_completion_tokens" : "max_tokens", "",
+                     "context_length_exceeded");
+    }
+    s.max_tokens = *req.max_tokens;
+  }
+  s.prompt = std::move(prompt);
+  s.sampling = req.sampling;
+  // Without a seed every request samples differently, as OpenAI's do.
+  s.seed = req.seed ? *req.seed : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  s.stop = req.stop;
+  s.ignore_eos = req.ignore_eos;
+  s.top_logprobs = req.top_logprobs;
+  return s;
+}
+
+const char* openai_finish_reason(FinishReason r) {
+  return r == FinishReason::kLength ? "length" : "stop";
+}
+
+nlohmann::json usage_json(const ServeUsage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+namespace {
+
+// A token's text: its bytes as the tokenizer decodes them alone (possibly part of a UTF-8
+// character; JSON dumping replaces what is invalid, `bytes` keeps them exact).
+std::string token_text(const Tokenizer& tok, int32_t id) {
+  try {
+    const int32_t ids[1] = {id};
+    return tok.decode(ids, /*skip_special_tokens=*/false);
+  } catch (const Error&) {
+    return "";  // an id the model has but the tokenizer lacks (a padded embedding table)
+  }
+}
+
+json bytes_of(const std::string& s) {
+  json out = json::array();
+  for (unsigned char c : s) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+// -inf (a token top-k / top-p removed cannot be sampled, but may be listed) is not JSON;
+// vLLM clamps the same way.
+double finite_logprob(float lp) { return std::max(static_cast<double>(lp), -9999.0); }
+
+}  // namespace
+
+nlohmann::json chat_logprobs_json(const std::vector<TokenLogprob>& lps, const Tokenizer& tok) {
+  json content = json::array();
+  for (const TokenLogprob& lp : lps) {
+    const std::string text = token_text(tok, lp.id);
+    json top = json::array();
+    for (const auto& [id, logprob] : lp.top) {
+      const std::string t = token_text(tok, id);
+      top.push_back({{"token", t}, {"logprob", finite_logprob(logprob)}, {"bytes", bytes_of(t)}});
+    }
+    content.push_back({{"token", text},
+                       {"logprob", finite_logprob(lp.logprob)},
+                       {"bytes", bytes_of(text)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return json{{"content", std::move(content)}};
+}
+
+nlohmann::json completion_logprobs_json(const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
+                                        int64_t text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  for (const TokenLogprob& lp : lps) {
+    const std::string text = token_text(tok, lp.id);
+    tokens.push_back(text);
+    token_logprobs.push_back(finite_logprob(lp.logprob));
+    json alts = json::object();
+    for (const auto& [id, logprob] : lp.top) alts[token_text(tok, id)] = finite_logprob(logprob);
+    top.push_back(std::move(alts));
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(text.size());
+  }
+  return json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top)},
+              {"text_offset", std::move(offsets)}};
+}
+
+void Collected::add(ServeEvent& e) {
+  text += e.text;
+  for (TokenLogprob& lp : e.logprobs) logprobs.push_back(std::move(lp));
+  if (e.done) {
+    done = true;
+    finish = e.finish;
+    error = e.error;
+    usage = e.usage;
+  }
+}
+
+nlohmann::json chat_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
+                                    const Tokenizer& tok) {
+  json choice = {{"index", 0},
+                 {"message", {{"role", "assistant"}, {"content", c.text}}},
+                 {"logprobs", logprobs ? chat_logprobs_json(c.logprobs, tok) : json(nullptr)},
+                 {"finish_reason", openai_finish_reason(c.finish)}};
+  return json{{"id", meta.id},
+              {"object", "chat.completion"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", json::array({std::move(choice)})},
+              {"usage", usage_json(c.usage)}};
+}
+
+nlohmann::json text_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
+                                    const Tokenizer& tok) {
+  json choice = {
+      {"index", 0},
+      {"text", c.text},
+      {"logprobs", logprobs ? completion_logprobs_json(c.logprobs, tok, 0) : json(nullptr)},
+      {"finish_reason", openai_finish_reason(c.finish)}};
+  return json{{"id", meta.id},
+              {"object", "text_completion"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", json::array({std::move(choice)})},
+              {"usage", usage_json(c.usage)}};
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_frame(const nlohmann::json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+SseEncoder::SseEncoder(ApiKind kind, ResponseMeta meta, bool logprobs, bool include_usage,
+                       const Tokenizer& tok)
+    : kind_(kind),
+      meta_(std::move(meta)),
+      logprobs_(logprobs),
+      include_usage_(include_usage),
+      tok_(&tok) {}
+
+nlohmann::json SseEncoder::chunk(nlohmann::json choice) const {
+  json c = {{"id", meta_.id},
+            {"object", kind_ == ApiKind::kChat ? "chat.completion.chunk" : "text_completion"},
+            {"created", meta_.created},
+            {"model", meta_.model},
+            {"choices", json::array()}};
+  if (!choice.is_null()) c["choices"].push_back(std::move(choice));
+  return c;
+}
+
+std::string SseEncoder::encode(const ServeEvent& e) {
+  if (finished_) return "";
+  std::string out;
+  const bool is_chat = kind_ == ApiKind::kChat;
+  if (!started_) {
+    started_ = true;
+    if (is_chat) {
+      out += sse_frame(chunk({{"index", 0},
+                              {"delta", {{"role", "assistant"}, {"content", ""}}},
+                              {"logprobs", nullptr},
+                              {"finish_reason", nullptr}}));
+    }
+  }
+  if (!e.text.empty() || (logprobs_ && !e.logprobs.empty())) {
+    json lp = nullptr;
+    if (logprobs_) {
+      lp = is_chat ? chat_logprobs_json(e.logprobs, *tok_)
+                   : completion_logprobs_json(e.logprobs, *tok_, text_offset_);
+    }
+    text_offset_ += static_cast<int64_t>(e.text.size());
+    json choice = {{"index", 0}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}};
+    if (is_chat) {
+      choice["delta"] = {{"content", e.text}};
+    } else {
+      choice["text"] = e.text;
+    }
+    out += sse_frame(chunk(std::move(choice)));
+  }
+  if (!e.done) return out;
+  finished_ = true;
+  if (e.finish == FinishReason::kError || e.finish == FinishReason::kTimeout) {
+    const bool timeout = e.finish == FinishReason::kTimeout;
+    out += sse_frame(ApiError(timeout ? 503 : 500,
+                              timeout ? "the request timed out" : "generation failed: " + e.error,
+                              "", "", timeout ? "timeout" : "")
+                         .to_json());
+  } else if (e.finish != FinishReason::kCancelled) {  // a cancelled stream has no reader
+    json choice = {
+        {"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(e.finish)}};
+    if (is_chat) {
+      choice["delta"] = json::object();
+    } else {
+      choice["text"] = "";
+    }
+    out += sse_frame(chunk(std::move(choice)));
+    if (include_usage_) {
+      json u = chunk(nullptr);
+      u["usage"] = usage_json(e.usage);
+      out += sse_frame(u);
+    }
+  }
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
+std::string tokenize_response(std::string_view body, const Tokenizer& tok) {
+  const json doc = parse_body(body);
+  const JsonFields f = field("", [&] { return JsonFields(doc, std::string(kSource)); });
+  const std::string content = field("content", [&] { return f.req_string("content"); });
+  const bool add_special = field("add_special", [&] { return f.bool_or("add_special", false); });
+  const bool with_pieces = field("with_pieces", [&] { return f.bool_or("with_pieces", false); });
+  const std::vector<int32_t> ids = tok.encode(content, add_special);
+  json tokens = json::array();
+  for (int32_t id : ids) {
+    if (!with_pieces) {
+      tokens.push_back(id);
+      continue;
+    }
+    const std::string piece = token_text(tok, id);
+    // llama-server: the piece as a string when it is valid UTF-8, else its bytes.
+    if (metrale::tok::utf8_valid_prefix(piece) == piece.size()) {
+      tokens.push_back({{"id", id}, {"piece", piece}});
+    } else {
+      tokens.push_back({{"id", id}, {"piece", bytes_of(piece)}});
+    }
+  }
+  return dump_json(json{{"tokens", std::move(tokens)}});
+}
+
+std::string detokenize_response(std::string_view body, const Tokenizer& tok) {
+  const json doc = parse_body(body);
+  const JsonFields f = field("", [&] { return JsonFields(doc, std::string(kSource)); });
+  const std::vector<int64_t> ids64 =
+      field("tokens", [&] { return f.opt_int_list("tokens", 0); }).value_or(std::vector<int64_t>{});
+  std::vector<int32_t> ids;
+  for (int64_t id : ids64) {
+    if (id > INT32_MAX) throw bad("tokens", "token id " + std::to_string(id) + " is out of range");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  // decode() names an id outside the vocabulary.
+  const std::string text = field("tokens", [&] { return tok.decode(ids, false); });
+  return dump_json(json{{"content", text}});
+}
+
+}  // namespace metrale::http

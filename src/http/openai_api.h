@@ -1,0 +1,171 @@
+#pragma once
+// The OpenAI API's wire format, without any HTTP: request bodies of POST /v1/chat/completions
+// and /v1/completions parsed and strictly validated into an OpenAiRequest (then a
+// ServeRequest), and the response bodies built in OpenAI's shapes (chat.completion,
+// chat.completion.chunk, text_completion, their logprobs and usage, errors).
+//
+// Validation follows OpenAI's reference server: unknown fields are ignored (clients send
+// vendor extensions), but a KNOWN field of the wrong type or out of range is a 400 naming the
+// field (`param`), and parameters we do not implement with a non-default value (n > 1,
+// penalties != 0, logit_bias, echo, best_of, several prompts) are a 400 saying so rather than
+// being silently ignored. null is the same as absent, as in the OpenAI SDKs.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "chat/chat_template.h"
+#include "core/error.h"
+#include "serve/scheduler.h"
+
+namespace metrale {
+class Tokenizer;
+}
+
+namespace metrale::http {
+
+// Limits on what a request may ask for (a sane cap, not a model property).
+inline constexpr int64_t kMaxTokensCap = int64_t{1} << 20;
+inline constexpr size_t kMaxStopStrings = 16;  // OpenAI allows 4; vLLM any number
+inline constexpr size_t kMaxStopBytes = 1024;  // per stop string
+inline constexpr int kMaxTopLogprobs = 20;     // OpenAI's chat limit
+
+// An error for the client, in OpenAI's shape {"error": {message, type, param, code}}.
+class ApiError : public Error {
+ public:
+  ApiError(int status, std::string message, std::string param = "", std::string type = "",
+           std::string code = "");
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  const std::string& type() const { return type_; }
+  const std::string& code() const { return code_; }
+  nlohmann::json to_json() const;
+
+ private:
+  int status_;
+  std::string param_, type_, code_;
+};
+
+// The OpenAI error type of an HTTP status: 400 invalid_request_error, 401
+// authentication_error, 404 not_found_error, 413 invalid_request_error, 429
+// rate_limit_error, 5xx server_error.
+std::string error_type_for_status(int status);
+// {"error": {...}} as text.
+std::string error_body(int status, std::string_view message, std::string_view param = "",
+                       std::string_view code = "");
+
+enum class ApiKind : uint8_t { kChat, kCompletion };
+
+struct OpenAiRequest {
+  ApiKind kind = ApiKind::kChat;
+  std::string model;  // as the client named it ("" when absent); echoed in responses
+
+  // kChat: what the chat template renders (messages, tools, chat_template_kwargs,
+  // add_generation_prompt: default true here, as vLLM and llama-server default it).
+  chat::ChatRequest chat;
+  // kCompletion: the prompt, text or token ids (prompt_is_ids).
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+
+  std::optional<int64_t> max_tokens;             // none: what the context leaves
+  SamplingParams sampling{.temperature = 1.0f};  // OpenAI's default temperature is 1
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // vLLM's extension
+  int top_logprobs = -1;       // -1: no logprobs
+};
+
+// Parse and validate a request body (ApiError 400 on any problem).
+OpenAiRequest parse_chat_request(std::string_view body);
+OpenAiRequest parse_completion_request(std::string_view body);
+
+// The ServeRequest for `req` over `prompt` (already rendered and tokenized). max_tokens
+// defaults to what the context leaves; a prompt or max_tokens that cannot fit the context is
+// an ApiError 400 with OpenAI's "maximum context length" message. No seed: a fresh random one
+// (only sampling uses it).
+ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> prompt,
+                              int64_t context_limit);
+
+// What every response object of one request repeats.
+struct ResponseMeta {
+  std::string id;       // chatcmpl-N / cmpl-N
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+// OpenAI's names for a finish: "stop", "length"; others (cancelled, timeout, error) never
+// reach a client as a finish_reason.
+const char* openai_finish_reason(FinishReason r);
+
+nlohmann::json usage_json(const ServeUsage& usage);
+
+// Logprobs in each API's format. `tok` decodes ids to token text and bytes.
+// chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}
+nlohmann::json chat_logprobs_json(const std::vector<TokenLogprob>& lps, const Tokenizer& tok);
+// completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset};
+// `text_offset` is where the first of these tokens starts in the completion text.
+nlohmann::json completion_logprobs_json(const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
+                                        int64_t text_offset);
+
+// Accumulates a stream's events into the one non-streaming response.
+struct Collected {
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  FinishReason finish = FinishReason::kStop;
+  std::string error;
+  ServeUsage usage;
+  bool done = false;
+  void add(ServeEvent& e);
+};
+
+// A complete chat.completion / text_completion object.
+nlohmann::json chat_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
+                                    const Tokenizer& tok);
+nlohmann::json text_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
+                                    const Tokenizer& tok);
+
+// Streaming: turns a stream's events into SSE frames ("data: {...}\n\n"), in OpenAI's order:
+// chat: a first chunk with delta {role: assistant, content: ""}, then one chunk per event with
+// text (or logprobs), a last chunk with an empty delta and the finish_reason, the usage chunk
+// (choices: []) when include_usage, then "data: [DONE]". Completions: the same without the
+// role chunk. An engine error or a timeout ends the stream with an error frame (what vLLM
+// sends: {"error": {...}}; the OpenAI SDK raises it) and [DONE].
+class SseEncoder {
+ public:
+  SseEncoder(ApiKind kind, ResponseMeta meta, bool logprobs, bool include_usage,
+             const Tokenizer& tok);
+  // The frames for one event ("" when it carries nothing to send).
+  std::string encode(const ServeEvent& e);
+  bool finished() const { return finished_; }
+
+ private:
+  nlohmann::json chunk(nlohmann::json choice) const;
+
+  ApiKind kind_;
+  ResponseMeta meta_;
+  bool logprobs_, include_usage_;
+  const Tokenizer* tok_;
+  bool started_ = false, finished_ = false;
+  int64_t text_offset_ = 0;  // completions' logprobs.text_offset
+};
+
+// "data: <json>\n\n". JSON is dumped with invalid UTF-8 replaced (a token's text may be a
+// partial character), never throwing.
+std::string sse_frame(const nlohmann::json& j);
+std::string dump_json(const nlohmann::json& j);
+
+// /tokenize {"content": str, "add_special": bool = false, "with_pieces": bool = false}
+// -> {"tokens": [ids]} or {"tokens": [{"id", "piece"}]} (piece: a string, or the list of its
+// bytes when they are not valid UTF-8), as llama-server has it.
+std::string tokenize_response(std::string_view body, const Tokenizer& tok);
+// /detokenize {"tokens": [ids]} -> {"content": text}.
+std::string detokenize_response(std::string_view body, const Tokenizer& tok);
+
+}  // namespace metrale::http

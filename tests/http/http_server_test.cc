@@ -1,0 +1,429 @@
+// The HTTP server in-process on an ephemeral port, over the demo model and a real Scheduler,
+// driven with httplib::Client: authentication, OpenAI-shaped errors (404, 413 by
+// Content-Length and chunked, malformed JSON, wrong types), /tokenize round trips, a
+// completion equal to the same prompt run alone, SSE streaming, and a client vanishing
+// mid-request cancelling its stream.
+#include "http/http_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "engine/session.h"
+#include "http/openai_api.h"
+
+namespace metrale::http {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+constexpr const char* kKey = "sk-test-key";
+
+std::unique_ptr<Model> load_demo() {
+  LoadOptions o;
+  o.n_threads = 2;
+  o.kv_tokens = 1024;
+  o.max_rows = 64;
+  return Model::load("models/demo", o);
+}
+
+// A server on a free port, with a tiny chat template, serving until destroyed.
+class ServerFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = load_demo();
+    scheduler_ = std::make_unique<Scheduler>(*model_, scheduler_options());
+    HttpServerOptions o;
+    o.port = 0;
+    o.read_timeout = 1s;
+    o.api_key = kKey;
+    o.model_name = "demo";
+    o.max_body_bytes = 64 << 10;
+    o.threads = 16;
+    server_ = std::make_unique<HttpServer>(
+        *scheduler_,
+        chat::ChatTemplate::from_string(
+            "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}",
+            "test-template"),
+        o);
+    port_ = server_->bind();
+    thread_ = std::thread([this] { server_->listen(); });
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    client_->set_bearer_token_auth(kKey);
+    client_->set_read_timeout(30, 0);
+    // Wait until the accept loop runs.
+    for (int i = 0; i < 100 && !client_->Get("/health"); ++i) std::this_thread::sleep_for(10ms);
+  }
+  void TearDown() override {
+    server_->stop();
+    thread_.join();
+  }
+
+  virtual SchedulerOptions scheduler_options() const { return {.max_seqs = 4}; }
+
+  httplib::Result post(const std::string& path, const std::string& body) {
+    return client_->Post(path.c_str(), body, "application/json");
+  }
+  static json error_of(const httplib::Result& r) { return json::parse(r->body)["error"]; }
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+TEST_F(ServerFixture, HealthNeedsNoKeyEverythingElseDoes) {
+  httplib::Client anon("127.0.0.1", port_);
+  auto h = anon.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+
+  for (const char* path : {"/v1/models", "/metrics"}) {
+    auto r = anon.Get(path);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << path;
+    EXPECT_EQ(error_of(r)["type"], "authentication_error");
+  }
+  auto post_anon = anon.Post("/v1/completions", R"({"prompt": "x"})", "application/json");
+  ASSERT_TRUE(post_anon);
+  EXPECT_EQ(post_anon->status, 401);
+  httplib::Client wrong("127.0.0.1", port_);
+  wrong.set_bearer_token_auth("sk-test-kez");
+  auto w = wrong.Get("/v1/models");
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->status, 401);
+  EXPECT_EQ(error_of(w)["code"], "invalid_api_key");
+
+  auto m = client_->Get("/v1/models");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  const json models = json::parse(m->body);
+  EXPECT_EQ(models["object"], "list");
+  EXPECT_EQ(models["data"][0]["id"], "demo");
+  EXPECT_EQ(models["data"][0]["object"], "model");
+}
+
+TEST_F(ServerFixture, APortInUseIsAnError) {
+  HttpServerOptions o;
+  o.port = port_;
+  HttpServer second(*scheduler_, std::nullopt, o);
+  EXPECT_THROW(second.bind(), Error);
+}
+
+TEST_F(ServerFixture, UnknownPathsAndModelsAre404) {
+  auto r = client_->Get("/v1/nothing");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(error_of(r)["type"], "not_found_error");
+  // Bodies sent anywhere else are refused unread (a chunked one is not buffered).
+  auto put = client_->Put("/v1/completions", R"({"prompt": "x"})", "application/json");
+  ASSERT_TRUE(put);
+  EXPECT_EQ(put->status, 404);
+  httplib::Client c("127.0.0.1", port_);
+  c.set_bearer_token_auth(kKey);
+  auto chunked = c.Post(
+      "/v1/elsewhere",
+      [](size_t offset, httplib::DataSink& sink) {
+        if (offset >= (size_t{1} << 20)) {
+          sink.done();
+          return true;
+        }
+        const std::string block(4096, ' ');
+        return sink.write(block.data(), block.size());
+      },
+      "application/json");
+  if (chunked) {
+    EXPECT_EQ(chunked->status, 404);
+  }
+  auto m = post("/v1/completions", R"({"model": "gpt-9", "prompt": "x"})");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 404);
+  EXPECT_EQ(error_of(m)["code"], "model_not_found");
+}
+
+TEST_F(ServerFixture, OversizedBodiesAre413) {
+  const std::string big = R"({"prompt": ")" + std::string(100 << 10, 'a') + R"("})";
+  auto r = post("/v1/completions", big);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_EQ(error_of(r)["type"], "invalid_request_error");
+  // Chunked transfer has no Content-Length for httplib to check: the server counts.
+  httplib::Client c("127.0.0.1", port_);
+  c.set_bearer_token_auth(kKey);
+  auto chunked = c.Post(
+      "/v1/completions",
+      [&](size_t offset, httplib::DataSink& sink) {
+        if (offset >= big.size()) {
+          sink.done();
+          return true;
+        }
+        const size_t n = std::min<size_t>(4096, big.size() - offset);
+        return sink.write(big.data() + offset, n);
+      },
+      "application/json");
+  // The server answers 413 as soon as the limit passes, while the client is still sending: a
+  // client that does not read meanwhile may see the connection reset instead.
+  if (chunked) {
+    EXPECT_EQ(chunked->status, 413);
+  }
+  // The server is still fine.
+  auto h = client_->Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+TEST_F(ServerFixture, BadBodiesAre400InOpenAisShape) {
+  const std::pair<const char*, std::string> cases[] = {
+      {"/v1/completions", "{not json"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": "many"})"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 5000})"},  // past the context
+      {"/v1/completions", R"({"prompt": [999999]})"},                 // id past the vocabulary
+      {"/v1/chat/completions", R"({"messages": "hi"})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 3})"},
+      {"/tokenize", R"({"content": 1})"},
+      {"/detokenize", R"({"tokens": [99999]})"},
+  };
+  for (const auto& [path, body] : cases) {
+    auto r = post(path, body);
+    ASSERT_TRUE(r) << body;
+    EXPECT_EQ(r->status, 400) << path << " " << body << " -> " << r->body;
+    const json e = error_of(r);
+    EXPECT_EQ(e["type"], "invalid_request_error") << body;
+    EXPECT_TRUE(e["message"].is_string()) << body;
+  }
+}
+
+TEST_F(ServerFixture, TokenizeRoundTrip) {
+  auto t = post("/tokenize", R"({"content": "In the beginning God created"})");
+  ASSERT_TRUE(t);
+  ASSERT_EQ(t->status, 200);
+  const json ids = json::parse(t->body)["tokens"];
+  EXPECT_EQ(ids.get<std::vector<int32_t>>(),
+            model_->tokenizer()->encode("In the beginning God created", false));
+  auto d = post("/detokenize", json{{"tokens", ids}}.dump());
+  ASSERT_TRUE(d);
+  ASSERT_EQ(d->status, 200);
+  EXPECT_EQ(json::parse(d->body)["content"], "In the beginning God created");
+}
+
+TEST_F(ServerFixture, CompletionEqualsThePromptRunAlone) {
+  auto r =
+      post("/v1/completions",
+           R"({"model": "demo", "prompt": "And God said", "max_tokens": 12, "temperature": 0})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+
+  std::unique_ptr<Model> alone = load_demo();
+  Session session(*alone);
+  GenerateOptions g;
+  g.max_new_tokens = 12;
+  const GenerateResult want = session.generate(alone->tokenizer()->encode("And God said", true), g);
+  EXPECT_EQ(j["choices"][0]["text"], want.text);
+  EXPECT_EQ(j["usage"]["completion_tokens"], static_cast<int64_t>(want.tokens.size()));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], want.prompt_tokens);
+  EXPECT_EQ(j["choices"][0]["finish_reason"],
+            want.stop == StopReason::kMaxTokens ? "length" : "stop");
+}
+
+TEST_F(ServerFixture, ChatStreamsSseChunks) {
+  std::string body;
+  httplib::Headers headers = {{"Authorization", std::string("Bearer ") + kKey}};
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.headers = headers;
+  req.body = R"({"messages": [{"role": "user", "content": "Who spake?"}], "max_tokens": 8,
+                 "temperature": 0, "stream": true, "stream_options": {"include_usage": true}})";
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    body.append(data, n);
+    return true;
+  };
+  auto r = client_->send(req);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  ASSERT_GE(body.size(), 20u);
+  EXPECT_EQ(body.rfind("data: [DONE]\n\n"), body.size() - 14) << body;
+  EXPECT_NE(body.find("\"role\":\"assistant\""), std::string::npos);
+  EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos) << body;
+  EXPECT_NE(body.find("\"completion_tokens\":8"), std::string::npos) << body;
+}
+
+// A raw connection to the server.
+int connect_to(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  return fd;
+}
+
+// Waits up to 10 s for the scheduler to count a cancelled request.
+bool saw_cancel(const Scheduler& s, int64_t before) {
+  for (int i = 0; i < 1000; ++i) {
+    if (s.stats().requests_cancelled > before) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST_F(ServerFixture, AStreamingClientThatLeavesCancelsItsStream) {
+  const int64_t before = scheduler_->stats().requests_cancelled;
+  httplib::Client c("127.0.0.1", port_);
+  c.set_bearer_token_auth(kKey);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.headers = {{"Authorization", std::string("Bearer ") + kKey}};
+  req.body = R"({"prompt": "And", "max_tokens": 1000, "ignore_eos": true, "stream": true})";
+  req.set_header("Content-Type", "application/json");
+  int chunks = 0;
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    return ++chunks < 2;  // read a little, then hang up
+  };
+  c.send(req);
+  EXPECT_TRUE(saw_cancel(*scheduler_, before));
+}
+
+TEST_F(ServerFixture, ASlowClientIsDroppedAndOthersAreServed) {
+  const int fd = connect_to(port_);
+  const std::string partial = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                              std::string(kKey) + "\r\nContent-Length: 100\r\n\r\n{\"pro";
+  ASSERT_EQ(write(fd, partial.data(), partial.size()), static_cast<ssize_t>(partial.size()));
+  // Meanwhile the server answers others.
+  auto h = client_->Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  // After the read timeout (1 s here) the server gives up on the body: 400.
+  std::string reply;
+  char buf[4096];
+  for (ssize_t n;
+       reply.find("\r\n\r\n") == std::string::npos && (n = read(fd, buf, sizeof buf)) > 0;) {
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+}
+
+TEST_F(ServerFixture, MetricsInPrometheusText) {
+  post("/v1/completions", R"({"prompt": "And", "max_tokens": 2})");
+  auto r = client_->Get("/metrics");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  for (const char* name :
+       {"# TYPE metrale_requests_running gauge", "metrale_generated_tokens_total ",
+        "metrale_kv_pages_free ", "metrale_prefix_cache_hits_total ",
+        "metrale_prefix_cache_bytes_held ", "metrale_steps_total ",
+        "metrale_http_requests_finished_total{endpoint=\"completions\",finish_reason=\"length\"} 1",
+        "metrale_http_responses_total{code=\"200\"}"}) {
+    EXPECT_NE(r->body.find(name), std::string::npos) << name << "\n" << r->body;
+  }
+}
+
+// One stream slot and one queue place: a third request is refused with 429.
+class BusyServer : public ServerFixture {
+ protected:
+  SchedulerOptions scheduler_options() const override { return {.max_seqs = 1, .max_queue = 1}; }
+};
+
+// A request of 1000 tokens submitted straight to the scheduler.
+ServeRequest long_request() {
+  ServeRequest r;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 1000;
+  r.ignore_eos = true;
+  r.timeout = 60s;
+  return r;
+}
+
+// A long request, once it runs.
+std::shared_ptr<ServeStream> hog(Scheduler& s) {
+  const int64_t running = s.stats().running;
+  auto stream = s.submit(long_request());
+  for (int i = 0; i < 1000 && s.stats().running == running; ++i) std::this_thread::sleep_for(1ms);
+  return stream;
+}
+
+TEST_F(BusyServer, AFullQueueIs429) {
+  std::vector<std::shared_ptr<ServeStream>> busy = {hog(*scheduler_)};
+  ServeRequest queued;
+  queued.prompt = {1, 2, 3};
+  queued.timeout = 60s;
+  busy.push_back(scheduler_->submit(queued));  // the one queue place
+  auto r = post("/v1/completions", R"({"prompt": "And", "max_tokens": 4})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429);
+  EXPECT_EQ(error_of(r)["type"], "rate_limit_error");
+  for (const auto& s : busy) s->cancel();
+}
+
+// One stream slot, so a request sent behind a queue of long ones waits for seconds (the demo
+// model decodes thousands of tokens a second: a request that merely decodes may finish before
+// a test can hang up).
+class SerialServer : public ServerFixture {
+ protected:
+  SchedulerOptions scheduler_options() const override { return {.max_seqs = 1}; }
+  void TearDown() override {
+    for (const auto& s : queue_) s->cancel();
+    ServerFixture::TearDown();
+  }
+  // 20 requests of 1000 tokens ahead of whatever comes next.
+  void fill_queue() {
+    for (int i = 0; i < 20; ++i) queue_.push_back(scheduler_->submit(long_request()));
+  }
+  std::vector<std::shared_ptr<ServeStream>> queue_;
+};
+
+// ... where requests time out after 100 ms unless they say otherwise.
+class DeadlineServer : public SerialServer {
+ protected:
+  SchedulerOptions scheduler_options() const override {
+    return {.max_seqs = 1, .request_timeout = 100ms};
+  }
+};
+
+TEST_F(DeadlineServer, ARequestPastItsDeadlineIs503) {
+  fill_queue();
+  auto r = post("/v1/completions", R"({"prompt": "And", "max_tokens": 4})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(error_of(r)["code"], "timeout");
+}
+
+// A non-streaming client that hangs up while its request waits.
+TEST_F(SerialServer, AWaitingClientThatLeavesCancelsItsRequest) {
+  fill_queue();  // the request below waits behind these
+  const int64_t before = scheduler_->stats().requests_cancelled;
+  const int fd = connect_to(port_);
+  const std::string body = R"({"prompt": "And", "max_tokens": 900, "ignore_eos": true})";
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                              std::string(kKey) + "\r\nContent-Type: application/json\r\n" +
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  std::this_thread::sleep_for(100ms);
+  close(fd);
+  const SchedulerStats st = scheduler_->stats();
+  EXPECT_TRUE(saw_cancel(*scheduler_, before))
+      << "running " << st.running << " waiting " << st.waiting << " finished "
+      << st.requests_finished << " failed " << st.requests_failed << " preemptions "
+      << st.preemptions;
+}
+
+}  // namespace
+}  // namespace metrale::http
