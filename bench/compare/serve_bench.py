@@ -19,10 +19,9 @@ generates exactly max_tokens tokens in both engines.
     together. Each request: --prompt-tokens fixed random token ids (seeded; the same ids for
     both engines, a different prompt per request), --max-tokens generated. Reported: total
     generated tokens / wall time (first send to last response), TTFT p50 / p99 (send to the
-    first SSE event reporting a token, with or without text: see token_event()), time per
-    output token p50 ((last token event - first) / (events - 1)), request count and errors.
-    Each request also records ttft_text, the first event with text. Percentiles are nearest-rank over all
-    requests of the level (with few requests p99 is the maximum).
+    first SSE event with text: see stream_completion()), time per output token p50 ((last
+    text event - first) / (text events - 1)), request count and errors. Percentiles are
+    nearest-rank over all requests of the level (with few requests p99 is the maximum).
 (b) Shared-prefix TTFT, for the dense --model-shape and the hybrid --hybrid-shape: a server
     with one sequence and one client sending requests one at a time, each a --prefix-tokens
     prefix + a distinct --suffix-tokens suffix, --prefix-max-tokens generated. Cold: a fresh
@@ -36,10 +35,12 @@ generates exactly max_tokens tokens in both engines.
     (4 + ubatch and 4 tokens before it, this version's rule), not at the prefix boundary.
     metrale's prefix cache is on unless --metrale-args=--no-prefix-cache.
 (c) Greedy check: on each model, one non-streaming request (--greedy-tokens generated from a
-    --prompt-tokens prompt of its own) per engine, asking for the token ids (metrale:
-    /v1/completions with logprobs: 1; llama-server: its native /completion with
-    return_tokens: true, because its OpenAI logprobs skip tokens that end inside a UTF-8
-    character); the ids are compared and the first differing step reported. Where an engine returns no ids, the token strings or the text are
+    --prompt-tokens prompt of its own) per engine: metrale's /v1/completions with logprobs: 1
+    (each token's text in logprobs.tokens; ids where a reply carries them), llama-server's
+    native /completion with return_tokens: true (every generated id; its OpenAI logprobs skip
+    tokens that end inside a UTF-8 character). The ids are compared where both have ids,
+    else each token's text (llama.cpp's ids rendered through the checkpoint's tokenizer.json
+    as metrale renders them), and the first differing step reported. Where an engine returns no ids, the token strings or the text are
     compared instead (results.json says which). Random weights give nearly flat logits, so an
     early difference at a near-tie is possible; it never fails the run. llama-server's
     ignore_eos also bans end-of-generation tokens (logit bias -inf); an engine that merely
@@ -47,9 +48,12 @@ generates exactly max_tokens tokens in both engines.
 
 Flags (each recorded in results.json, with the full server command lines):
   metrale serve:  --model DIR --host 127.0.0.1 --port P --threads T --max-seqs C
-                  --compute bf16 (as run.py), --kv-tokens <llama-server's -c> when `metrale serve
-                  --help` lists it (the same KV capacity in tokens), --kv-budget BYTES when
-                  given, then --metrale-args.
+                  --compute bf16 (as run.py), --kv-budget BYTES when given, else --kv-tokens
+                  (C + 1) x the per-slot context (llama-server's -c, plus one context's room
+                  for the prefix cache, which shares metrale's KV pool), then --metrale-args.
+                  Everything else at serve's defaults (results.json keeps `serve --help`):
+                  --max-rows, its prefill chunk, is 128 where llama-server's ubatch is 512;
+                  --metrale-args='--max-rows 512' gives it llama-server's.
   llama-server:   -m GGUF --host 127.0.0.1 --port P --threads T --threads-batch T --parallel C
                   -c C x (the longest request of the part + 64) --cont-batching -lm none (weights
                   in anonymous memory, as run.py's llama-bench; metrale's default --weights copy)
@@ -140,32 +144,33 @@ def http_json(port: int, method: str, path: str, body: dict | None = None,
         conn.close()
 
 
-def token_event(obj: dict) -> bool:
-    """Whether an SSE event of /v1/completions reports generated tokens: a choice with text,
-    token ids or logprobs, or one that is not the closing one (finish_reason null). llama-server
-    sends one such event per token, with empty text for a token that renders as nothing (a
-    special or unused id, which random weights do pick), and none for a token that ends inside
-    a UTF-8 character (it goes out with the next one); usage-only and closing events without
-    text are not token events."""
-    for ch in obj.get("choices") or []:
-        if ch.get("text") or ch.get("token_ids") or (ch.get("logprobs") or {}).get("content") \
-                or ch.get("finish_reason") is None:
-            return True
-    return bool(obj.get("tokens"))
+def event_text(obj: dict) -> str:
+    return "".join(ch.get("text") or "" for ch in obj.get("choices") or [])
+
+
+def is_closing(obj: dict) -> bool:
+    """The event that ends a completion: a choice with a finish_reason."""
+    return any(ch.get("finish_reason") for ch in obj.get("choices") or [])
 
 
 def stream_completion(port: int, body: dict, timeout: float) -> dict:
-    """Sends one streaming /v1/completions request; returns its timings: t_send (monotonic),
-    ttft (first token event, token_event()), ttft_text (first event with text) and total, in
-    seconds after t_send; token_chunks (token events) and the time of each, completion / cached
-    tokens from the usage block (when sent), finish reason, error (None when it went well).
-    A stream with no token event before its closing one (every token ended inside a UTF-8
-    character: llama-server then sends none) takes the closing event as its TTFT, flagged
-    ttft_from_closing_event; with max_tokens 1 (part (b)) that is exact."""
-    out = {"t_send": None, "ttft": None, "ttft_text": None, "ttft_from_closing_event": False,
-           "closing_event": None, "total": None, "token_chunks": 0, "chunk_times": [],
+    """Sends one streaming /v1/completions request; returns its timings, in seconds after
+    t_send (monotonic): ttft (the first event with text), text_events (events with text) and
+    the time of each, total; the completion / cached tokens of the usage block, finish reason,
+    error (None when it went well).
+
+    Why text: the engines send events for different tokens. Both hold back a token that ends
+    inside a UTF-8 character until the character is whole; a token that renders as nothing
+    (a special or unused id, which random weights do pick) gets an empty-text event from
+    llama-server and none from metrale. Timing the first event with text treats both alike.
+    A stream with no text before its closing event (every token rendered as nothing or never
+    completed a character) takes the closing event as its TTFT, flagged
+    ttft_from_closing_event; with max_tokens 1 (part (b)'s default) that is exact."""
+    out = {"t_send": None, "ttft": None, "ttft_from_closing_event": False, "first_event": None,
+           "total": None, "text_events": 0, "events": 0, "chunk_times": [],
            "completion_tokens": None, "prompt_tokens": None, "cached_tokens": None,
            "finish_reason": None, "text_chars": 0, "error": None}
+    closing = None
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
         data = json.dumps(body).encode()
@@ -197,21 +202,21 @@ def stream_completion(port: int, body: dict, timeout: float) -> dict:
             if "error" in obj:
                 out["error"] = f"error event: {json.dumps(obj['error'])[:300]}"
                 break
-            if obj.get("choices") and out["closing_event"] is None and not token_event(obj):
-                out["closing_event"] = now
-            if token_event(obj):
+            if obj.get("choices"):
+                out["events"] += 1
+                if out["first_event"] is None:
+                    out["first_event"] = now
+            text = event_text(obj)
+            if text:
                 if out["ttft"] is None:
                     out["ttft"] = now
-                out["token_chunks"] += 1
+                out["text_events"] += 1
                 out["chunk_times"].append(now)
-            text = "".join(ch.get("text") or "" for ch in obj.get("choices") or [])
-            if text:
-                if out["ttft_text"] is None:
-                    out["ttft_text"] = now
                 out["text_chars"] += len(text)
-            for ch in obj.get("choices") or []:
-                if ch.get("finish_reason"):
-                    out["finish_reason"] = ch["finish_reason"]
+            if is_closing(obj):
+                closing = now if closing is None else closing
+                out["finish_reason"] = next(ch["finish_reason"] for ch in obj["choices"]
+                                            if ch.get("finish_reason"))
             usage = obj.get("usage")
             if usage:
                 out["completion_tokens"] = usage.get("completion_tokens")
@@ -220,12 +225,10 @@ def stream_completion(port: int, body: dict, timeout: float) -> dict:
                     "cached_tokens")
         out["total"] = time.monotonic() - t0
         if out["ttft"] is None and out["error"] is None:
-            if out["closing_event"] is None:
-                out["error"] = "the stream ended without an event"
+            if closing is None:
+                out["error"] = "the stream ended without text or a closing event"
             else:
-                # Every token ended inside a UTF-8 character (random weights do that) and
-                # llama-server sent none of them: the closing event is when the last one came.
-                out["ttft"] = out["closing_event"]
+                out["ttft"] = closing
                 out["ttft_from_closing_event"] = True
     except (OSError, http.client.HTTPException) as e:
         out["error"] = f"{type(e).__name__}: {e}"
@@ -235,11 +238,11 @@ def stream_completion(port: int, body: dict, timeout: float) -> dict:
 
 
 def generated_tokens(r: dict, max_tokens: int) -> int:
-    """Tokens a finished request generated: the usage block's count, else the token-carrying
-    events (one per token unless an engine merges tokens of a partial UTF-8 character)."""
+    """Tokens a finished request generated: the usage block's count (both engines send it
+    with stream_options.include_usage), else max_tokens (ignore_eos)."""
     if r["completion_tokens"] is not None:
         return int(r["completion_tokens"])
-    return min(r["token_chunks"], max_tokens)
+    return max_tokens
 
 
 # --------------------------------------------------------------------------- servers
@@ -362,10 +365,15 @@ class Engines:
             given = set(self.metrale_extra)
             if "--compute" not in given:
                 cmd += ["--compute", a.compute]
-            if "--kv-tokens" in self.metrale_help and "--kv-tokens" not in given:
-                cmd += ["--kv-tokens", str(seqs * ctx_per_seq)]
             if a.kv_budget:
                 cmd += ["--kv-budget", a.kv_budget]
+            elif "--kv-tokens" in self.metrale_help and not given & {"--kv-tokens",
+                                                                      "--kv-budget"}:
+                # every sequence's context, as llama-server's -c, plus one more for the
+                # prefix cache: metrale keeps cached prefixes in the same KV pool (llama-server
+                # keeps its slot's KV and a --cache-ram host copy besides), and with no room
+                # beyond the running sequences it evicts the prefix to admit the next request
+                cmd += ["--kv-tokens", str((seqs + 1) * ctx_per_seq)]
             return cmd + self.metrale_extra
         return [str(self.llama_server), "-m", str(model["gguf"]), "--host", HOST, "--port",
                 str(port), "--threads", str(a.threads), "--threads-batch", str(a.threads),
@@ -533,25 +541,76 @@ def greedy_request(srv: Server, eng: Engines, engine: str, shape: str, a) -> dic
     return rec
 
 
-def compare_greedy(per_engine: dict) -> dict:
-    """First differing step between the engines' greedy outputs, by ids where both gave ids."""
+def byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte (the inverse of bytes_to_unicode)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def vocab_texts(model_dir: Path) -> dict[int, str] | None:
+    """Each token id's text as a server renders one token alone (metrale's logprobs.tokens:
+    the tokenizer's decode of that id, special tokens kept, invalid UTF-8 replaced), from the
+    checkpoint's tokenizer.json (byte-level BPE); None when it is not that kind."""
+    try:
+        t = json.loads((model_dir / "tokenizer.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if (t.get("decoder") or {}).get("type") != "ByteLevel":
+        return None
+    dec = byte_level_decoder()
+    out = {}
+    for piece, i in (t.get("model") or {}).get("vocab", {}).items():
+        if all(c in dec for c in piece):
+            out[i] = bytes(dec[c] for c in piece).decode("utf-8", "replace")
+        else:
+            out[i] = piece
+    for added in t.get("added_tokens") or []:
+        out[added["id"]] = added["content"]
+    return out
+
+
+def same_text(a: str | None, b: str | None) -> bool:
+    """Token texts equal, a run of replacement characters counting as one (servers replace
+    the invalid bytes of a partial UTF-8 character in different numbers)."""
+    def norm(x):
+        return re.sub("\ufffd+", "\ufffd", x or "")
+    return norm(a) == norm(b)
+
+
+def compare_greedy(per_engine: dict, model_dir: Path) -> dict:
+    """First differing step between the engines' greedy outputs: by ids where both gave ids;
+    else by each token's text, llama.cpp's ids rendered through the checkpoint's
+    tokenizer.json as metrale renders its logprobs.tokens; else by the text."""
     m, l = per_engine.get("metrale") or {}, per_engine.get("llama.cpp") or {}
     out = {"compared_by": None, "equal": None, "first_difference": None}
-    for key in ("ids", "tokens"):
-        a, b = m.get(key), l.get(key)
-        if a is not None and b is not None:
-            diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-            if diff is None and len(a) != len(b):
-                diff = min(len(a), len(b))
-            out.update(compared_by=key, equal=diff is None, first_difference=diff)
-            return out
+
+    def first_diff(a, b, eq):
+        d = next((i for i, (x, y) in enumerate(zip(a, b)) if not eq(x, y)), None)
+        return min(len(a), len(b)) if d is None and len(a) != len(b) else d
+
+    if m.get("ids") is not None and l.get("ids") is not None:
+        d = first_diff(m["ids"], l["ids"], lambda x, y: x == y)
+        out.update(compared_by="ids", equal=d is None, first_difference=d)
+        return out
+    texts = vocab_texts(model_dir) if l.get("ids") is not None else None
+    if m.get("tokens") is not None and texts is not None:
+        lt = [texts.get(i, "") for i in l["ids"]]
+        d = first_diff(m["tokens"], lt, same_text)
+        out.update(compared_by="token text (llama.cpp's ids through tokenizer.json)",
+                   equal=d is None, first_difference=d, llama_cpp_token_texts=lt)
+        return out
     if m.get("text") is not None and l.get("text") is not None:
-        a, b = m["text"], l["text"]
-        diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if diff is None and len(a) != len(b):
-            diff = min(len(a), len(b))
-        out.update(compared_by="text (first differing character)", equal=diff is None,
-                   first_difference=diff)
+        d = first_diff(m["text"], l["text"], lambda x, y: x == y)
+        out.update(compared_by="text (first differing character)", equal=d is None,
+                   first_difference=d)
     return out
 
 
@@ -887,7 +946,7 @@ def main() -> None:
             break
         g = {"model": s, "per_engine": greedy_ids[s]}
         if set(greedy_ids[s]) >= set(ENGINES):
-            g["comparison"] = compare_greedy(greedy_ids[s])
+            g["comparison"] = compare_greedy(greedy_ids[s], models[s]["dir"])
             c = g["comparison"]
             log(f"(c) greedy {s}: " + ("equal" if c["equal"] else
                                         f"first difference at step {c['first_difference']}")
