@@ -33,16 +33,17 @@ generates exactly max_tokens tokens in both engines.
     prompt's KV and reuses the longest common prefix; for a hybrid (recurrent) model it can
     only resume from one of the context checkpoints it saves near the end of each prompt
     (4 + ubatch and 4 tokens before it, this version's rule), not at the prefix boundary.
-    metrale's prefix cache is on unless --metrale-args=--no-prefix-cache.
+    metrale's prefix cache is on unless --metrale-args=--no-prefix-cache (a hybrid model
+    resumes from the recurrent-state snapshots its prefix cache keeps, --state-snapshots).
 (c) Greedy check: on each model, one non-streaming request (--greedy-tokens generated from a
     --prompt-tokens prompt of its own) per engine: metrale's /v1/completions with logprobs: 1
     (each token's text in logprobs.tokens; ids where a reply carries them), llama-server's
     native /completion with return_tokens: true (every generated id; its OpenAI logprobs skip
     tokens that end inside a UTF-8 character). The ids are compared where both have ids,
     else each token's text (llama.cpp's ids rendered through the checkpoint's tokenizer.json
-    as metrale renders them), and the first differing step reported. Where an engine returns no ids, the token strings or the text are
-    compared instead (results.json says which). Random weights give nearly flat logits, so an
-    early difference at a near-tie is possible; it never fails the run. llama-server's
+    as metrale renders them), else the text, and the first differing step reported
+    (results.json says which). Random weights give nearly flat logits, so an early
+    difference at a near-tie is possible; it never fails the run. llama-server's
     ignore_eos also bans end-of-generation tokens (logit bias -inf); an engine that merely
     keeps going after one would differ where the argmax is an eos id.
 
