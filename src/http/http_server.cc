@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include <httplib.h>
 
@@ -154,6 +155,7 @@ struct HttpServer::Impl {
   httplib::Server server;
   int port = -1;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> listening{false};  // inside listen()
 
   // Counters the scheduler does not keep.
   mutable std::mutex metrics_mu;
@@ -621,12 +623,19 @@ int HttpServer::bind() {
 
 void HttpServer::listen() {
   METRALE_CHECK(impl_->port > 0, "HttpServer::listen: call bind() first");
-  impl_->server.listen_after_bind();
+  impl_->listening = true;
+  if (!impl_->stopping) impl_->server.listen_after_bind();
+  impl_->listening = false;
 }
 
 void HttpServer::stop() {
   impl_->stopping = true;
-  impl_->server.stop();
+  // httplib's stop() does nothing before its listen loop has started (a signal during the
+  // model load, handled before listen() begins): repeat it until listen() has returned.
+  while (impl_->listening) {
+    impl_->server.stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 int HttpServer::port() const { return impl_->port; }
