@@ -23,6 +23,7 @@ namespace {
 
 struct ServeFlags {
   ModelFlags model;
+  LoraFlags lora;  // each --lora NAME=DIR is served as the model NAME
   http::HttpServerOptions http;
   std::string kv_budget;
   std::string chat_template;
@@ -93,7 +94,12 @@ void run_serve(ServeFlags f) {
     METRALE_CHECK(f.model.kv_tokens == 0, "give only one of --kv-budget and --kv-tokens");
     load.kv_tokens = kv_tokens_for_budget(f.model.dir, f.kv_budget);
   }
+  METRALE_CHECK(f.lora.adapter.empty(), "serve: --adapter ", f.lora.adapter,
+                ": a request picks its adapter by its \"model\" field (the --lora NAME)");
   std::unique_ptr<Model> model = Model::load(f.model.dir, load);
+  // LoRA adapters, pinned in the slot pool: a request whose "model" is NAME runs with it.
+  f.lora.apply(*model);
+  for (const std::string& l : f.lora.loras) f.http.adapters.push_back(l.substr(0, l.find('=')));
   METRALE_CHECK(model->tokenizer() != nullptr, f.model.dir,
                 ": no tokenizer.json; the server needs one to read prompts and write text");
   std::optional<chat::ChatTemplate> tmpl = load_chat_template(f, *model);
@@ -132,6 +138,7 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching)");
   f->model.add_to(*cmd);
+  f->lora.add_to(*cmd);
   // The shared flag means more here: the scheduler's stream slots, for every model.
   cmd->get_option("--max-seqs")
       ->description("streams decoding at once (hybrid models: also their recurrent-state slots)");

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include <httplib.h>
 
@@ -154,6 +155,7 @@ struct HttpServer::Impl {
   httplib::Server server;
   int port = -1;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> listening{false};  // inside listen()
 
   // Counters the scheduler does not keep.
   mutable std::mutex metrics_mu;
@@ -279,13 +281,17 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   const std::string body = read_body(req, res, reader);
   const OpenAiRequest r =
       kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
-  if (!r.model.empty() && r.model != model_name) {
+  const bool adapter = std::find(options.adapters.begin(), options.adapters.end(), r.model) !=
+                       options.adapters.end();
+  if (!r.model.empty() && r.model != model_name && !adapter) {
+    std::string served = "`" + model_name + "`";
+    for (const std::string& a : options.adapters) served += ", `" + a + "`";
     throw ApiError(
-        404,
-        "The model `" + r.model + "` does not exist (this server serves `" + model_name + "`).",
+        404, "The model `" + r.model + "` does not exist (this server serves " + served + ").",
         "model", "", "model_not_found");
   }
   ServeRequest s = to_serve_request(r, encode_prompt(r), model.context_limit());
+  if (adapter) s.adapter = r.model;
   std::shared_ptr<ServeStream> stream = submit(std::move(s));
   ResponseMeta meta{(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),
                     unix_now(), model_name};
@@ -557,13 +563,21 @@ void HttpServer::Impl::setup() {
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
   server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    const nlohmann::json m = {{"id", model_name},
-                              {"object", "model"},
-                              {"created", created},
-                              {"owned_by", "metrale"},
-                              {"max_model_len", model.context_limit()}};
-    send_json(res, 200,
-              dump_json(nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({m})}}));
+    nlohmann::json data = nlohmann::json::array();
+    data.push_back({{"id", model_name},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "metrale"},
+                    {"max_model_len", model.context_limit()}});
+    for (const std::string& a : options.adapters) {
+      data.push_back({{"id", a},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "metrale"},
+                      {"parent", model_name},
+                      {"max_model_len", model.context_limit()}});
+    }
+    send_json(res, 200, dump_json(nlohmann::json{{"object", "list"}, {"data", data}}));
   });
   server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
                                              const httplib::ContentReader& reader) {
@@ -609,12 +623,19 @@ int HttpServer::bind() {
 
 void HttpServer::listen() {
   METRALE_CHECK(impl_->port > 0, "HttpServer::listen: call bind() first");
-  impl_->server.listen_after_bind();
+  impl_->listening = true;
+  if (!impl_->stopping) impl_->server.listen_after_bind();
+  impl_->listening = false;
 }
 
 void HttpServer::stop() {
   impl_->stopping = true;
-  impl_->server.stop();
+  // httplib's stop() does nothing before its listen loop has started (a signal during the
+  // model load, handled before listen() begins): repeat it until listen() has returned.
+  while (impl_->listening) {
+    impl_->server.stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 int HttpServer::port() const { return impl_->port; }

@@ -35,6 +35,9 @@ struct HttpServerOptions {
   int port = 8080;      // 0: any free port (bind() returns it)
   std::string api_key;  // non-empty: every endpoint but /health needs "Authorization: Bearer KEY"
   std::string model_name;  // the id /v1/models lists and responses carry; "": the model dir's name
+  // LoRA adapters loaded in the model's pool: a request whose "model" names one runs with it
+  // (vLLM's convention); /v1/models lists them beside the base model.
+  std::vector<std::string> adapters;
   size_t max_body_bytes = size_t{16} << 20;
   std::chrono::seconds read_timeout{30};   // a client silent this long mid-request is dropped
   std::chrono::seconds write_timeout{30};  // a client not reading this long is dropped

@@ -120,6 +120,28 @@ TEST_F(ServerFixture, APortInUseIsAnError) {
   EXPECT_THROW(second.bind(), Error);
 }
 
+// A stop before the accept loop starts (a signal during start-up) still ends listen(); a
+// lost stop would leave the process serving 503s forever.
+TEST_F(ServerFixture, AStopBeforeOrAsListenStartsEndsIt) {
+  HttpServerOptions o;
+  o.port = 0;
+  o.threads = 2;
+  {
+    HttpServer early(*scheduler_, std::nullopt, o);
+    early.bind();
+    early.stop();
+    early.listen();  // returns at once
+  }
+  for (int i = 0; i < 20; ++i) {
+    HttpServer racing(*scheduler_, std::nullopt, o);
+    racing.bind();
+    std::thread t([&] { racing.listen(); });
+    if (i % 2 == 1) std::this_thread::sleep_for(1ms);
+    racing.stop();
+    t.join();
+  }
+}
+
 TEST_F(ServerFixture, UnknownPathsAndModelsAre404) {
   auto r = client_->Get("/v1/nothing");
   ASSERT_TRUE(r);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine/session.h"
+#include "lora/lora_pool.h"
 
 namespace metrale {
 namespace {
@@ -440,6 +441,51 @@ TEST(SchedulerPrefixCache, CachedPagesGiveWayToNewRequests) {
   const SchedulerStats st = settled(sched);
   EXPECT_GT(st.cache.evicted_pages, 0);
   EXPECT_EQ(st.kv_pages_free + st.cache.pages_held, st.kv_pages_total);
+}
+
+}  // namespace
+}  // namespace metrale
+
+namespace metrale {
+namespace {
+
+// Streams with different LoRA adapters (and the base model) share steps; each equals its
+// request run alone with its adapter, and a prefix cached under one adapter is not served
+// to another (the same prompt under each adapter).
+TEST(SchedulerLora, StreamsWithDifferentAdaptersEqualEachRunAlone) {
+  LoadOptions o;
+  o.n_threads = 2;
+  o.kv_tokens = 512;
+  auto model = Model::load("tests/data/fixtures/qwen3_f32", o);
+  LoraPool& pool = model->enable_lora({.max_loras = 2, .max_rank = 16});
+  pool.load("a", "tests/data/fixtures/lora/qwen3_dense/a", /*pinned=*/true);
+  pool.load("b", "tests/data/fixtures/lora/qwen3_dense/b", /*pinned=*/true);
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 40; ++i) prompt.push_back(3 + (i * 37) % 300);
+  const std::vector<std::string> adapters = {"a", "b", "", "a", "b"};
+  std::vector<GenerateResult> want;
+  for (const std::string& name : adapters) {
+    GenerateOptions g;
+    g.max_new_tokens = 10;
+    g.ignore_eos = true;
+    Session s(*model, name);
+    want.push_back(s.generate(prompt, g));
+  }
+  EXPECT_NE(want[0].tokens, want[1].tokens) << "the adapters should change the output";
+  Scheduler sched(*model, {.max_seqs = 3, .prefill_chunk = 16});
+  std::vector<std::shared_ptr<ServeStream>> streams;
+  for (const std::string& name : adapters) {
+    ServeRequest r;
+    r.prompt = prompt;
+    r.max_tokens = 10;
+    r.ignore_eos = true;
+    r.adapter = name;
+    streams.push_back(sched.submit(std::move(r)));
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const Outcome got = drain(*streams[i]);
+    EXPECT_EQ(got.tokens, want[i].tokens) << i << " (" << adapters[i] << "): " << got.error;
+  }
 }
 
 }  // namespace
