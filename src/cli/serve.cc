@@ -137,6 +137,9 @@ void run_serve(ServeFlags f) {
 void setup(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching)");
+  // Steps of up to 512 rows (llama-server's micro-batch): a prompt's prefill chunk beside the
+  // running streams' decode rows.
+  f->model.max_rows = 512;
   f->model.add_to(*cmd);
   f->lora.add_to(*cmd);
   // The shared flag means more here: the scheduler's stream slots, for every model.

@@ -193,9 +193,10 @@ struct PrefixCache::Impl {
   // Leaves with pages only the tree holds at the end of their edge.
   std::vector<Node*> evictable_leaves() const {
     std::vector<Node*> out;
-    for (const auto& [key, root] : roots) {
-      for_each(root.get(), [&](Node* x) {
-        if (x != root.get() && x->children.empty() && unused_tail(*x) > 0) out.push_back(x);
+    for (const auto& entry : roots) {
+      const Node* root = entry.second.get();
+      for_each(entry.second.get(), [&](Node* x) {
+        if (x != root && x->children.empty() && unused_tail(*x) > 0) out.push_back(x);
       });
     }
     return out;
