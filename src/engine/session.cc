@@ -40,7 +40,10 @@ class Generation {
     }
     r.tokens.push_back(token);
     if (const Tokenizer* tok = model_.tokenizer()) {
-      r.text = tok->decode(r.tokens, /*skip_special_tokens=*/true);
+      // An id the tokenizer lacks (a padding row of a larger embedding) prints nothing, as
+      // the tokenizers library skips it.
+      if (tok->id_to_token(token).has_value()) text_ids_.push_back(token);
+      r.text = tok->decode(text_ids_, /*skip_special_tokens=*/true);
       for (const std::string& stop : o_.stop_strings) {
         const size_t at = stop.empty() ? std::string::npos : r.text.find(stop);
         if (at != std::string::npos) {
@@ -85,6 +88,7 @@ class Generation {
   std::vector<int32_t> eos_;
   Rng rng_;
   Sampler sampler_;
+  std::vector<int32_t> text_ids_;  // the generated ids the tokenizer knows
   size_t emitted_ = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <span>
@@ -91,6 +92,7 @@ struct Scheduler::Active {
   Clock::time_point submitted, deadline;
   Sequence seq;
   bool admitted = false;      // holds a Sequence in the model (running_)
+  bool done = false;          // its last event is sent
   bool got_first = false;     // the first token has been reported
   int64_t cached_tokens = 0;  // prompt tokens adopted from the prefix cache (first admission)
   // Tokens sampled so far; they survive a preemption. The model's input is prompt followed
@@ -98,8 +100,9 @@ struct Scheduler::Active {
   std::vector<int32_t> generated;
   int64_t completion_tokens = 0;  // generated tokens, the one that stopped the stream too
   Rng rng;
-  // Incremental detokenization (over `generated` only, special tokens skipped, as Session):
-  // text_ holds the text of generated[0, read) once it was whole.
+  // Incremental detokenization over text_ids (the generated ids the tokenizer knows; special
+  // tokens skipped, as Session): text holds the text of text_ids[0, read) once it was whole.
+  std::vector<int32_t> text_ids;
   std::string text;
   size_t prefix = 0, read = 0;  // token offsets: decode window start, tokens already in text
   size_t emitted = 0;           // bytes of text reported
@@ -279,6 +282,8 @@ void Scheduler::loop() {
 
   // Ends `a` (admitted or not): its last event, its pages to the prefix cache and the pool.
   auto retire = [&](Active& a, FinishReason why, std::string error = {}) {
+    if (a.done) return;
+    a.done = true;
     report(a, why, std::move(error));
     if (a.admitted) {
       if (why != FinishReason::kError) cache_->insert(a.seq);
@@ -329,23 +334,27 @@ void Scheduler::loop() {
       return FinishReason::kStop;
     a.generated.push_back(token);
     a.pending_tokens.push_back(token);
-    if (const Tokenizer* tok = model_.tokenizer()) {
+    const Tokenizer* tok = model_.tokenizer();
+    // An id the tokenizer lacks (a padding row of a larger embedding, which random or
+    // undertrained weights may pick) prints nothing, as the tokenizers library skips it.
+    if (tok != nullptr && tok->id_to_token(token).has_value()) {
+      a.text_ids.push_back(token);
       // Decode the new tokens with a few reported ones before them; the new text is what the
       // longer decode adds to the shorter one (vLLM's incremental detokenizer).
-      const std::span<const int32_t> all(a.generated);
+      const std::span<const int32_t> all(a.text_ids);
       const std::string before = tok->decode(all.subspan(a.prefix, a.read - a.prefix), true);
       const std::string after = tok->decode(all.subspan(a.prefix), true);
       if (!after.ends_with(kReplacementChar) && after.size() > before.size() &&
           after.starts_with(before)) {
         a.text += after.substr(before.size());
-        a.read = a.generated.size();
+        a.read = a.text_ids.size();
         a.prefix = a.read > kDetokenizeContext ? a.read - kDetokenizeContext : 0;
       } else if (!after.ends_with(kReplacementChar) && !after.starts_with(before)) {
         // The window decodes differently from its start: decode everything once.
         const std::string whole = tok->decode(all, true);
         a.text = whole;
         a.emitted = std::min(a.emitted, a.text.size());
-        a.read = a.generated.size();
+        a.read = a.text_ids.size();
         a.prefix = a.read > kDetokenizeContext ? a.read - kDetokenizeContext : 0;
       }
       for (const std::string& stop : r.stop) {
@@ -448,177 +457,193 @@ void Scheduler::loop() {
         }
       }
     }
-    const auto now = Clock::now();
-    for (auto& a : expired) {
-      retire(*a, a->stream->cancelled() ? FinishReason::kCancelled : FinishReason::kTimeout);
-    }
-    for (auto it = running.begin(); it != running.end();) {
-      Active& a = **it;
-      if (a.stream->cancelled() || now >= a.deadline) {
-        retire(a, a.stream->cancelled() ? FinishReason::kCancelled : FinishReason::kTimeout);
-        it = running.erase(it);
-      } else {
-        ++it;
+    try {
+      const auto now = Clock::now();
+      for (auto& a : expired) {
+        retire(*a, a->stream->cancelled() ? FinishReason::kCancelled : FinishReason::kTimeout);
       }
-    }
+      for (auto it = running.begin(); it != running.end();) {
+        Active& a = **it;
+        if (a.stream->cancelled() || now >= a.deadline) {
+          retire(a, a.stream->cancelled() ? FinishReason::kCancelled : FinishReason::kTimeout);
+          it = running.erase(it);
+        } else {
+          ++it;
+        }
+      }
 
-    // 2. Admit queued requests while a stream slot is free and their prompts' pages fit.
-    for (;;) {
-      std::unique_ptr<Active> a;
-      {
-        std::lock_guard lock(mu_);
-        if (queue_.empty() || static_cast<int64_t>(running.size()) >= options_.max_seqs) break;
-        const Active& head = *queue_.front();
-        // Its prompt's pages plus one page of headroom per running stream, so the step that
-        // follows can always run (a stream admitted only to be preempted again would stall).
-        const int64_t need =
-            (head.input_size() + 1 + page - 1) / page + static_cast<int64_t>(running.size());
-        if (model_.kv_pool().free_pages() < need && cache_->make_room(need) < need) break;
-        a = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      try {
-        model_.set_adapter(a->seq, a->req.adapter);
-      } catch (const Error& e) {
-        retire(*a, FinishReason::kError, e.message());
-        continue;
-      }
-      std::vector<int32_t> input(static_cast<size_t>(a->input_size()));
-      for (int64_t i = 0; i < a->input_size(); ++i) input[static_cast<size_t>(i)] = a->input_at(i);
-      const int64_t adopted = cache_->attach(a->seq, input);
-      a->snapshot_points = cache_->snapshot_points(a->seq, input);
-      if (a->generated.empty()) {
-        a->cached_tokens = std::min<int64_t>(adopted, static_cast<int64_t>(a->req.prompt.size()));
-        prompt_tokens += static_cast<int64_t>(a->req.prompt.size());
-      }
-      a->admitted = true;
-      running.push_back(std::move(a));
-    }
-    if (running.empty()) {
-      // Nothing could be admitted with an empty batch: the head request can never fit.
-      std::unique_ptr<Active> head;
-      {
-        std::lock_guard lock(mu_);
-        if (!queue_.empty()) {
-          head = std::move(queue_.front());
+      // 2. Admit queued requests while a stream slot is free and their prompts' pages fit.
+      for (;;) {
+        std::unique_ptr<Active> a;
+        {
+          std::lock_guard lock(mu_);
+          if (queue_.empty() || static_cast<int64_t>(running.size()) >= options_.max_seqs) break;
+          const Active& head = *queue_.front();
+          // Its prompt's pages plus one page of headroom per running stream, so the step that
+          // follows can always run (a stream admitted only to be preempted again would stall).
+          const int64_t need =
+              (head.input_size() + 1 + page - 1) / page + static_cast<int64_t>(running.size());
+          if (model_.kv_pool().free_pages() < need && cache_->make_room(need) < need) break;
+          a = std::move(queue_.front());
           queue_.pop_front();
         }
-      }
-      if (head) {
-        retire(*head, FinishReason::kError,
-               "the request does not fit the KV cache even when it runs alone");
-      }
-      continue;
-    }
-
-    // 3. Build the step: one decode row per decoding stream, then prefill chunks.
-    items.clear();
-    item_owner.clear();
-    item_decoding.clear();
-    int64_t rows = 0;
-    int64_t prefill_budget = options_.prefill_chunk;
-    std::vector<std::vector<int32_t>> chunk_ids;  // owns the ids of each item
-    chunk_ids.reserve(running.size());
-    for (int pass = 0; pass < 2; ++pass) {
-      for (auto& owned : running) {
-        Active& a = *owned;
-        const auto have = static_cast<int64_t>(a.seq.tokens.size());
-        const int64_t left = a.input_size() - have;
-        const bool decoding = left == 1;
-        if ((pass == 0) != decoding) continue;
-        int64_t len = left;
-        if (!decoding) {
-          len = std::min({left, prefill_budget, model_.max_rows() - rows});
-          if (requires_single_chunk_prefill(model_.config()) && len < left) len = 0;
-          if (len <= 0) continue;
-          // Hybrid models: end the chunk where the prefix cache will snapshot the state.
-          for (const int64_t p : a.snapshot_points) {
-            if (p > have && p < have + len) {
-              len = p - have;
-              break;
-            }
-          }
-          prefill_budget -= len;
-        } else if (rows >= model_.max_rows()) {
+        try {
+          model_.set_adapter(a->seq, a->req.adapter);
+        } catch (const Error& e) {
+          retire(*a, FinishReason::kError, e.message());
           continue;
         }
-        std::vector<int32_t> ids(static_cast<size_t>(len));
-        for (int64_t j = 0; j < len; ++j) ids[static_cast<size_t>(j)] = a.input_at(have + j);
-        chunk_ids.push_back(std::move(ids));
-        items.push_back(
-            {.seq = &a.seq,
-             .ids = chunk_ids.back(),
-             .logits = have + len == a.input_size() ? LogitRows::kLast : LogitRows::kNone});
-        item_owner.push_back(&a);
-        item_decoding.push_back(decoding);
-        rows += len;
+        std::vector<int32_t> input(static_cast<size_t>(a->input_size()));
+        for (int64_t i = 0; i < a->input_size(); ++i)
+          input[static_cast<size_t>(i)] = a->input_at(i);
+        const int64_t adopted = cache_->attach(a->seq, input);
+        a->snapshot_points = cache_->snapshot_points(a->seq, input);
+        if (a->generated.empty()) {
+          a->cached_tokens = std::min<int64_t>(adopted, static_cast<int64_t>(a->req.prompt.size()));
+          prompt_tokens += static_cast<int64_t>(a->req.prompt.size());
+        }
+        a->admitted = true;
+        running.push_back(std::move(a));
       }
-    }
-    if (items.empty()) continue;
-
-    // 4. Pages for the step: evict cached prefixes, then preempt the youngest streams.
-    auto pages_needed = [&] {
-      int64_t need = 0;
-      for (const StepItem& it : items) {
-        const auto total = static_cast<int64_t>(it.seq->tokens.size() + it.ids.size());
-        need += std::max<int64_t>(
-            0, (total + page - 1) / page - static_cast<int64_t>(it.seq->block_table.size()));
-      }
-      return need;
-    };
-    if (const int64_t need = pages_needed();
-        model_.kv_pool().free_pages() < need && cache_->make_room(need) < need) {
-      // Preempt the youngest stream and build the step again without it. Alone and still
-      // out of pages, the oldest stream has used the whole KV budget: its context is full.
-      if (!preempt_youngest(running.front().get())) {
-        retire(*running.front(), FinishReason::kLength);
-        running.clear();
-      }
-      continue;
-    }
-
-    // 5. Run it.
-    int64_t n_want = 0;
-    for (const StepItem& it : items) n_want += it.logits == LogitRows::kLast ? 1 : 0;
-    logits.resize(static_cast<size_t>(n_want) * V);
-    try {
-      model_.step(items, logits);
-    } catch (const Error& e) {
-      // The step changed no sequence. Out of pages (a shared page copied on write): make room
-      // by preempting; anything else fails the step's requests.
-      if (running.size() > 1 && preempt_youngest(running.front().get())) continue;
-      for (Active* a : item_owner) retire(*a, FinishReason::kError, e.message());
-      std::erase_if(running, [](const auto& a) { return !a->admitted; });
-      continue;
-    }
-    ++steps;
-    // 6. Sample, report, retire.
-    int64_t w = 0;
-    for (size_t i = 0; i < items.size(); ++i) {
-      Active& a = *item_owner[i];
-      const auto len = static_cast<int64_t>(items[i].ids.size());
-      if (!item_decoding[i]) prefill_tokens += len;
-      if (items[i].logits == LogitRows::kNone) {
-        cache_->insert(a.seq);  // share the prompt's whole pages while it is still running
+      if (running.empty()) {
+        // Nothing could be admitted with an empty batch: the head request can never fit.
+        std::unique_ptr<Active> head;
+        {
+          std::lock_guard lock(mu_);
+          if (!queue_.empty()) {
+            head = std::move(queue_.front());
+            queue_.pop_front();
+          }
+        }
+        if (head) {
+          retire(*head, FinishReason::kError,
+                 "the request does not fit the KV cache even when it runs alone");
+        }
         continue;
       }
-      std::span<float> row(logits.data() + static_cast<size_t>(w++) * V, V);
-      // pick() rewrites the row with the sampling processors; logprobs are the model's own.
-      if (a.req.top_logprobs >= 0) logprob_scratch.assign(row.begin(), row.end());
-      const int32_t token = pick(a, row);
-      if (len > 1) cache_->insert(a.seq);
-      const size_t reported = a.pending_tokens.size();
-      std::optional<FinishReason> end = accept(a, token);
-      // An eos token ends the stream without being part of it, nor of the logprobs.
-      if (a.req.top_logprobs >= 0 && a.pending_tokens.size() > reported)
-        a.pending_logprobs.push_back(logprobs_of(logprob_scratch, token, a.req.top_logprobs));
-      if (end.has_value()) {
-        retire(a, *end);
-      } else {
-        report(a, std::nullopt);
+
+      // 3. Build the step: one decode row per decoding stream, then prefill chunks.
+      items.clear();
+      item_owner.clear();
+      item_decoding.clear();
+      int64_t rows = 0;
+      int64_t prefill_budget = options_.prefill_chunk;
+      std::vector<std::vector<int32_t>> chunk_ids;  // owns the ids of each item
+      chunk_ids.reserve(running.size());
+      for (int pass = 0; pass < 2; ++pass) {
+        for (auto& owned : running) {
+          Active& a = *owned;
+          const auto have = static_cast<int64_t>(a.seq.tokens.size());
+          const int64_t left = a.input_size() - have;
+          const bool decoding = left == 1;
+          if ((pass == 0) != decoding) continue;
+          int64_t len = left;
+          if (!decoding) {
+            len = std::min({left, prefill_budget, model_.max_rows() - rows});
+            if (requires_single_chunk_prefill(model_.config()) && len < left) len = 0;
+            if (len <= 0) continue;
+            // Hybrid models: end the chunk where the prefix cache will snapshot the state.
+            for (const int64_t p : a.snapshot_points) {
+              if (p > have && p < have + len) {
+                len = p - have;
+                break;
+              }
+            }
+            prefill_budget -= len;
+          } else if (rows >= model_.max_rows()) {
+            continue;
+          }
+          std::vector<int32_t> ids(static_cast<size_t>(len));
+          for (int64_t j = 0; j < len; ++j) ids[static_cast<size_t>(j)] = a.input_at(have + j);
+          chunk_ids.push_back(std::move(ids));
+          items.push_back(
+              {.seq = &a.seq,
+               .ids = chunk_ids.back(),
+               .logits = have + len == a.input_size() ? LogitRows::kLast : LogitRows::kNone});
+          item_owner.push_back(&a);
+          item_decoding.push_back(decoding);
+          rows += len;
+        }
       }
+      if (items.empty()) continue;
+
+      // 4. Pages for the step: evict cached prefixes, then preempt the youngest streams.
+      auto pages_needed = [&] {
+        int64_t need = 0;
+        for (const StepItem& it : items) {
+          const auto total = static_cast<int64_t>(it.seq->tokens.size() + it.ids.size());
+          need += std::max<int64_t>(
+              0, (total + page - 1) / page - static_cast<int64_t>(it.seq->block_table.size()));
+        }
+        return need;
+      };
+      if (const int64_t need = pages_needed();
+          model_.kv_pool().free_pages() < need && cache_->make_room(need) < need) {
+        // Preempt the youngest stream and build the step again without it. Alone and still
+        // out of pages, the oldest stream has used the whole KV budget: its context is full.
+        if (!preempt_youngest(running.front().get())) {
+          retire(*running.front(), FinishReason::kLength);
+          running.clear();
+        }
+        continue;
+      }
+
+      // 5. Run it.
+      int64_t n_want = 0;
+      for (const StepItem& it : items) n_want += it.logits == LogitRows::kLast ? 1 : 0;
+      logits.resize(static_cast<size_t>(n_want) * V);
+      try {
+        model_.step(items, logits);
+      } catch (const Error& e) {
+        // The step changed no sequence. Out of pages (a shared page copied on write): make room
+        // by preempting; anything else fails the step's requests.
+        if (running.size() > 1 && preempt_youngest(running.front().get())) continue;
+        for (Active* a : item_owner) retire(*a, FinishReason::kError, e.message());
+        std::erase_if(running, [](const auto& a) { return !a->admitted; });
+        continue;
+      }
+      ++steps;
+      // 6. Sample, report, retire.
+      int64_t w = 0;
+      for (size_t i = 0; i < items.size(); ++i) {
+        Active& a = *item_owner[i];
+        const auto len = static_cast<int64_t>(items[i].ids.size());
+        if (!item_decoding[i]) prefill_tokens += len;
+        if (items[i].logits == LogitRows::kNone) {
+          cache_->insert(a.seq);  // share the prompt's whole pages while it is still running
+          continue;
+        }
+        std::span<float> row(logits.data() + static_cast<size_t>(w++) * V, V);
+        // pick() rewrites the row with the sampling processors; logprobs are the model's own.
+        if (a.req.top_logprobs >= 0) logprob_scratch.assign(row.begin(), row.end());
+        const int32_t token = pick(a, row);
+        if (len > 1) cache_->insert(a.seq);
+        const size_t reported = a.pending_tokens.size();
+        std::optional<FinishReason> end = accept(a, token);
+        // An eos token ends the stream without being part of it, nor of the logprobs.
+        if (a.req.top_logprobs >= 0 && a.pending_tokens.size() > reported)
+          a.pending_logprobs.push_back(logprobs_of(logprob_scratch, token, a.req.top_logprobs));
+        if (end.has_value()) {
+          retire(a, *end);
+        } else {
+          report(a, std::nullopt);
+        }
+      }
+      std::erase_if(running, [](const auto& a) { return !a->admitted; });
+    } catch (const std::exception& e) {
+      // A bug, not bad input (requests are validated at submit): fail what was running,
+      // keep serving the rest.
+      std::fprintf(stderr, "metrale scheduler: %s; failing %zu running request(s)\n", e.what(),
+                   running.size());
+      for (auto& r : running) {
+        try {
+          retire(*r, FinishReason::kError, std::string("internal error: ") + e.what());
+        } catch (const std::exception&) {
+          r->admitted = false;  // its sequence is left to the model's teardown
+        }
+      }
+      running.clear();
     }
-    std::erase_if(running, [](const auto& a) { return !a->admitted; });
   }
 
   // Stopping: every request still here ends with an error event.
