@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <random>
 
+#include "prefix_test_util.h"
 #include "support/test_support.h"
 
 namespace metrale {
@@ -26,52 +27,19 @@ std::unique_ptr<Model> load_demo(int64_t kv_tokens = 512) {
 }
 
 // n token ids drawn from a seeded generator (the demo's vocabulary is 2048).
+using serve_test::argmax;
+using serve_test::concat;
+using serve_test::Output;
+
 std::vector<int32_t> random_ids(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(3, 2000);
-  std::vector<int32_t> out(n);
-  for (int32_t& t : out) t = id(rng);
-  return out;
+  return serve_test::random_ids(n, seed, 2000);
 }
-
-std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-int32_t argmax(std::span<const float> v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-// What a request produces: the logits after its prompt and after each greedy token.
-struct Output {
-  int64_t cached = 0;  // prompt tokens the cache supplied
-  std::vector<float> logits;
-  std::vector<int32_t> tokens;
-};
 
 // Prompt then `n_new` greedy tokens, through `cache` when given (attach before, insert
 // after), in one sequence released at the end.
 Output generate(Model& m, PrefixCache* cache, const std::vector<int32_t>& prompt, int n_new,
                 const std::string& adapter = "") {
-  const auto V = static_cast<size_t>(m.vocab_size());
-  Output r;
-  Sequence s;
-  if (!adapter.empty()) m.set_adapter(s, adapter);
-  if (cache != nullptr) r.cached = cache->attach(s, prompt);
-  EXPECT_EQ(static_cast<int64_t>(s.tokens.size()), r.cached);
-  std::vector<float> out(V);
-  m.prefill(s, std::span(prompt).subspan(static_cast<size_t>(r.cached)), out);
-  for (int i = 0;; ++i) {
-    r.logits.insert(r.logits.end(), out.begin(), out.end());
-    if (i == n_new) break;
-    r.tokens.push_back(argmax(out));
-    Sequence* p = &s;
-    m.decode({&p, 1}, {&r.tokens.back(), 1}, out);
-  }
-  if (cache != nullptr) cache->insert(s);
-  m.release(s);
-  return r;
+  return serve_test::generate(m, cache, prompt, n_new, {.adapter = adapter});
 }
 
 TEST(PrefixCache, HitsGiveTheLogitsOfNoCacheBitForBit) {

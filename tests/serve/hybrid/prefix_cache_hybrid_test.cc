@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <random>
 
+#include "../prefix_test_util.h"
 #include "serve/prefix_cache.h"
 #include "serve/scheduler.h"
 #include "support/test_support.h"
@@ -36,56 +37,20 @@ std::unique_ptr<Model> load(int64_t snapshots = 2) {
   return Model::load("tests/data/fixtures/qwen3_next_f32", o);
 }
 
+using serve_test::argmax;
+using serve_test::concat;
+using serve_test::Output;
+
 std::vector<int32_t> random_ids(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(3, 300);  // the fixture's vocabulary is 392
-  std::vector<int32_t> out(n);
-  for (int32_t& t : out) t = id(rng);
-  return out;
+  return serve_test::random_ids(n, seed, 300);  // the fixture's vocabulary is 392
 }
-
-std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-int32_t argmax(std::span<const float> v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-struct Output {
-  int64_t cached = 0;
-  std::vector<float> logits;  // after the prompt, then after each greedy token
-  std::vector<int32_t> tokens;
-};
 
 // The prompt (prefill chunks ending at `stops`, where the cache records a snapshot, as the
 // scheduler does), then `n_new` greedy tokens; the sequence is released at the end.
 Output generate(Model& m, PrefixCache* cache, const std::vector<int32_t>& prompt, int n_new,
-                const std::vector<int64_t>& stops = {}) {
-  const auto V = static_cast<size_t>(m.vocab_size());
-  Output r;
-  Sequence s;
-  if (cache != nullptr) r.cached = cache->attach(s, prompt);
-  std::vector<float> out(V);
-  int64_t at = r.cached;
-  for (int64_t stop : stops) {
-    if (stop <= at || stop >= static_cast<int64_t>(prompt.size())) continue;
-    m.prefill(s, std::span(prompt).subspan(static_cast<size_t>(at), static_cast<size_t>(stop - at)),
-              out);
-    if (cache != nullptr) cache->insert(s);
-    at = stop;
-  }
-  m.prefill(s, std::span(prompt).subspan(static_cast<size_t>(at)), out);
-  for (int i = 0;; ++i) {
-    r.logits.insert(r.logits.end(), out.begin(), out.end());
-    if (i == n_new) break;
-    r.tokens.push_back(argmax(out));
-    Sequence* p = &s;
-    m.decode({&p, 1}, {&r.tokens.back(), 1}, out);
-  }
-  m.release(s);
-  return r;
+                std::vector<int64_t> stops = {}) {
+  return serve_test::generate(m, cache, prompt, n_new,
+                              {.stops = std::move(stops), .insert_at_end = false});
 }
 
 // What attach() adopts for `prompt` (the sequence released at once: no pages needed).
