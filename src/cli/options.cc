@@ -104,10 +104,12 @@ std::unique_ptr<Model> load_model(const ModelFlags& flags) {
   return Model::load(flags.dir, flags.load_options());
 }
 
-void LoraFlags::add_to(CLI::App& cmd) {
+void LoraFlags::add_to(CLI::App& cmd, bool with_adapter) {
   cmd.add_option("--lora", loras, "NAME=DIR: load a PEFT LoRA adapter (repeatable)");
-  cmd.add_option("--adapter", adapter,
-                 "the adapter to run (a --lora NAME; default: the only one given)");
+  if (with_adapter) {
+    cmd.add_option("--adapter", adapter,
+                   "the adapter to run (a --lora NAME; default: the only one given)");
+  }
   cmd.add_option("--lora-max-rank", max_rank,
                  "largest adapter rank a slot holds (default: "
                  "the largest of the adapters given)")

@@ -42,7 +42,9 @@ struct LoraFlags {
   int64_t slots = 0;     // 0: as many as adapters given
   std::string dtype = "f32";
 
-  void add_to(CLI::App& cmd);
+  // with_adapter: also --adapter (commands that run one adapter; `serve` lets each request
+  // choose by its model name instead).
+  void add_to(CLI::App& cmd, bool with_adapter = true);
   // Makes the pool and loads the adapters (pinned); returns the adapter to run ("" = base).
   std::string apply(Model& model) const;
 };

@@ -94,10 +94,9 @@ void run_serve(ServeFlags f) {
     METRALE_CHECK(f.model.kv_tokens == 0, "give only one of --kv-budget and --kv-tokens");
     load.kv_tokens = kv_tokens_for_budget(f.model.dir, f.kv_budget);
   }
-  METRALE_CHECK(f.lora.adapter.empty(), "serve: --adapter ", f.lora.adapter,
-                ": a request picks its adapter by its \"model\" field (the --lora NAME)");
   std::unique_ptr<Model> model = Model::load(f.model.dir, load);
-  // LoRA adapters, pinned in the slot pool: a request whose "model" is NAME runs with it.
+  // LoRA adapters, pinned in the slot pool: a request whose "model" is NAME runs with it
+  // (so serve has no --adapter).
   f.lora.apply(*model);
   for (const std::string& l : f.lora.loras) f.http.adapters.push_back(l.substr(0, l.find('=')));
   METRALE_CHECK(model->tokenizer() != nullptr, f.model.dir,
@@ -141,7 +140,7 @@ void setup(CLI::App& app) {
   // running streams' decode rows.
   f->model.max_rows = 512;
   f->model.add_to(*cmd);
-  f->lora.add_to(*cmd);
+  f->lora.add_to(*cmd, /*with_adapter=*/false);
   // The shared flag means more here: the scheduler's stream slots, for every model.
   cmd->get_option("--max-seqs")
       ->description("streams decoding at once (hybrid models: also their recurrent-state slots)");
