@@ -38,7 +38,9 @@ class LoraParity : public ::testing::TestWithParam<Case> {
     LoadOptions o;
     o.n_threads = threads;
     o.kv_tokens = 256;
-    auto m = Model::load(testing::fixture_dir(GetParam().base), o);
+    // A fixture under tests/data/fixtures, or the demo checkpoint (models/demo).
+    const std::string base = GetParam().base;
+    auto m = Model::load(base.starts_with("models/") ? base : testing::fixture_dir(base), o);
     LoraPool& pool = m->enable_lora({.max_loras = static_cast<int64_t>(GetParam().adapters.size()),
                                      .max_rank = 16,
                                      .dtype = dtype});
@@ -148,7 +150,8 @@ INSTANTIATE_TEST_SUITE_P(Peft, LoraParity,
                                            Case{"qwen2_overlays", "qwen2_f32", {"tok", "save"}},
                                            Case{"qwen3_tied_tokens", "qwen3_f32", {"tied"}},
                                            Case{"qwen3_moe_experts", "qwen3_moe_f32", {"e1", "e2"}},
-                                           Case{"qwen3_moe_router", "qwen3_moe_f32", {"g"}}),
+                                           Case{"qwen3_moe_router", "qwen3_moe_f32", {"g"}},
+                                           Case{"demo", "models/demo", {"scribe"}}),
                          [](const auto& p) { return std::string(p.param.name); });
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "engine/session.h"
 #include "http/openai_api.h"
+#include "lora/lora_pool.h"
 
 namespace metrale::http {
 namespace {
@@ -38,7 +39,6 @@ class ServerFixture : public ::testing::Test {
  protected:
   void SetUp() override {
     model_ = load_demo();
-    scheduler_ = std::make_unique<Scheduler>(*model_, scheduler_options());
     HttpServerOptions o;
     o.port = 0;
     o.read_timeout = 1s;
@@ -46,6 +46,8 @@ class ServerFixture : public ::testing::Test {
     o.model_name = "demo";
     o.max_body_bytes = 64 << 10;
     o.threads = 16;
+    prepare(*model_, o);
+    scheduler_ = std::make_unique<Scheduler>(*model_, scheduler_options());
     server_ = std::make_unique<HttpServer>(
         *scheduler_,
         chat::ChatTemplate::from_string(
@@ -67,6 +69,8 @@ class ServerFixture : public ::testing::Test {
   }
 
   virtual SchedulerOptions scheduler_options() const { return {.max_seqs = 4}; }
+  // Before the scheduler starts: what a variant loads into the model or sets on the server.
+  virtual void prepare(Model&, HttpServerOptions&) {}
 
   httplib::Result post(const std::string& path, const std::string& body) {
     return client_->Post(path.c_str(), body, "application/json");
@@ -359,6 +363,53 @@ TEST_F(ServerFixture, MetricsInPrometheusText) {
 }
 
 // One stream slot and one queue place: a third request is refused with 429.
+// `metrale serve --lora scribe=DIR`: a request whose model is "scribe" runs with the PEFT
+// adapter (tests/data/fixtures/lora/demo, equal to PEFT in tests/engine/lora_parity_test.cc).
+class LoraServer : public ServerFixture {
+ protected:
+  void prepare(Model& m, HttpServerOptions& o) override {
+    m.enable_lora({.max_loras = 1, .max_rank = 8})
+        .load("scribe", "tests/data/fixtures/lora/demo/scribe", /*pinned=*/true);
+    o.adapters = {"scribe"};
+  }
+};
+
+TEST_F(LoraServer, TheModelFieldPicksTheAdapter) {
+  std::string want[2];  // base, scribe: each prompt run alone
+  {
+    std::unique_ptr<Model> alone = load_demo();
+    alone->enable_lora({.max_loras = 1, .max_rank = 8})
+        .load("scribe", "tests/data/fixtures/lora/demo/scribe", /*pinned=*/true);
+    GenerateOptions g;
+    g.max_new_tokens = 16;
+    g.ignore_eos = true;
+    for (int i = 0; i < 2; ++i) {
+      Session session(*alone, i == 0 ? "" : "scribe");
+      want[i] = session.generate(alone->tokenizer()->encode("And God said", true), g).text;
+    }
+  }
+  ASSERT_NE(want[0], want[1]) << "the adapter should change the text";
+  for (int i = 0; i < 2; ++i) {
+    const std::string model = i == 0 ? "demo" : "scribe";
+    auto r = post("/v1/completions", R"({"model": ")" + model +
+                                         R"(", "prompt": "And God said", "max_tokens": 16,
+                                         "temperature": 0, "ignore_eos": true})");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], want[i]) << model;
+  }
+  auto m = client_->Get("/v1/models");
+  ASSERT_TRUE(m);
+  const json models = json::parse(m->body);
+  ASSERT_EQ(models["data"].size(), 2u);
+  EXPECT_EQ(models["data"][1]["id"], "scribe");
+  EXPECT_EQ(models["data"][1]["parent"], "demo");
+  auto unknown = post("/v1/completions", R"({"model": "nope", "prompt": "x", "max_tokens": 1})");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_NE(unknown->body.find("scribe"), std::string::npos) << unknown->body;
+}
+
 class BusyServer : public ServerFixture {
  protected:
   SchedulerOptions scheduler_options() const override { return {.max_seqs = 1, .max_queue = 1}; }
