@@ -110,12 +110,14 @@ void read_common(const JsonFields& f, OpenAiRequest& r) {
     if (!r.stream) throw bad("stream_options", "only allowed when stream is true");
     r.include_usage = field("stream_options", [&] { return so->bool_or("include_usage", false); });
   }
-  // Penalties over the counts of generated tokens: not implemented, so only their neutral
-  // value is accepted (a client asking for them would otherwise silently get something else).
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (auto p = field(key, [&] { return f.opt_number_in(key, -2.0, 2.0); }); p && *p != 0.0) {
-      throw unsupported(key, "only 0 is supported");
-    }
+  // OpenAI's penalties over the counts of generated tokens (the scheduler applies them).
+  if (auto p = field("presence_penalty",
+                     [&] { return f.opt_number_in("presence_penalty", -2.0, 2.0); })) {
+    r.presence_penalty = static_cast<float>(*p);
+  }
+  if (auto p = field("frequency_penalty",
+                     [&] { return f.opt_number_in("frequency_penalty", -2.0, 2.0); })) {
+    r.frequency_penalty = static_cast<float>(*p);
   }
   if (const json* lb = f.find("logit_bias")) {
     if (!lb->is_object())
@@ -338,6 +340,8 @@ ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> pro
   s.stop = req.stop;
   s.ignore_eos = req.ignore_eos;
   s.top_logprobs = req.top_logprobs;
+  s.presence_penalty = req.presence_penalty;
+  s.frequency_penalty = req.frequency_penalty;
   return s;
 }
 

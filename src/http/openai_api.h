@@ -7,7 +7,7 @@
 // Validation follows OpenAI's reference server: unknown fields are ignored (clients send
 // vendor extensions), but a KNOWN field of the wrong type or out of range is a 400 naming the
 // field (`param`), and parameters we do not implement with a non-default value (n > 1,
-// penalties != 0, logit_bias, echo, best_of, several prompts) are a 400 saying so rather than
+// logit_bias, echo, best_of, several prompts) are a 400 saying so rather than
 // being silently ignored. null is the same as absent, as in the OpenAI SDKs.
 #include <chrono>
 #include <cstdint>
@@ -77,9 +77,11 @@ struct OpenAiRequest {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage
-  bool ignore_eos = false;     // vLLM's extension
-  int top_logprobs = -1;       // -1: no logprobs
+  bool include_usage = false;      // stream_options.include_usage
+  bool ignore_eos = false;         // vLLM's extension
+  int top_logprobs = -1;           // -1: no logprobs
+  float presence_penalty = 0.0f;   // [-2, 2]
+  float frequency_penalty = 0.0f;  // [-2, 2]
 };
 
 // Parse and validate a request body (ApiError 400 on any problem).

@@ -186,6 +186,11 @@ std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
   METRALE_CHECK(s.min_p >= 0 && s.min_p <= 1, "min_p must be in [0, 1], found ", s.min_p);
   METRALE_CHECK(std::isfinite(s.repetition_penalty) && s.repetition_penalty > 0,
                 "repetition_penalty must be > 0, found ", s.repetition_penalty);
+  for (const auto& [name, value] : {std::pair{"presence_penalty", r.presence_penalty},
+                                    std::pair{"frequency_penalty", r.frequency_penalty}}) {
+    METRALE_CHECK(std::isfinite(value) && value >= -2 && value <= 2, name,
+                  " must be in [-2, 2], found ", value);
+  }
   METRALE_CHECK(r.top_logprobs >= -1 && r.top_logprobs <= kMaxTopLogprobs,
                 "top_logprobs must be in [0, ", kMaxTopLogprobs, "], found ", r.top_logprobs);
   METRALE_CHECK(r.stop.size() <= kMaxStopStrings, "at most ", kMaxStopStrings,
@@ -237,6 +242,7 @@ void Scheduler::loop() {
   std::vector<bool> item_decoding;
   std::vector<float> logits;
   std::vector<float> logprob_scratch;
+  std::vector<int32_t> penalty_ids;  // pick()'s scratch: the generated ids, sorted
   Sampler sampler(model_.vocab_size());
   const auto V = static_cast<size_t>(model_.vocab_size());
   const int64_t page = model_.kv_pool().layout().page_size;
@@ -407,6 +413,18 @@ void Scheduler::loop() {
   // Picks `a`'s next token from `row` (modified in place by the sampling processors).
   auto pick = [&](Active& a, std::span<float> row) -> int32_t {
     const SamplingParams& s = a.req.sampling;
+    if (a.req.presence_penalty != 0.0f || a.req.frequency_penalty != 0.0f) {
+      // Each distinct generated id once, with how often it was generated.
+      penalty_ids.assign(a.generated.begin(), a.generated.end());
+      std::sort(penalty_ids.begin(), penalty_ids.end());
+      for (size_t i = 0; i < penalty_ids.size();) {
+        size_t j = i;
+        while (j < penalty_ids.size() && penalty_ids[j] == penalty_ids[i]) ++j;
+        row[static_cast<size_t>(penalty_ids[i])] -=
+            a.req.presence_penalty + a.req.frequency_penalty * static_cast<float>(j - i);
+        i = j;
+      }
+    }
     std::vector<int32_t> seen;
     if (s.repetition_penalty != 1.0f) {
       seen.reserve(static_cast<size_t>(a.input_size()));

@@ -40,6 +40,11 @@ struct ServeRequest {
   std::vector<int32_t> prompt;  // >= 1 token
   int64_t max_tokens = 16;      // >= 1; the stream also ends when the context is full
   SamplingParams sampling{.temperature = 0.0f};  // greedy unless temperature > 0
+  // OpenAI's penalties, in [-2, 2], over the tokens generated so far (not the prompt): each
+  // generated token's logit drops by presence_penalty once and by frequency_penalty per time
+  // it was generated, before the sampling processors (and before a greedy pick), as vLLM.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0;
   std::vector<int32_t> eos_ids;  // empty: default_eos_ids(model)
   bool ignore_eos = false;

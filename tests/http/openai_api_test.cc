@@ -163,8 +163,7 @@ TEST(OpenAiParse, CompletionSpecificBadInput) {
 }
 
 TEST(OpenAiParse, UnsupportedParametersAreRefusedNotIgnored) {
-  for (const std::string extra : {R"("n": 2)", R"("presence_penalty": 0.5)",
-                                  R"("frequency_penalty": -1)", R"("logit_bias": {"5": 10})"}) {
+  for (const std::string extra : {R"("n": 2)", R"("logit_bias": {"5": 10})"}) {
     const ApiError e = chat_error(chat_with(extra));
     EXPECT_EQ(e.status(), 400) << extra;
     EXPECT_EQ(e.code(), "unsupported_parameter") << extra;
@@ -178,10 +177,7 @@ TEST(OpenAiParse, UnsupportedParametersAreRefusedNotIgnored) {
     EXPECT_EQ(e.code(), "unsupported_parameter") << body;
   }
   // Their neutral values are fine.
-  EXPECT_EQ(chat_error(chat_with(R"("n": 1, "presence_penalty": 0, "frequency_penalty": 0.0,
-                                    "logit_bias": {}, "echo": false)"))
-                .status(),
-            0);
+  EXPECT_EQ(chat_error(chat_with(R"("n": 1, "logit_bias": {}, "echo": false)")).status(), 0);
 }
 
 TEST(OpenAiParse, ChatFieldsMapToTheRequest) {
@@ -255,6 +251,14 @@ TEST(OpenAiServeRequest, MaxTokensDefaultsToWhatTheContextLeaves) {
   EXPECT_FLOAT_EQ(s.sampling.temperature, 0.0f);
   EXPECT_EQ(s.stop, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(s.top_logprobs, 1);
+  EXPECT_EQ(s.presence_penalty, 0.0f);
+  EXPECT_EQ(s.frequency_penalty, 0.0f);
+
+  const OpenAiRequest p = parse_completion_request(
+      R"({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -1.25})");
+  const ServeRequest sp = to_serve_request(p, {1}, 100);
+  EXPECT_FLOAT_EQ(sp.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(sp.frequency_penalty, -1.25f);
 
   r.max_tokens = 97;
   EXPECT_EQ(to_serve_request(r, {1, 2, 3}, 100).max_tokens, 97);

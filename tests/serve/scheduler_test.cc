@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
@@ -215,6 +216,48 @@ TEST(Scheduler, LogprobsAreTheModelsLogSoftmax) {
     EXPECT_GE(lp.top[1].second, lp.top[2].second);
     EXPECT_LE(lp.logprob, 0.0f);
   }
+}
+
+// OpenAI's penalties: each generated token's logit drops by presence_penalty once and by
+// frequency_penalty per occurrence, before the greedy pick; the reference applies that by hand
+// to the model's own logits.
+TEST(Scheduler, PresenceAndFrequencyPenaltiesFollowOpenAi) {
+  auto model = load_demo();
+  const std::vector<int32_t> prompt = encode(*model, kPrompts[0]);
+  const float presence = 0.7f, frequency = 1.3f;
+  std::vector<int32_t> want;
+  {
+    const auto V = static_cast<size_t>(model->vocab_size());
+    std::vector<float> logits(V);
+    std::vector<int> count(V, 0);
+    Sequence seq;
+    model->prefill(seq, prompt, logits);
+    for (int step = 0; step < 24; ++step) {
+      for (size_t id = 0; id < V; ++id) {
+        if (count[id] > 0) logits[id] -= presence + frequency * static_cast<float>(count[id]);
+      }
+      const auto next =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      want.push_back(next);
+      ++count[static_cast<size_t>(next)];
+      Sequence* one = &seq;
+      model->decode({&one, 1}, {&next, 1}, logits);
+    }
+    model->release(seq);
+  }
+  Scheduler sched(*model, {});
+  ServeRequest r;
+  r.prompt = prompt;
+  r.max_tokens = 24;
+  r.ignore_eos = true;
+  r.presence_penalty = presence;
+  r.frequency_penalty = frequency;
+  const Outcome got = drain(*sched.submit(r));
+  EXPECT_EQ(got.tokens, want);
+  r.presence_penalty = r.frequency_penalty = 0;
+  EXPECT_NE(drain(*sched.submit(r)).tokens, want) << "the penalties should change the greedy run";
+  r.frequency_penalty = 2.5f;
+  EXPECT_THROW(sched.submit(r), Error);
 }
 
 TEST(Scheduler, PreemptionWhenTheKvCacheRunsOutKeepsEveryStreamUnchanged) {
