@@ -122,6 +122,29 @@ struct PrefixCache::Impl {
   }
   void touch(Node* x) { x->last_use = ++clock; }
 
+  // Follows `tokens` down from `root` for at most `limit` whole pages. For each edge it
+  // enters, calls visit(node, k, whole): k pages of the node's edge matched, whole when all
+  // of them did (the walk then goes on below it). Returns the pages matched.
+  template <class Visit>
+  int64_t walk(Node* root, std::span<const int32_t> tokens, int64_t limit,
+               const Visit& visit) const {
+    Node* x = root;
+    int64_t matched = 0;
+    while (matched < limit) {
+      const auto child = x->children.find(page_tokens(tokens, matched));
+      if (child == x->children.end()) break;
+      Node* c = child->second.get();
+      const auto edge = static_cast<int64_t>(c->pages.size());
+      int64_t k = 1;  // the first page matched by the key
+      while (k < edge && matched + k < limit && page_matches(*c, k, tokens, matched + k)) ++k;
+      matched += k;
+      visit(c, k, k == edge);
+      if (k < edge) break;
+      x = c;
+    }
+    return matched;
+  }
+
   // Splits x's edge after its first k pages (0 < k < its pages): a new node takes those and
   // becomes x's parent. Returns the new node. References and snapshot stay (x keeps its end).
   Node* split(Node* x, int64_t k) {
@@ -279,29 +302,19 @@ int64_t PrefixCache::attach(Sequence& seq, std::span<const int32_t> prompt) {
   // At least one prompt token is left to compute: its logits are the first sample.
   const int64_t limit = (static_cast<int64_t>(prompt.size()) - 1) / m.page;
   const int64_t min_depth = marconi_min_tokens();
-  Impl::Node* x = found->second.get();
   std::vector<int32_t> pages;
   std::vector<Impl::Node*> path;
-  int64_t matched = 0;  // pages
   int64_t restore = 0;  // hybrid: pages down to the deepest usable snapshot
   int64_t snapshot = -1;
-  while (matched < limit) {
-    const auto child = x->children.find(m.page_tokens(prompt, matched));
-    if (child == x->children.end()) break;
-    Impl::Node* c = child->second.get();
-    const auto edge = static_cast<int64_t>(c->pages.size());
-    int64_t k = 1;  // the first page matched by the key
-    while (k < edge && matched + k < limit && m.page_matches(*c, k, prompt, matched + k)) ++k;
-    pages.insert(pages.end(), c->pages.begin(), c->pages.begin() + k);
-    matched += k;
-    path.push_back(c);
-    if (k < edge) break;
-    if (m.hybrid && c->snapshot >= 0 && c->depth >= min_depth) {
-      restore = matched;
-      snapshot = c->snapshot;
-    }
-    x = c;
-  }
+  const int64_t matched =
+      m.walk(found->second.get(), prompt, limit, [&](Impl::Node* c, int64_t k, bool whole) {
+        pages.insert(pages.end(), c->pages.begin(), c->pages.begin() + k);
+        path.push_back(c);
+        if (whole && m.hybrid && c->snapshot >= 0 && c->depth >= min_depth) {
+          restore = c->depth / m.page;
+          snapshot = c->snapshot;
+        }
+      });
   const int64_t adopt = m.hybrid ? restore : matched;
   if (adopt == 0) return 0;
   const int64_t n = adopt * m.page;
@@ -384,18 +397,7 @@ std::vector<int64_t> PrefixCache::snapshot_points(const Sequence& seq,
   // Where the prompt leaves the tree: whole pages matched along any path, mid-edge included.
   int64_t matched = 0;
   if (const auto found = m.roots.find(adapter_key(seq)); found != m.roots.end()) {
-    const Impl::Node* x = found->second.get();
-    while (matched < limit) {
-      const auto child = x->children.find(m.page_tokens(prompt, matched));
-      if (child == x->children.end()) break;
-      const Impl::Node* c = child->second.get();
-      const auto edge = static_cast<int64_t>(c->pages.size());
-      int64_t k = 1;
-      while (k < edge && matched + k < limit && m.page_matches(*c, k, prompt, matched + k)) ++k;
-      matched += k;
-      if (k < edge) break;
-      x = c;
-    }
+    matched = m.walk(found->second.get(), prompt, limit, [](Impl::Node*, int64_t, bool) {});
   }
   for (const int64_t pages : {matched, limit}) {
     const int64_t n = pages * m.page;

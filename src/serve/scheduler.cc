@@ -95,9 +95,11 @@ struct Scheduler::Active {
   bool done = false;          // its last event is sent
   bool got_first = false;     // the first token has been reported
   int64_t cached_tokens = 0;  // prompt tokens adopted from the prefix cache (first admission)
-  // Tokens sampled so far; they survive a preemption. The model's input is prompt followed
-  // by generated: a stream is decoding when seq holds all of it but the last token.
-  std::vector<int32_t> generated;
+  // The model's input: the prompt (its first n_prompt tokens), then every token sampled so
+  // far, which survive a preemption. A stream is decoding when seq holds all of it but the
+  // last token; a step's ids are a span of it.
+  std::vector<int32_t> input;
+  size_t n_prompt = 0;
   int64_t completion_tokens = 0;  // generated tokens, the one that stopped the stream too
   Rng rng;
   // Incremental detokenization over text_ids (the generated ids the tokenizer knows; special
@@ -114,11 +116,8 @@ struct Scheduler::Active {
 
   explicit Active(uint64_t seed) : rng(seed) {}
 
-  int64_t input_size() const { return static_cast<int64_t>(req.prompt.size() + generated.size()); }
-  int32_t input_at(int64_t i) const {
-    const auto n = static_cast<int64_t>(req.prompt.size());
-    return i < n ? req.prompt[static_cast<size_t>(i)] : generated[static_cast<size_t>(i - n)];
-  }
+  int64_t input_size() const { return static_cast<int64_t>(input.size()); }
+  std::span<const int32_t> generated() const { return std::span(input).subspan(n_prompt); }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -206,6 +205,8 @@ std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
   a->submitted = Clock::now();
   a->deadline = a->submitted + (r.timeout.count() > 0 ? r.timeout : options_.request_timeout);
   for (const std::string& stop : r.stop) a->hold = std::max(a->hold, stop.size() - 1);
+  a->n_prompt = r.prompt.size();
+  a->input = std::move(r.prompt);
   a->req = std::move(r);
   std::shared_ptr<ServeStream> stream;
   {
@@ -277,7 +278,7 @@ void Scheduler::loop() {
       e.done = true;
       e.finish = *finish;
       e.error = std::move(error);
-      e.usage = {.prompt_tokens = static_cast<int64_t>(a.req.prompt.size()),
+      e.usage = {.prompt_tokens = static_cast<int64_t>(a.n_prompt),
                  .completion_tokens = a.completion_tokens,
                  .cached_tokens = a.cached_tokens};
     } else if (e.tokens.empty()) {
@@ -338,7 +339,7 @@ void Scheduler::loop() {
     const ServeRequest& r = a.req;
     if (!r.ignore_eos && std::find(r.eos_ids.begin(), r.eos_ids.end(), token) != r.eos_ids.end())
       return FinishReason::kStop;
-    a.generated.push_back(token);
+    a.input.push_back(token);
     a.pending_tokens.push_back(token);
     const Tokenizer* tok = model_.tokenizer();
     // An id the tokenizer lacks (a padding row of a larger embedding, which random or
@@ -415,7 +416,8 @@ void Scheduler::loop() {
     const SamplingParams& s = a.req.sampling;
     if (a.req.presence_penalty != 0.0f || a.req.frequency_penalty != 0.0f) {
       // Each distinct generated id once, with how often it was generated.
-      penalty_ids.assign(a.generated.begin(), a.generated.end());
+      const std::span<const int32_t> generated = a.generated();
+      penalty_ids.assign(generated.begin(), generated.end());
       std::sort(penalty_ids.begin(), penalty_ids.end());
       for (size_t i = 0; i < penalty_ids.size();) {
         size_t j = i;
@@ -425,11 +427,10 @@ void Scheduler::loop() {
         i = j;
       }
     }
-    std::vector<int32_t> seen;
-    if (s.repetition_penalty != 1.0f) {
-      seen.reserve(static_cast<size_t>(a.input_size()));
-      for (int64_t i = 0; i < a.input_size(); ++i) seen.push_back(a.input_at(i));
-    }
+    // HF's repetition penalty counts the prompt too (its input_ids).
+    const std::span<const int32_t> seen = s.repetition_penalty != 1.0f
+                                              ? std::span<const int32_t>(a.input)
+                                              : std::span<const int32_t>();
     if (s.temperature <= 0.0f) {
       if (s.repetition_penalty != 1.0f)
         sampler.process(row, {.temperature = 1.0f, .repetition_penalty = s.repetition_penalty},
@@ -511,14 +512,11 @@ void Scheduler::loop() {
           retire(*a, FinishReason::kError, e.message());
           continue;
         }
-        std::vector<int32_t> input(static_cast<size_t>(a->input_size()));
-        for (int64_t i = 0; i < a->input_size(); ++i)
-          input[static_cast<size_t>(i)] = a->input_at(i);
-        const int64_t adopted = cache_->attach(a->seq, input);
-        a->snapshot_points = cache_->snapshot_points(a->seq, input);
-        if (a->generated.empty()) {
-          a->cached_tokens = std::min<int64_t>(adopted, static_cast<int64_t>(a->req.prompt.size()));
-          prompt_tokens += static_cast<int64_t>(a->req.prompt.size());
+        const int64_t adopted = cache_->attach(a->seq, a->input);
+        a->snapshot_points = cache_->snapshot_points(a->seq, a->input);
+        if (a->generated().empty()) {  // first admission, not a preempted stream's return
+          a->cached_tokens = std::min(adopted, static_cast<int64_t>(a->n_prompt));
+          prompt_tokens += static_cast<int64_t>(a->n_prompt);
         }
         a->admitted = true;
         running.push_back(std::move(a));
@@ -546,8 +544,6 @@ void Scheduler::loop() {
       item_decoding.clear();
       int64_t rows = 0;
       int64_t prefill_budget = options_.prefill_chunk;
-      std::vector<std::vector<int32_t>> chunk_ids;  // owns the ids of each item
-      chunk_ids.reserve(running.size());
       for (int pass = 0; pass < 2; ++pass) {
         for (auto& owned : running) {
           Active& a = *owned;
@@ -571,12 +567,10 @@ void Scheduler::loop() {
           } else if (rows >= model_.max_rows()) {
             continue;
           }
-          std::vector<int32_t> ids(static_cast<size_t>(len));
-          for (int64_t j = 0; j < len; ++j) ids[static_cast<size_t>(j)] = a.input_at(have + j);
-          chunk_ids.push_back(std::move(ids));
           items.push_back(
               {.seq = &a.seq,
-               .ids = chunk_ids.back(),
+               .ids = std::span<const int32_t>(a.input).subspan(static_cast<size_t>(have),
+                                                                static_cast<size_t>(len)),
                .logits = have + len == a.input_size() ? LogitRows::kLast : LogitRows::kNone});
           item_owner.push_back(&a);
           item_decoding.push_back(decoding);
