@@ -25,8 +25,11 @@ struct FfmpegProbe {
 // Finds the binaries without running them: kReady here only means "an executable is there".
 FfmpegProbe resolve_ffmpeg();
 
-// resolve_ffmpeg() + a `ffmpeg -version` run: kReady means videos can be decoded.
-FfmpegProbe ffmpeg_probe(double timeout_s = 10.0);
+// resolve_ffmpeg() + a `ffmpeg -version` run: kReady means videos can be decoded. The
+// timeout only guards against a hung binary: Debian's ffmpeg links about 200 shared
+// libraries, and its first start on a cold machine (pages not yet cached, other processes
+// reading the disk) has been seen to take over 10 s, so the default is generous.
+FfmpegProbe ffmpeg_probe(double timeout_s = 60.0);
 
 struct ProcessOptions {
   double timeout_s = 60.0;

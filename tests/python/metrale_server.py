@@ -37,7 +37,7 @@ class Server:
             raise RuntimeError(f"metrale serve did not start: {line!r} {self.proc.stderr.read()}")
         self.url = f"http://{match.group(1)}:{match.group(2)}"
         self.model = line.split(":", 1)[1].split(" on ")[0].strip()
-        deadline = time.time() + 30
+        deadline = time.time() + 120  # a guard against hanging, generous for a cold CI machine
         while time.time() < deadline:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
