@@ -425,11 +425,13 @@ ServeRequest long_request() {
   return r;
 }
 
-// A long request, once it runs.
+// A long request, once it runs (waiting up to 30 s: a guard against hanging on a loaded
+// machine, not a timing assertion).
 std::shared_ptr<ServeStream> hog(Scheduler& s) {
   const int64_t running = s.stats().running;
   auto stream = s.submit(long_request());
-  for (int i = 0; i < 1000 && s.stats().running == running; ++i) std::this_thread::sleep_for(1ms);
+  for (int i = 0; i < 30000 && s.stats().running == running; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_GT(s.stats().running, running) << "the long request never started";
   return stream;
 }
 
