@@ -36,6 +36,7 @@
 // - finish() ends the text: a call still open (its end marker never came, e.g. max_tokens or
 //   an eos right after the arguments) is parsed if what it holds is complete, else returned
 //   as content.
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -86,8 +87,7 @@ class ToolCallParser {
  public:
   // `tools`: the request's tools list (OpenAI's [{"type": "function", "function": {"name",
   // "parameters": JSON schema}}]) or null; it types the XML formats' parameter values.
-  explicit ToolCallParser(ToolCallFormat format,
-                          const nlohmann::json& tools = nlohmann::json());
+  explicit ToolCallParser(ToolCallFormat format, const nlohmann::json& tools = nlohmann::json());
 
   // The next piece of the model's text (any split, even inside a UTF-8 character).
   ToolCallDelta feed(std::string_view text);
@@ -102,11 +102,39 @@ class ToolCallParser {
   int64_t calls_seen() const { return calls_seen_; }
 
  private:
+  enum class Mode : uint8_t {
+    kContent,  // outside calls: content flows, a possible start marker is held
+    kCall,     // inside a call (or, for mistral / llama3_json, the held rest of the text)
+    kBlock,  // deepseek_v3: inside <｜tool▁calls▁begin｜> ... <｜tool▁calls▁end｜>, between calls
+  };
+
+  void step(ToolCallDelta& out, bool at_end);
+  void step_content(ToolCallDelta& out, bool at_end);
+  bool step_call(ToolCallDelta& out, bool at_end);  // false: wait for more text
+  void step_block(ToolCallDelta& out, bool at_end);
+  void step_llama_start(ToolCallDelta& out, bool at_end);
+  // Content outside calls: whitespace right after a call is held (dropped if a call or the
+  // end follows, released with the next other text).
+  void emit_content(ToolCallDelta& out, std::string_view text);
+  // Content inside a deepseek block: the block's opening marker is released with it when no
+  // call of the block parsed yet.
+  void emit_block_content(ToolCallDelta& out, std::string_view text);
+  void emit_call(ToolCallDelta& out, ToolCall call);
+  // One call's text (start marker to end marker, or to the end of the text when `closed` is
+  // false) -> the call, or nullopt when malformed.
+  std::optional<ToolCall> parse_one(std::string_view call_text, bool closed) const;
+  void finish_rest(ToolCallDelta& out, std::string_view rest);  // mistral, llama3_json
+
   ToolCallFormat format_;
   nlohmann::json tools_;
-  std::string buffer_;  // text held back: a possible start marker, or an open call
-  bool in_call_ = false;
+  std::string buffer_;         // text held back: a possible start marker, or an open call
+  std::string pending_;        // whitespace after a call, held
+  std::string block_pending_;  // deepseek: the block's opening marker (and whitespace), held
+  Mode mode_ = Mode::kContent;
+  bool after_call_ = false;  // the last thing out was a call (its trailing whitespace is held)
+  bool block_has_call_ = false;
   bool at_start_ = true;  // nothing but whitespace seen yet (llama3_json)
+  size_t scan_ = 0;       // in a call: where the search for its end marker resumes
   int64_t calls_seen_ = 0;
 };
 
