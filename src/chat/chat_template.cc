@@ -140,21 +140,18 @@ std::vector<std::string> ChatTemplate::names() const {
   return out;
 }
 
+const Template& ChatTemplate::pick(bool with_tools) const {
+  if (templates_.size() == 1 && templates_.count("")) return templates_.at("");
+  if (chosen_) return templates_.at(*chosen_);
+  if (with_tools && templates_.count("tool_use")) return templates_.at("tool_use");
+  if (templates_.count("default")) return templates_.at("default");
+  throw make_error(
+      "the checkpoint has several chat templates and none is named 'default'; "
+      "choose one by name");
+}
+
 std::string ChatTemplate::render(const ChatRequest& request, const RenderOptions& options) const {
-  const Template* tmpl = nullptr;
-  if (templates_.size() == 1 && templates_.count("")) {
-    tmpl = &templates_.at("");
-  } else if (chosen_) {
-    tmpl = &templates_.at(*chosen_);
-  } else if (!request.tools.is_none() && templates_.count("tool_use")) {
-    tmpl = &templates_.at("tool_use");
-  } else if (templates_.count("default")) {
-    tmpl = &templates_.at("default");
-  } else {
-    throw make_error(
-        "the checkpoint has several chat templates and none is named 'default'; "
-        "choose one by name");
-  }
+  const Template* tmpl = &pick(!request.tools.is_none());
   METRALE_CHECK(request.messages.is_list(), "chat request: messages must be a list");
   const List& in = request.messages.as_list();
   METRALE_CHECK(!in.empty(), "chat request: cannot apply a chat template to an empty conversation");

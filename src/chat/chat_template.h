@@ -42,6 +42,10 @@ class ChatTemplate {
 
   std::string render(const ChatRequest& request, const RenderOptions& options = {}) const;
 
+  // The template a request renders: the single one; else the chosen name; else "tool_use"
+  // for a request with tools when there is one; else "default" (an Error when none is).
+  const Template& pick(bool with_tools) const;
+
   const std::map<std::string, std::string>& special_tokens() const { return special_tokens_; }
   // The names of the templates a list-form chat_template holds ("" for the single one).
   std::vector<std::string> names() const;

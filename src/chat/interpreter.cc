@@ -680,7 +680,7 @@ void check_names(const std::vector<NodePtr>& nodes, const std::string& source, b
 }  // namespace
 
 Template::Template(std::string_view text, std::string source_name)
-    : source_name_(std::move(source_name)) {
+    : source_name_(std::move(source_name)), text_(text) {
   const std::vector<Token> tokens = tokenize(text, source_name_);
   auto body = std::make_shared<std::vector<NodePtr>>(parse_template(tokens, source_name_));
   check_names(*body, source_name_, /*soft=*/false);

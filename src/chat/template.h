@@ -41,9 +41,11 @@ class Template {
   std::string render(const Dict& context, const RenderOptions& options) const;
 
   const std::string& source_name() const { return source_name_; }
+  const std::string& text() const { return text_; }  // the template's source
 
  private:
   std::string source_name_;
+  std::string text_;
   std::shared_ptr<const std::vector<NodePtr>> body_;
 };
 
