@@ -4,7 +4,9 @@
 // The first byte picks the endpoint (chat, completions, /tokenize, /detokenize); the rest is
 // the body. A chat request that parses is rendered with a small template and tokenized, and
 // every request that parses is mapped to a ServeRequest against a 1024-token context and its
-// responses formatted, as the server does.
+// responses formatted, as the server does. A chat's reply is its rendered prompt (which holds
+// whatever the messages hold, markers included), split for reasoning and, when the request has
+// tools, for tool calls in a format picked by the prompt's length.
 //
 //   ./openai_request_fuzz -dict=fuzz/openai_request.dict -max_len=4096 /tmp/openai_corpus
 // (run from the source root: it reads models/demo/tokenizer.json)
@@ -39,24 +41,45 @@ const chat::ChatTemplate& chat_template() {
   return t;
 }
 
-void respond(const http::OpenAiRequest& r, std::vector<int32_t> prompt) {
-  const ServeRequest s = http::to_serve_request(r, std::move(prompt), 1024);
+void respond(const http::OpenAiRequest& r, std::vector<int32_t> prompt,
+             std::string_view rendered = {}) {
+  http::ReplyFormat reply;
+  if (r.kind == http::ApiKind::kChat) {
+    reply.reasoning = chat::ReasoningFormat::kThink;
+    reply.reasoning_starts_open = chat::prompt_opens_reasoning(rendered);
+    reply.include_reasoning = r.include_reasoning;
+    if (r.wants_tool_calls) {
+      reply.tool_calls = static_cast<chat::ToolCallFormat>(1 + rendered.size() % 6);
+    }
+    reply.tools = r.tools;
+  }
+  const ServeRequest s = http::to_serve_request(r, std::move(prompt), 1024, reply.tool_calls);
   // Format what a stream of these prompt tokens would send back.
   ServeEvent e;
-  e.text = tokenizer().decode(
-      std::span<const int32_t>(s.prompt).first(std::min<size_t>(s.prompt.size(), 4)), false);
+  e.text = r.kind == http::ApiKind::kChat
+               ? std::string(rendered)
+               : tokenizer().decode(
+                     std::span<const int32_t>(s.prompt).first(std::min<size_t>(s.prompt.size(), 4)),
+                     false);
   for (int32_t id : s.prompt)
     e.logprobs.push_back({.id = id, .logprob = -1.0f, .top = {{id, -1.0f}}});
   e.done = true;
   e.finish = s.max_tokens % 2 ? FinishReason::kStop : FinishReason::kLength;
   http::SseEncoder enc(r.kind, {"id-1", 0, r.model}, r.top_logprobs >= 0, r.include_usage,
-                       tokenizer());
-  (void)enc.encode(e);
+                       tokenizer(), reply);
+  // Streamed in two events split mid-text, as tokens arrive.
+  ServeEvent first;
+  first.text = e.text.substr(0, e.text.size() / 2);
+  ServeEvent last = e;
+  last.text = e.text.substr(first.text.size());
+  (void)enc.encode(first);
+  (void)enc.encode(last);
   http::Collected c;
   c.add(e);
-  (void)http::dump_json(r.kind == http::ApiKind::kChat
-                            ? http::chat_completion_json({"id", 0, r.model}, c, true, tokenizer())
-                            : http::text_completion_json({"id", 0, r.model}, c, true, tokenizer()));
+  (void)http::dump_json(
+      r.kind == http::ApiKind::kChat
+          ? http::chat_completion_json({"id", 0, r.model}, c, true, tokenizer(), reply)
+          : http::text_completion_json({"id", 0, r.model}, c, true, tokenizer()));
 }
 
 }  // namespace
@@ -74,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } catch (const Error&) {
           return 0;  // the server answers 400
         }
-        respond(r, tokenizer().encode(text, false));
+        respond(r, tokenizer().encode(text, false), text);
         break;
       }
       case 1: {

@@ -27,6 +27,8 @@ struct ServeFlags {
   http::HttpServerOptions http;
   std::string kv_budget;
   std::string chat_template;
+  std::string tool_call_parser = "auto";
+  std::string reasoning_parser = "auto";
   bool no_prefix_cache = false;
   double request_timeout_s = 600;
   int64_t prefill_chunk = 0;
@@ -75,6 +77,30 @@ std::optional<chat::ChatTemplate> load_chat_template(const ServeFlags& f, const 
   }
 }
 
+// A reply-parsing flag (--tool-call-parser, --reasoning-parser): a format by name, or "auto":
+// the one `detect` finds in the chat template's source (the template a request with tools
+// renders, for tool calls), kNone without a template or when it has several and none is the
+// default (chat requests then answer 400 anyway).
+template <typename Format>
+Format resolve_reply_format(const char* flag_name, const std::string& flag,
+                            const std::optional<chat::ChatTemplate>& tmpl, bool with_tools,
+                            Format (*from_name)(std::string_view),
+                            Format (*detect)(std::string_view)) {
+  if (flag != "auto") {
+    try {
+      return from_name(flag);
+    } catch (const Error& e) {
+      throw make_error(flag_name, ": ", e.message(), " (or auto)");
+    }
+  }
+  if (!tmpl) return Format::kNone;
+  try {
+    return detect(tmpl->pick(with_tools).text());
+  } catch (const Error&) {
+    return Format::kNone;
+  }
+}
+
 void run_serve(ServeFlags f) {
   // Signals go to one thread that waits for them; block them before any other thread (the
   // model's thread pool, the scheduler, httplib's pool) exists, so all inherit the mask.
@@ -102,6 +128,12 @@ void run_serve(ServeFlags f) {
   METRALE_CHECK(model->tokenizer() != nullptr, f.model.dir,
                 ": no tokenizer.json; the server needs one to read prompts and write text");
   std::optional<chat::ChatTemplate> tmpl = load_chat_template(f, *model);
+  f.http.tool_call_format =
+      resolve_reply_format("--tool-call-parser", f.tool_call_parser, tmpl, /*with_tools=*/true,
+                           chat::tool_call_format_from_name, chat::detect_tool_call_format);
+  f.http.reasoning_format =
+      resolve_reply_format("--reasoning-parser", f.reasoning_parser, tmpl, /*with_tools=*/false,
+                           chat::reasoning_format_from_name, chat::detect_reasoning_format);
 
   SchedulerOptions so;
   so.max_seqs = f.model.max_seqs;
@@ -113,11 +145,15 @@ void run_serve(ServeFlags f) {
 
   http::HttpServer server(scheduler, std::move(tmpl), f.http);
   const int port = server.bind();
-  std::printf("metrale serve: %s on http://%s:%d/v1 (KV %lld tokens, %lld streams)\n",
-              server.model_name().c_str(), f.http.host.c_str(), port,
-              static_cast<long long>(model->kv_pool().layout().n_pages *
-                                     model->kv_pool().layout().page_size),
-              static_cast<long long>(so.max_seqs));
+  std::printf(
+      "metrale serve: %s on http://%s:%d/v1 (KV %lld tokens, %lld streams, tool calls: %s, "
+      "reasoning: %s)\n",
+      server.model_name().c_str(), f.http.host.c_str(), port,
+      static_cast<long long>(model->kv_pool().layout().n_pages *
+                             model->kv_pool().layout().page_size),
+      static_cast<long long>(so.max_seqs),
+      std::string(chat::tool_call_format_name(f.http.tool_call_format)).c_str(),
+      std::string(chat::reasoning_format_name(f.http.reasoning_format)).c_str());
   std::fflush(stdout);
 
   std::thread signal_thread([&] {
@@ -154,6 +190,13 @@ void setup(CLI::App& app) {
                   "the model id clients use (default: the model directory's name)");
   cmd->add_option("--chat-template", f->chat_template,
                   "a Jinja chat template file to use instead of the checkpoint's");
+  cmd->add_option("--tool-call-parser", f->tool_call_parser,
+                  "how replies to requests with tools become tool_calls: auto (the format the "
+                  "chat template teaches), none, hermes, qwen3_coder, glm45, deepseek_v3, "
+                  "mistral, llama3_json");
+  cmd->add_option("--reasoning-parser", f->reasoning_parser,
+                  "whether a chat reply's <think> block becomes reasoning_content: auto (when "
+                  "the chat template writes </think>), none, think");
   cmd->add_option("--kv-budget", f->kv_budget,
                   "bytes for the KV cache (e.g. 2GiB); sets the capacity in tokens");
   cmd->add_flag("--no-prefix-cache", f->no_prefix_cache,

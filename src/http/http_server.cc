@@ -182,13 +182,16 @@ struct HttpServer::Impl {
   void setup();
   std::string read_body(const httplib::Request& req, httplib::Response& res,
                         const httplib::ContentReader& reader) const;
-  std::vector<int32_t> encode_prompt(const OpenAiRequest& r) const;
+  // The prompt's ids; a chat's rendered text goes to `rendered`.
+  std::vector<int32_t> encode_prompt(const OpenAiRequest& r, std::string& rendered) const;
   std::shared_ptr<ServeStream> submit(ServeRequest request) const;
   void generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader);
-  void respond_streaming(ApiKind kind, const OpenAiRequest& r, std::shared_ptr<ServeStream> stream,
-                         ResponseMeta meta, httplib::Response& res);
-  void respond_whole(ApiKind kind, const OpenAiRequest& r,
+  // reply: how a chat's text is split (reasoning, tool calls, content).
+  void respond_streaming(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
+                         std::shared_ptr<ServeStream> stream, ResponseMeta meta,
+                         httplib::Response& res);
+  void respond_whole(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
                      const std::shared_ptr<ServeStream>& stream, const ResponseMeta& meta,
                      const httplib::Request& req, httplib::Response& res);
   std::string metrics() const;
@@ -244,7 +247,8 @@ std::string HttpServer::Impl::read_body(const httplib::Request& req, httplib::Re
   return body;
 }
 
-std::vector<int32_t> HttpServer::Impl::encode_prompt(const OpenAiRequest& r) const {
+std::vector<int32_t> HttpServer::Impl::encode_prompt(const OpenAiRequest& r,
+                                                     std::string& rendered) const {
   if (r.kind == ApiKind::kCompletion) {
     if (r.prompt_is_ids) return r.prompt_ids;
     // A text prompt gets the tokenizer's special tokens (bos), as `metrale generate`,
@@ -258,9 +262,8 @@ std::vector<int32_t> HttpServer::Impl::encode_prompt(const OpenAiRequest& r) con
                    "--chat-template FILE, or use /v1/completions",
                    "messages", "", "no_chat_template");
   }
-  std::string text;
   try {
-    text = chat_template->render(r.chat);
+    rendered = chat_template->render(r.chat);
   } catch (const Error& e) {
     throw ApiError(400, "chat template: " + e.message(), "messages");
   }
@@ -268,7 +271,7 @@ std::vector<int32_t> HttpServer::Impl::encode_prompt(const OpenAiRequest& r) con
   // encode it without adding more, as transformers' apply_chat_template(tokenize=True) and
   // vLLM do (llama-server gets the same ids by dropping a leading bos from the rendered text
   // and letting the tokenizer add it).
-  return tok.encode(text, /*add_special_tokens=*/false);
+  return tok.encode(rendered, /*add_special_tokens=*/false);
 }
 
 std::shared_ptr<ServeStream> HttpServer::Impl::submit(ServeRequest request) const {
@@ -290,19 +293,29 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
         404, "The model `" + r.model + "` does not exist (this server serves " + served + ").",
         "model", "", "model_not_found");
   }
-  ServeRequest s = to_serve_request(r, encode_prompt(r), model.context_limit());
+  std::string rendered;
+  std::vector<int32_t> prompt = encode_prompt(r, rendered);
+  ReplyFormat reply;
+  if (kind == ApiKind::kChat) {
+    reply.reasoning = options.reasoning_format;
+    reply.reasoning_starts_open = chat::prompt_opens_reasoning(rendered);
+    reply.include_reasoning = r.include_reasoning;
+    if (r.wants_tool_calls) reply.tool_calls = options.tool_call_format;
+    reply.tools = r.tools;
+  }
+  ServeRequest s = to_serve_request(r, std::move(prompt), model.context_limit(), reply.tool_calls);
   if (adapter) s.adapter = r.model;
   std::shared_ptr<ServeStream> stream = submit(std::move(s));
   ResponseMeta meta{(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),
                     unix_now(), model_name};
   if (r.stream) {
-    respond_streaming(kind, r, std::move(stream), std::move(meta), res);
+    respond_streaming(kind, r, reply, std::move(stream), std::move(meta), res);
   } else {
-    respond_whole(kind, r, stream, meta, req, res);
+    respond_whole(kind, r, reply, stream, meta, req, res);
   }
 }
 
-void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r,
+void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
                                      const std::shared_ptr<ServeStream>& stream,
                                      const ResponseMeta& meta, const httplib::Request& req,
                                      httplib::Response& res) {
@@ -339,9 +352,10 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r,
     case FinishReason::kStop:
     case FinishReason::kLength: {
       const bool logprobs = r.top_logprobs >= 0;
-      send_json(res, 200,
-                dump_json(kind == ApiKind::kChat ? chat_completion_json(meta, c, logprobs, tok)
-                                                 : text_completion_json(meta, c, logprobs, tok)));
+      send_json(
+          res, 200,
+          dump_json(kind == ApiKind::kChat ? chat_completion_json(meta, c, logprobs, tok, reply)
+                                           : text_completion_json(meta, c, logprobs, tok)));
       return;
     }
     case FinishReason::kTimeout:
@@ -357,6 +371,7 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r,
 }
 
 void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
+                                         const ReplyFormat& reply,
                                          std::shared_ptr<ServeStream> stream, ResponseMeta meta,
                                          httplib::Response& res) {
   // The provider runs on this connection's thread after the handler returns, once per chunk,
@@ -371,7 +386,7 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
   };
   auto state = std::make_shared<State>(
       State{stream,
-            SseEncoder(kind, std::move(meta), r.top_logprobs >= 0, r.include_usage, tok),
+            SseEncoder(kind, std::move(meta), r.top_logprobs >= 0, r.include_usage, tok, reply),
             {},
             false,
             std::chrono::steady_clock::now() + options.poll_interval});

@@ -26,6 +26,8 @@
 #include <string>
 
 #include "chat/chat_template.h"
+#include "chat/reasoning.h"
+#include "chat/tool_calls.h"
 #include "serve/scheduler.h"
 
 namespace metrale::http {
@@ -38,6 +40,12 @@ struct HttpServerOptions {
   // LoRA adapters loaded in the model's pool: a request whose "model" names one runs with it
   // (vLLM's convention); /v1/models lists them beside the base model.
   std::vector<std::string> adapters;
+  // How a chat reply to a request with tools is parsed into tool_calls (chat/tool_calls.h);
+  // kNone: the reply stays text. `metrale serve` detects it from the chat template.
+  chat::ToolCallFormat tool_call_format = chat::ToolCallFormat::kNone;
+  // Whether chat replies have their <think> block split out as reasoning_content
+  // (chat/reasoning.h); `metrale serve` detects it from the chat template.
+  chat::ReasoningFormat reasoning_format = chat::ReasoningFormat::kNone;
   size_t max_body_bytes = size_t{16} << 20;
   std::chrono::seconds read_timeout{30};   // a client silent this long mid-request is dropped
   std::chrono::seconds write_timeout{30};  // a client not reading this long is dropped

@@ -70,6 +70,8 @@ void read_common(const JsonFields& f, OpenAiRequest& r) {
     r.sampling.repetition_penalty = static_cast<float>(*p);
   }
   r.ignore_eos = field("ignore_eos", [&] { return f.bool_or("ignore_eos", false); });
+  r.skip_special_tokens =
+      field("skip_special_tokens", [&] { return f.opt_bool("skip_special_tokens"); });
   if (auto s = field("seed", [&] { return f.opt_int("seed"); })) {
     r.seed = static_cast<uint64_t>(*s);
   }
@@ -125,6 +127,30 @@ void read_common(const JsonFields& f, OpenAiRequest& r) {
     if (!lb->empty()) throw unsupported("logit_bias", "logit_bias is not supported");
   }
   field("user", [&] { return f.opt_string("user"); });  // typed, otherwise ignored
+}
+
+// An assistant message's tool_calls[].function.arguments is JSON text in OpenAI's API; chat
+// templates expect the object (Qwen3.5's iterates `arguments|items`). Text that holds a JSON
+// object becomes that object, keys in order; anything else is left as it is (templates that
+// print strings still can).
+void arguments_as_objects(nlohmann::ordered_json& messages) {
+  for (auto& m : messages) {
+    if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
+    for (auto& call : m["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
+        continue;
+      }
+      auto& fn = call["function"];
+      if (!fn.contains("arguments") || !fn["arguments"].is_string()) continue;
+      const std::string text = fn["arguments"].get<std::string>();
+      try {
+        if (!parse_json(text, "arguments").is_object()) continue;  // depth-limited check
+      } catch (const Error&) {
+        continue;
+      }
+      fn["arguments"] = nlohmann::ordered_json::parse(text);
+    }
+  }
 }
 
 void read_max_tokens(const JsonFields& f, OpenAiRequest& r, bool is_chat) {
@@ -196,14 +222,59 @@ OpenAiRequest parse_chat_request(std::string_view body) {
                                 describe_json_value(*content));
     }
   }
-  if (const json* tools = f.find("tools"); tools != nullptr && !tools->is_array()) {
-    throw bad("tools", "expected a list, found " + describe_json_value(*tools));
+  if (const json* tools = f.find("tools"); tools != nullptr && !tools->is_null()) {
+    if (!tools->is_array()) {
+      throw bad("tools", "expected a list, found " + describe_json_value(*tools));
+    }
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string at = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object())
+        throw bad("tools", at + ": expected an object, found " + describe_json_value(t));
+      const json* type = t.contains("type") ? &t["type"] : nullptr;
+      if (type == nullptr || !type->is_string() || *type != "function") {
+        throw bad("tools", at + ": expected \"type\": \"function\"");
+      }
+      const json* fn = t.contains("function") ? &t["function"] : nullptr;
+      if (fn == nullptr || !fn->is_object() || !fn->contains("name") ||
+          !(*fn)["name"].is_string() || (*fn)["name"].get<std::string>().empty()) {
+        throw bad("tools", at + ": expected \"function\": {\"name\": a non-empty string, ...}");
+      }
+      if (fn->contains("parameters") && !(*fn)["parameters"].is_object() &&
+          !(*fn)["parameters"].is_null()) {
+        throw bad("tools", at + ".function.parameters: expected a JSON schema object, found " +
+                               describe_json_value((*fn)["parameters"]));
+      }
+    }
+    r.tools = *tools;
   }
-  // Tool choice is left to the template and the model (no constrained decoding): typed only.
-  if (const json* tc = f.find("tool_choice");
-      tc != nullptr && !tc->is_string() && !tc->is_object()) {
-    throw bad("tool_choice", "expected a string or an object, found " + describe_json_value(*tc));
+  // tool_choice: "auto" (the default with tools) and "none" (no parsing; the tools are still
+  // rendered, as vLLM does). Forcing a call ("required", a named function) needs constrained
+  // decoding, which metrale does not have: refused rather than silently not forced.
+  std::string tool_choice = "auto";
+  if (const json* tc = f.find("tool_choice"); tc != nullptr && !tc->is_null()) {
+    if (tc->is_object()) {
+      throw unsupported("tool_choice",
+                        "a named tool_choice needs constrained decoding, which is not supported: "
+                        "use \"auto\" or \"none\"");
+    }
+    if (!tc->is_string()) {
+      throw bad("tool_choice", "expected a string or an object, found " + describe_json_value(*tc));
+    }
+    tool_choice = tc->get<std::string>();
+    if (tool_choice == "required") {
+      throw unsupported("tool_choice",
+                        "\"required\" needs constrained decoding, which is not supported: use "
+                        "\"auto\" or \"none\"");
+    }
+    if (tool_choice != "auto" && tool_choice != "none") {
+      throw bad("tool_choice",
+                "expected \"auto\", \"none\" or \"required\", found \"" + tool_choice + "\"");
+    }
   }
+  r.wants_tool_calls = r.tools.is_array() && !r.tools.empty() && tool_choice == "auto";
+  r.include_reasoning =
+      field("include_reasoning", [&] { return f.bool_or("include_reasoning", true); });
   field("parallel_tool_calls", [&] { return f.opt_bool("parallel_tool_calls"); });
   if (auto rf = field("response_format", [&] { return f.opt_object("response_format"); })) {
     const std::string type = field("response_format", [&] { return rf->req_string("type"); });
@@ -229,6 +300,7 @@ OpenAiRequest parse_chat_request(std::string_view body) {
   const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body);
   nlohmann::ordered_json sub = nlohmann::ordered_json::object();
   sub["messages"] = ordered["messages"];
+  arguments_as_objects(sub["messages"]);
   for (const char* key : {"tools", "chat_template_kwargs"}) {
     if (ordered.contains(key) && !ordered[key].is_null()) sub[key] = ordered[key];
   }
@@ -305,7 +377,7 @@ OpenAiRequest parse_completion_request(std::string_view body) {
 }
 
 ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> prompt,
-                              int64_t context_limit) {
+                              int64_t context_limit, chat::ToolCallFormat tool_format) {
   const auto n = static_cast<int64_t>(prompt.size());
   const char* where = req.kind == ApiKind::kChat ? "messages" : "prompt";
   if (n == 0) throw ApiError(400, "the prompt encodes to no tokens", where);
@@ -339,14 +411,39 @@ ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> pro
   s.seed = req.seed ? *req.seed : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
   s.stop = req.stop;
   s.ignore_eos = req.ignore_eos;
+  // vLLM's tool parsers do the same: a parser whose markers are special tokens must see them.
+  s.skip_special_tokens =
+      req.skip_special_tokens.value_or(!chat::tool_call_markers_are_special(tool_format));
   s.top_logprobs = req.top_logprobs;
   s.presence_penalty = req.presence_penalty;
   s.frequency_penalty = req.frequency_penalty;
   return s;
 }
 
-const char* openai_finish_reason(FinishReason r) {
-  return r == FinishReason::kLength ? "length" : "stop";
+const char* openai_finish_reason(FinishReason r, bool called_tools) {
+  if (r == FinishReason::kLength) return "length";
+  return called_tools ? "tool_calls" : "stop";
+}
+
+std::string new_tool_call_id(chat::ToolCallFormat format) {
+  static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{(uint64_t{std::random_device{}()} << 32) ^
+                                   std::random_device{}()};
+  const bool mistral = format == chat::ToolCallFormat::kMistral;
+  std::string id = mistral ? "" : "call_";
+  std::uniform_int_distribution<size_t> pick(0, sizeof(kAlnum) - 2);
+  for (int i = 0; i < (mistral ? 9 : 24); ++i) id += kAlnum[pick(rng)];
+  return id;
+}
+
+nlohmann::json tool_call_json(const chat::ToolCall& call, chat::ToolCallFormat format,
+                              int64_t index) {
+  json j = json::object();
+  if (index >= 0) j["index"] = index;
+  j["id"] = call.id.empty() ? new_tool_call_id(format) : call.id;
+  j["type"] = "function";
+  j["function"] = {{"name", call.name}, {"arguments", call.arguments}};
+  return j;
 }
 
 nlohmann::json usage_json(const ServeUsage& u) {
@@ -418,6 +515,42 @@ nlohmann::json completion_logprobs_json(const std::vector<TokenLogprob>& lps, co
               {"text_offset", std::move(offsets)}};
 }
 
+ReplyParser::ReplyParser(ReplyFormat format)
+    : format_(std::move(format)), reasoning_(format_.reasoning, format_.reasoning_starts_open) {
+  if (format_.tool_calls != chat::ToolCallFormat::kNone) {
+    tool_calls_.emplace(format_.tool_calls, format_.tools);
+  }
+}
+
+ReplyDelta ReplyParser::feed(std::string_view text) {
+  chat::ReasoningDelta r = reasoning_.feed(text);
+  ReplyDelta out;
+  if (format_.include_reasoning) out.reasoning = std::move(r.reasoning);
+  if (!tool_calls_) {
+    out.content = std::move(r.content);
+    return out;
+  }
+  chat::ToolCallDelta t = tool_calls_->feed(r.content);
+  out.content = std::move(t.content);
+  out.calls = std::move(t.calls);
+  return out;
+}
+
+ReplyDelta ReplyParser::finish() {
+  ReplyDelta out;
+  chat::ReasoningDelta r = reasoning_.finish();
+  if (format_.include_reasoning) out.reasoning += r.reasoning;
+  if (!tool_calls_) {
+    out.content += r.content;
+    return out;
+  }
+  for (chat::ToolCallDelta t : {tool_calls_->feed(r.content), tool_calls_->finish()}) {
+    out.content += t.content;
+    for (chat::ToolCall& call : t.calls) out.calls.push_back(std::move(call));
+  }
+  return out;
+}
+
 void Collected::add(ServeEvent& e) {
   text += e.text;
   for (TokenLogprob& lp : e.logprobs) logprobs.push_back(std::move(lp));
@@ -430,11 +563,30 @@ void Collected::add(ServeEvent& e) {
 }
 
 nlohmann::json chat_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
-                                    const Tokenizer& tok) {
+                                    const Tokenizer& tok, const ReplyFormat& reply) {
+  ReplyParser parser(reply);
+  ReplyDelta parsed = parser.feed(c.text);
+  ReplyDelta rest = parser.finish();
+  parsed.reasoning += rest.reasoning;
+  parsed.content += rest.content;
+  for (chat::ToolCall& call : rest.calls) parsed.calls.push_back(std::move(call));
+
+  const bool called_tools = !parsed.calls.empty();
+  json message = {{"role", "assistant"}};
+  message["content"] =
+      called_tools && parsed.content.empty() ? json(nullptr) : json(parsed.content);
+  if (!parsed.reasoning.empty()) message["reasoning_content"] = parsed.reasoning;
+  if (called_tools) {
+    json calls = json::array();
+    for (const chat::ToolCall& call : parsed.calls) {
+      calls.push_back(tool_call_json(call, reply.tool_calls));
+    }
+    message["tool_calls"] = std::move(calls);
+  }
   json choice = {{"index", 0},
-                 {"message", {{"role", "assistant"}, {"content", c.text}}},
+                 {"message", std::move(message)},
                  {"logprobs", logprobs ? chat_logprobs_json(c.logprobs, tok) : json(nullptr)},
-                 {"finish_reason", openai_finish_reason(c.finish)}};
+                 {"finish_reason", openai_finish_reason(c.finish, called_tools)}};
   return json{{"id", meta.id},
               {"object", "chat.completion"},
               {"created", meta.created},
@@ -465,12 +617,43 @@ std::string dump_json(const nlohmann::json& j) {
 std::string sse_frame(const nlohmann::json& j) { return "data: " + dump_json(j) + "\n\n"; }
 
 SseEncoder::SseEncoder(ApiKind kind, ResponseMeta meta, bool logprobs, bool include_usage,
-                       const Tokenizer& tok)
+                       const Tokenizer& tok, const ReplyFormat& reply)
     : kind_(kind),
       meta_(std::move(meta)),
       logprobs_(logprobs),
       include_usage_(include_usage),
-      tok_(&tok) {}
+      tok_(&tok),
+      reply_(reply) {
+  METRALE_CHECK(kind_ == ApiKind::kChat || (reply.reasoning == chat::ReasoningFormat::kNone &&
+                                            reply.tool_calls == chat::ToolCallFormat::kNone),
+                "reasoning and tool calls are parsed in chats only");
+}
+
+std::string SseEncoder::delta_frames(const ReplyDelta& d, nlohmann::json logprobs) {
+  std::string out;
+  if (!d.reasoning.empty()) {
+    out += sse_frame(chunk({{"index", 0},
+                            {"delta", {{"reasoning_content", d.reasoning}}},
+                            {"logprobs", nullptr},
+                            {"finish_reason", nullptr}}));
+  }
+  if (!d.content.empty() || !logprobs.is_null()) {
+    out += sse_frame(chunk({{"index", 0},
+                            {"delta", {{"content", d.content}}},
+                            {"logprobs", std::move(logprobs)},
+                            {"finish_reason", nullptr}}));
+  }
+  for (const chat::ToolCall& call : d.calls) {
+    const chat::ToolCallFormat format = reply_.format().tool_calls;
+    out += sse_frame(
+        chunk({{"index", 0},
+               {"delta",
+                {{"tool_calls", json::array({tool_call_json(call, format, tool_calls_sent_++)})}}},
+               {"logprobs", nullptr},
+               {"finish_reason", nullptr}}));
+  }
+  return out;
+}
 
 nlohmann::json SseEncoder::chunk(nlohmann::json choice) const {
   json c = {{"id", meta_.id},
@@ -502,16 +685,21 @@ std::string SseEncoder::encode(const ServeEvent& e) {
                    : completion_logprobs_json(e.logprobs, *tok_, text_offset_);
     }
     text_offset_ += static_cast<int64_t>(e.text.size());
-    json choice = {{"index", 0}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}};
     if (is_chat) {
-      choice["delta"] = {{"content", e.text}};
+      out += delta_frames(reply_.feed(e.text), std::move(lp));
     } else {
-      choice["text"] = e.text;
+      out += sse_frame(chunk({{"index", 0},
+                              {"text", e.text},
+                              {"logprobs", std::move(lp)},
+                              {"finish_reason", nullptr}}));
     }
-    out += sse_frame(chunk(std::move(choice)));
   }
   if (!e.done) return out;
   finished_ = true;
+  // Whatever the parser still holds (a possible marker, an unterminated call) is resolved.
+  if (is_chat && (e.finish == FinishReason::kStop || e.finish == FinishReason::kLength)) {
+    out += delta_frames(reply_.finish(), nullptr);
+  }
   if (e.finish == FinishReason::kError || e.finish == FinishReason::kTimeout) {
     const bool timeout = e.finish == FinishReason::kTimeout;
     out += sse_frame(ApiError(timeout ? 503 : 500,
@@ -519,8 +707,9 @@ std::string SseEncoder::encode(const ServeEvent& e) {
                               "", "", timeout ? "timeout" : "")
                          .to_json());
   } else if (e.finish != FinishReason::kCancelled) {  // a cancelled stream has no reader
-    json choice = {
-        {"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(e.finish)}};
+    json choice = {{"index", 0},
+                   {"logprobs", nullptr},
+                   {"finish_reason", openai_finish_reason(e.finish, tool_calls_sent_ > 0)}};
     if (is_chat) {
       choice["delta"] = json::object();
     } else {

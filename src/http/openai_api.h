@@ -19,6 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
+#include "chat/reasoning.h"
+#include "chat/tool_calls.h"
 #include "core/error.h"
 #include "serve/scheduler.h"
 
@@ -65,8 +67,18 @@ struct OpenAiRequest {
   std::string model;  // as the client named it ("" when absent); echoed in responses
 
   // kChat: what the chat template renders (messages, tools, chat_template_kwargs,
-  // add_generation_prompt: default true here, as vLLM and llama-server default it).
+  // add_generation_prompt: default true here, as vLLM and llama-server default it). An
+  // assistant message's tool_calls[].function.arguments given as JSON text (as OpenAI's API
+  // has them) reach the template as the object they hold, as vLLM passes them: templates
+  // iterate them (`arguments|items`).
   chat::ChatRequest chat;
+  // kChat with tools: the tools as sent (they type the arguments the XML-like formats parse),
+  // and whether the reply is parsed for tool calls (tools given, tool_choice not "none"; the
+  // server's parser decides the format). tool_choice "required" or a named function would
+  // need constrained decoding: refused.
+  nlohmann::json tools;
+  bool wants_tool_calls = false;
+  bool include_reasoning = true;  // vLLM's: false drops reasoning_content from the reply
   // kCompletion: the prompt, text or token ids (prompt_is_ids).
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
@@ -77,23 +89,27 @@ struct OpenAiRequest {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;
-  bool include_usage = false;      // stream_options.include_usage
-  bool ignore_eos = false;         // vLLM's extension
-  int top_logprobs = -1;           // -1: no logprobs
-  float presence_penalty = 0.0f;   // [-2, 2]
-  float frequency_penalty = 0.0f;  // [-2, 2]
+  bool include_usage = false;               // stream_options.include_usage
+  bool ignore_eos = false;                  // vLLM's extension
+  std::optional<bool> skip_special_tokens;  // vLLM's extension (default true)
+  int top_logprobs = -1;                    // -1: no logprobs
+  float presence_penalty = 0.0f;            // [-2, 2]
+  float frequency_penalty = 0.0f;           // [-2, 2]
 };
 
 // Parse and validate a request body (ApiError 400 on any problem).
 OpenAiRequest parse_chat_request(std::string_view body);
 OpenAiRequest parse_completion_request(std::string_view body);
 
-// The ServeRequest for `req` over `prompt` (already rendered and tokenized). max_tokens
+// The ServeRequest for `req` over `prompt` (already rendered and tokenized). Special tokens
+// are kept in the text when the request asks, or when `tool_format` (the parser the reply
+// goes through, kNone for none) has special-token markers. max_tokens
 // defaults to what the context leaves; a prompt or max_tokens that cannot fit the context is
 // an ApiError 400 with OpenAI's "maximum context length" message. No seed: a fresh random one
 // (only sampling uses it).
 ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> prompt,
-                              int64_t context_limit);
+                              int64_t context_limit,
+                              chat::ToolCallFormat tool_format = chat::ToolCallFormat::kNone);
 
 // What every response object of one request repeats.
 struct ResponseMeta {
@@ -102,9 +118,17 @@ struct ResponseMeta {
   std::string model;
 };
 
-// OpenAI's names for a finish: "stop", "length"; others (cancelled, timeout, error) never
-// reach a client as a finish_reason.
-const char* openai_finish_reason(FinishReason r);
+// OpenAI's names for a finish: "stop", "length", and "tool_calls" for a stop after the model
+// called tools; others (cancelled, timeout, error) never reach a client as a finish_reason.
+const char* openai_finish_reason(FinishReason r, bool called_tools = false);
+
+// A fresh id for a tool call the model made: "call_" + 24 random letters and digits, or for
+// Mistral's format 9 of them (its chat templates refuse any other length on the next turn).
+std::string new_tool_call_id(chat::ToolCallFormat format);
+// {"id", "type": "function", "function": {"name", "arguments"}}, with "index" when >= 0
+// (streamed deltas). The model's own id (Mistral's [CALL_ID]) is kept; else a fresh one.
+nlohmann::json tool_call_json(const chat::ToolCall& call, chat::ToolCallFormat format,
+                              int64_t index = -1);
 
 nlohmann::json usage_json(const ServeUsage& usage);
 
@@ -115,6 +139,36 @@ nlohmann::json chat_logprobs_json(const std::vector<TokenLogprob>& lps, const To
 // `text_offset` is where the first of these tokens starts in the completion text.
 nlohmann::json completion_logprobs_json(const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
                                         int64_t text_offset);
+
+// How a chat reply is split: first its reasoning (chat/reasoning.h), then tool calls in what
+// is left (chat/tool_calls.h); the rest is content. The default splits nothing.
+struct ReplyFormat {
+  chat::ReasoningFormat reasoning = chat::ReasoningFormat::kNone;
+  bool reasoning_starts_open = false;  // the rendered prompt left a <think> block open
+  bool include_reasoning = true;       // false: reasoning is parsed out and dropped
+  chat::ToolCallFormat tool_calls = chat::ToolCallFormat::kNone;  // kNone: no tool parsing
+  nlohmann::json tools;  // the request's tools (they type XML-like formats' arguments)
+};
+
+struct ReplyDelta {
+  std::string reasoning;
+  std::string content;
+  std::vector<chat::ToolCall> calls;
+};
+
+// ReplyFormat's split, incrementally (any split of the text gives what one parse gives).
+class ReplyParser {
+ public:
+  explicit ReplyParser(ReplyFormat format);
+  ReplyDelta feed(std::string_view text);
+  ReplyDelta finish();
+  const ReplyFormat& format() const { return format_; }
+
+ private:
+  ReplyFormat format_;
+  chat::ReasoningParser reasoning_;
+  std::optional<chat::ToolCallParser> tool_calls_;
+};
 
 // Accumulates a stream's events into the one non-streaming response.
 struct Collected {
@@ -127,9 +181,12 @@ struct Collected {
   void add(ServeEvent& e);
 };
 
-// A complete chat.completion / text_completion object.
+// A complete chat.completion / text_completion object. The chat text is split by `reply`:
+// message.reasoning_content (when there is reasoning), message.content (null when tool calls
+// leave none), message.tool_calls (when there are calls), and finish_reason "tool_calls" when
+// there are calls and the model stopped by itself.
 nlohmann::json chat_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
-                                    const Tokenizer& tok);
+                                    const Tokenizer& tok, const ReplyFormat& reply = {});
 nlohmann::json text_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
                                     const Tokenizer& tok);
 
@@ -138,17 +195,22 @@ nlohmann::json text_completion_json(const ResponseMeta& meta, const Collected& c
 // text (or logprobs), a last chunk with an empty delta and the finish_reason, the usage chunk
 // (choices: []) when include_usage, then "data: [DONE]". Completions: the same without the
 // role chunk. An engine error or a timeout ends the stream with an error frame (what vLLM
-// sends: {"error": {...}}; the OpenAI SDK raises it) and [DONE].
+// sends: {"error": {...}}; the OpenAI SDK raises it) and [DONE]. Chat text goes through a
+// ReplyParser: reasoning deltas {reasoning_content}, content deltas, and each tool call as
+// one delta {tool_calls: [{index, id, type, function: {name, arguments}}]} once the model has
+// written all of it; the finish is "tool_calls" when there were calls.
 class SseEncoder {
  public:
   SseEncoder(ApiKind kind, ResponseMeta meta, bool logprobs, bool include_usage,
-             const Tokenizer& tok);
+             const Tokenizer& tok, const ReplyFormat& reply = {});
   // The frames for one event ("" when it carries nothing to send).
   std::string encode(const ServeEvent& e);
   bool finished() const { return finished_; }
 
  private:
   nlohmann::json chunk(nlohmann::json choice) const;
+  // A chat's delta chunks: reasoning, content (when non-empty or with logprobs), then calls.
+  std::string delta_frames(const ReplyDelta& d, nlohmann::json logprobs);
 
   ApiKind kind_;
   ResponseMeta meta_;
@@ -156,6 +218,8 @@ class SseEncoder {
   const Tokenizer* tok_;
   bool started_ = false, finished_ = false;
   int64_t text_offset_ = 0;  // completions' logprobs.text_offset
+  ReplyParser reply_;
+  int64_t tool_calls_sent_ = 0;
 };
 
 // "data: <json>\n\n". JSON is dumped with invalid UTF-8 replaced (a token's text may be a

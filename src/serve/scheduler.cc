@@ -103,7 +103,8 @@ struct Scheduler::Active {
   int64_t completion_tokens = 0;  // generated tokens, the one that stopped the stream too
   Rng rng;
   // Incremental detokenization over text_ids (the generated ids the tokenizer knows; special
-  // tokens skipped, as Session): text holds the text of text_ids[0, read) once it was whole.
+  // tokens skipped unless the request keeps them): text holds the text of text_ids[0, read) once it
+  // was whole.
   std::vector<int32_t> text_ids;
   std::string text;
   size_t prefix = 0, read = 0;  // token offsets: decode window start, tokens already in text
@@ -349,8 +350,9 @@ void Scheduler::loop() {
       // Decode the new tokens with a few reported ones before them; the new text is what the
       // longer decode adds to the shorter one (vLLM's incremental detokenizer).
       const std::span<const int32_t> all(a.text_ids);
-      const std::string before = tok->decode(all.subspan(a.prefix, a.read - a.prefix), true);
-      const std::string after = tok->decode(all.subspan(a.prefix), true);
+      const std::string before =
+          tok->decode(all.subspan(a.prefix, a.read - a.prefix), r.skip_special_tokens);
+      const std::string after = tok->decode(all.subspan(a.prefix), r.skip_special_tokens);
       if (!after.ends_with(kReplacementChar) && after.size() > before.size() &&
           after.starts_with(before)) {
         a.text += after.substr(before.size());
@@ -358,7 +360,7 @@ void Scheduler::loop() {
         a.prefix = a.read > kDetokenizeContext ? a.read - kDetokenizeContext : 0;
       } else if (!after.ends_with(kReplacementChar) && !after.starts_with(before)) {
         // The window decodes differently from its start: decode everything once.
-        const std::string whole = tok->decode(all, true);
+        const std::string whole = tok->decode(all, r.skip_special_tokens);
         a.text = whole;
         a.emitted = std::min(a.emitted, a.text.size());
         a.read = a.text_ids.size();

@@ -49,6 +49,7 @@ struct ServeRequest {
   std::vector<int32_t> eos_ids;  // empty: default_eos_ids(model)
   bool ignore_eos = false;
   std::vector<std::string> stop;         // stop strings: the text is cut before the first one
+  bool skip_special_tokens = true;       // special tokens add no text (as Session)
   int top_logprobs = -1;                 // -1: no logprobs; k >= 0: the token's and k alternatives
   std::string adapter;                   // a LoRA adapter loaded in the model ("" = base)
   std::chrono::milliseconds timeout{0};  // 0: SchedulerOptions::request_timeout

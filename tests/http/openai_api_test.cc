@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <limits>
 #include <string>
 
@@ -222,9 +224,10 @@ TEST(OpenAiParse, ChatFieldsMapToTheRequest) {
 TEST(OpenAiParse, ChatKeepsTheRequestsKeyOrderForTheTemplate) {
   const OpenAiRequest r = parse_chat_request(
       R"({"messages": [{"role": "user", "content": "x"}],
-          "tools": [{"zeta": 1, "alpha": 2}]})");
-  const chat::ChatTemplate t = chat::ChatTemplate::from_string("{{ tools[0] | tojson }}", "test");
-  EXPECT_EQ(t.render(r.chat), R"({"zeta": 1, "alpha": 2})");
+          "tools": [{"type": "function", "function": {"name": "f", "zeta": 1, "alpha": 2}}]})");
+  const chat::ChatTemplate t =
+      chat::ChatTemplate::from_string("{{ tools[0].function | tojson }}", "test");
+  EXPECT_EQ(t.render(r.chat), R"({"name": "f", "zeta": 1, "alpha": 2})");
 }
 
 TEST(OpenAiParse, CompletionPrompts) {
@@ -445,6 +448,232 @@ TEST(OpenAiSse, AnEngineErrorEndsTheStreamWithAnErrorEvent) {
 
 TEST(OpenAiSse, InvalidUtf8NeverThrows) {
   EXPECT_EQ(sse_frame(json{{"t", std::string("\xe4\xb8")}}), "data: {\"t\":\"\xef\xbf\xbd\"}\n\n");
+}
+
+// ---- tool calls
+
+const std::string kTools =
+    R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+        {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])";
+
+TEST(OpenAiTools, ToolsAndToolChoiceAreValidated) {
+  const std::pair<std::string, std::string> cases[] = {
+      {R"("tools": [3])", "tools"},
+      {R"("tools": [{"function": {"name": "f"}}])", "tools"},  // no type
+      {R"("tools": [{"type": "retrieval"}])", "tools"},
+      {R"("tools": [{"type": "function"}])", "tools"},
+      {R"("tools": [{"type": "function", "function": {"name": ""}}])", "tools"},
+      {R"("tools": [{"type": "function", "function": {"name": "f", "parameters": 1}}])", "tools"},
+      {kTools + R"(, "tool_choice": "sometimes")", "tool_choice"},
+      {kTools + R"(, "tool_choice": 5)", "tool_choice"},
+      {R"("skip_special_tokens": "no")", "skip_special_tokens"},
+  };
+  for (const auto& [extra, param] : cases) {
+    const ApiError e = chat_error(chat_with(extra));
+    EXPECT_EQ(e.status(), 400) << extra;
+    EXPECT_EQ(e.param(), param) << extra << ": " << e.what();
+  }
+  // Forcing a call needs constrained decoding: refused, saying so, not silently unforced.
+  for (const char* choice :
+       {R"("required")", R"({"type": "function", "function": {"name": "get_weather"}})"}) {
+    const ApiError e = chat_error(chat_with(kTools + R"(, "tool_choice": )" + choice));
+    EXPECT_EQ(e.status(), 400) << choice;
+    EXPECT_EQ(e.code(), "unsupported_parameter") << choice;
+    EXPECT_NE(std::string(e.what()).find("constrained decoding"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OpenAiTools, WhenTheReplyIsParsedForToolCalls) {
+  const OpenAiRequest with = parse_chat_request(chat_with(kTools));
+  EXPECT_TRUE(with.wants_tool_calls);
+  ASSERT_TRUE(with.tools.is_array());
+  EXPECT_EQ(with.tools[0]["function"]["name"], "get_weather");
+  EXPECT_TRUE(
+      parse_chat_request(chat_with(kTools + R"(, "tool_choice": "auto")")).wants_tool_calls);
+  EXPECT_FALSE(
+      parse_chat_request(chat_with(kTools + R"(, "tool_choice": "none")")).wants_tool_calls);
+  EXPECT_FALSE(parse_chat_request(chat_with(R"("tools": [])")).wants_tool_calls);
+  EXPECT_FALSE(parse_chat_request(chat_with(R"("tools": null)")).wants_tool_calls);
+  EXPECT_FALSE(parse_chat_request("{" + kMsgs + "}").wants_tool_calls);
+
+  // Special tokens stay in the text when the parser's markers are special tokens, or when the
+  // request asks (vLLM's skip_special_tokens).
+  using chat::ToolCallFormat;
+  EXPECT_TRUE(to_serve_request(with, {1, 2}, 100, ToolCallFormat::kHermes).skip_special_tokens);
+  EXPECT_FALSE(to_serve_request(with, {1, 2}, 100, ToolCallFormat::kMistral).skip_special_tokens);
+  EXPECT_FALSE(
+      to_serve_request(with, {1, 2}, 100, ToolCallFormat::kLlama3Json).skip_special_tokens);
+  EXPECT_TRUE(to_serve_request(with, {1, 2}, 100).skip_special_tokens);
+  const OpenAiRequest keep = parse_chat_request(chat_with(R"("skip_special_tokens": false)"));
+  EXPECT_FALSE(to_serve_request(keep, {1, 2}, 100).skip_special_tokens);
+}
+
+TEST(OpenAiTools, ArgumentsGivenAsJsonTextReachTheTemplateAsObjects) {
+  // What the OpenAI SDK sends back on the next turn: arguments as JSON text.
+  const OpenAiRequest r = parse_chat_request(R"({"messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 3}"}},
+        {"id": "call_2", "type": "function",
+         "function": {"name": "get_time", "arguments": "not json"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})");
+  // Qwen3.5's template iterates the arguments as a mapping; text that is not an object stays
+  // text.
+  const chat::ChatTemplate t = chat::ChatTemplate::from_string(
+      "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+      "{% if c.function.arguments is mapping %}{% for k, v in c.function.arguments|items %}"
+      "{{ k }}={{ v }};{% endfor %}{% else %}[{{ c.function.arguments }}]{% endif %}"
+      "{% endfor %}{% endfor %}",
+      "test");
+  EXPECT_EQ(t.render(r.chat), "city=Paris;days=3;[not json]");
+}
+
+TEST(OpenAiTools, AWholeReplyCarriesContentAndToolCalls) {
+  const ResponseMeta meta{"chatcmpl-9", 1, "demo"};
+  const ReplyFormat hermes{.tool_calls = chat::ToolCallFormat::kHermes,
+                           .tools = json::parse("{" + kTools + "}")["tools"]};
+  const std::string text =
+      "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Rome\"}}\n</tool_call>";
+  const json j = chat_completion_json(meta, collected(text, FinishReason::kStop), false,
+                                      demo_tokenizer(), hermes);
+  const json& choice = j["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "Checking.");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 2u);
+  const json& call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+            json::parse(R"({"city": "Paris"})"));
+  EXPECT_FALSE(call.contains("index"));  // only streamed deltas have one
+  const std::string id0 = call["id"], id1 = choice["message"]["tool_calls"][1]["id"];
+  EXPECT_TRUE(id0.starts_with("call_")) << id0;
+  EXPECT_EQ(id0.size(), 29u);
+  EXPECT_NE(id0, id1);
+
+  // Only calls: content is null. Cut by max_tokens: "length" still wins.
+  const std::string only = text.substr(std::string("Checking.").size());
+  const json o = chat_completion_json(meta, collected(only, FinishReason::kLength), false,
+                                      demo_tokenizer(), hermes);
+  EXPECT_TRUE(o["choices"][0]["message"]["content"].is_null());
+  EXPECT_EQ(o["choices"][0]["finish_reason"], "length");
+
+  // No call, or a malformed one: all content, no tool_calls key, "stop".
+  for (const std::string& plain :
+       {std::string("Just text."), std::string("<tool_call>{not json}</tool_call>")}) {
+    const json p = chat_completion_json(meta, collected(plain, FinishReason::kStop), false,
+                                        demo_tokenizer(), hermes);
+    EXPECT_EQ(p["choices"][0]["message"]["content"], plain);
+    EXPECT_FALSE(p["choices"][0]["message"].contains("tool_calls"));
+    EXPECT_EQ(p["choices"][0]["finish_reason"], "stop");
+  }
+
+  // Mistral's ids are 9 letters and digits (its templates refuse others on the next turn).
+  const std::string mid = new_tool_call_id(chat::ToolCallFormat::kMistral);
+  EXPECT_EQ(mid.size(), 9u);
+  EXPECT_TRUE(std::all_of(mid.begin(), mid.end(), [](char ch) { return std::isalnum(ch); }));
+}
+
+TEST(OpenAiTools, StreamedCallsAreOneDeltaEachWhateverTheSplit) {
+  const std::string text =
+      "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\", \"days\": 3}}\n</tool_call>";
+  for (size_t cut = 0; cut <= text.size(); cut += 7) {
+    SseEncoder enc(ApiKind::kChat, {"chatcmpl-3", 5, "demo"}, false, false, demo_tokenizer(),
+                   {.tool_calls = chat::ToolCallFormat::kHermes});
+    ServeEvent a, b;
+    a.text = text.substr(0, cut);
+    b.text = text.substr(cut);
+    b.done = true;
+    b.finish = FinishReason::kStop;
+    std::string body = enc.encode(a);  // in order: the operands of + are unsequenced
+    body += enc.encode(b);
+    const std::vector<std::string> p = sse_payloads(body);
+    std::string content;
+    std::vector<json> calls;
+    std::string finish;
+    for (const std::string& payload : p) {
+      if (payload == "[DONE]") continue;
+      const json c = json::parse(payload)["choices"][0];
+      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+      if (c["delta"].contains("tool_calls")) {
+        for (const json& call : c["delta"]["tool_calls"]) calls.push_back(call);
+      }
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+    EXPECT_EQ(content, "Checking.") << cut;
+    ASSERT_EQ(calls.size(), 1u) << cut;
+    EXPECT_EQ(calls[0]["index"], 0);
+    EXPECT_TRUE(calls[0]["id"].get<std::string>().starts_with("call_"));
+    EXPECT_EQ(calls[0]["type"], "function");
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()),
+              json::parse(R"({"city": "Paris", "days": 3})"));
+    EXPECT_EQ(finish, "tool_calls") << cut;
+    EXPECT_EQ(p.back(), "[DONE]");
+  }
+}
+
+// Reasoning (a <think> block the prompt opened), then a call in qwen3_coder's format, typed by
+// the tool schema: the reply as Qwen3.5 writes it.
+TEST(OpenAiTools, ReasoningThenACall) {
+  const ReplyFormat qwen35{.reasoning = chat::ReasoningFormat::kThink,
+                           .reasoning_starts_open = true,
+                           .tool_calls = chat::ToolCallFormat::kQwen3Coder,
+                           .tools = json::parse("{" + kTools + "}")["tools"]};
+  const std::string text =
+      "Let me check.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+      "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+  const json whole =
+      chat_completion_json({"chatcmpl-4", 1, "demo"}, collected(text, FinishReason::kStop), false,
+                           demo_tokenizer(), qwen35)["choices"][0];
+  EXPECT_EQ(whole["message"]["reasoning_content"], "Let me check.");
+  EXPECT_TRUE(whole["message"]["content"].is_null());
+  ASSERT_EQ(whole["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(
+      json::parse(whole["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+      json::parse(R"({"city": "Paris", "days": 3})"));
+  EXPECT_EQ(whole["finish_reason"], "tool_calls");
+
+  // Streamed one byte per event: the same reasoning, content and call.
+  SseEncoder enc(ApiKind::kChat, {"chatcmpl-5", 1, "demo"}, false, false, demo_tokenizer(), qwen35);
+  std::string body;
+  for (size_t i = 0; i < text.size(); ++i) {
+    ServeEvent e;
+    e.text = text.substr(i, 1);
+    e.done = i + 1 == text.size();
+    body += enc.encode(e);
+  }
+  std::string reasoning, content;
+  int calls = 0;
+  for (const std::string& payload : sse_payloads(body)) {
+    if (payload == "[DONE]") continue;
+    const json d = json::parse(payload)["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) calls += static_cast<int>(d["tool_calls"].size());
+  }
+  EXPECT_EQ(reasoning, "Let me check.");
+  EXPECT_EQ(content, "");
+  EXPECT_EQ(calls, 1);
+
+  // include_reasoning: false drops it; without a reasoning format it stays in the content.
+  ReplyFormat hidden = qwen35;
+  hidden.include_reasoning = false;
+  const json h =
+      chat_completion_json({"chatcmpl-6", 1, "demo"}, collected(text, FinishReason::kStop), false,
+                           demo_tokenizer(), hidden)["choices"][0]["message"];
+  EXPECT_FALSE(h.contains("reasoning_content"));
+  ReplyFormat plain = qwen35;
+  plain.reasoning = chat::ReasoningFormat::kNone;
+  const json p =
+      chat_completion_json({"chatcmpl-7", 1, "demo"}, collected(text, FinishReason::kStop), false,
+                           demo_tokenizer(), plain)["choices"][0]["message"];
+  EXPECT_EQ(p["content"], "Let me check.\n</think>\n\n");
+  EXPECT_FALSE(parse_chat_request(chat_with(R"("include_reasoning": false)")).include_reasoning);
 }
 
 TEST(Tokenize, RoundTripAndPieces) {

@@ -1,4 +1,4 @@
-"""Starts `metrale serve` on the demo model for the Python tests and stops it afterwards.
+"""Starts `metrale serve` (on the demo model unless told otherwise) for the Python tests and stops it afterwards.
 
 The binary is $METRALE_BIN (ctest sets it) or build/release/src/metrale; the server takes any
 free port (--port 0) and prints its URL, which is read back here.
@@ -23,9 +23,12 @@ def metrale_bin():
 
 
 class Server:
-    def __init__(self, *extra_args, api_key=None):
-        args = [metrale_bin(), "serve", "--model", str(DEMO), "--port", "0", "--threads", "2",
-                "--chat-template", str(CHAT_TEMPLATE), *extra_args]
+    def __init__(self, *extra_args, api_key=None, model=DEMO, chat_template=CHAT_TEMPLATE):
+        """chat_template=None: the checkpoint's own."""
+        args = [metrale_bin(), "serve", "--model", str(model), "--port", "0", "--threads", "2"]
+        if chat_template is not None:
+            args += ["--chat-template", str(chat_template)]
+        args += list(extra_args)
         if api_key:
             args += ["--api-key", api_key]
         self.api_key = api_key
@@ -35,6 +38,7 @@ class Server:
         if not match:
             self.proc.kill()
             raise RuntimeError(f"metrale serve did not start: {line!r} {self.proc.stderr.read()}")
+        self.banner = line
         self.url = f"http://{match.group(1)}:{match.group(2)}"
         self.model = line.split(":", 1)[1].split(" on ")[0].strip()
         deadline = time.time() + 120  # a guard against hanging, generous for a cold CI machine
