@@ -100,7 +100,8 @@ struct Scheduler::Active {
   // last token; a step's ids are a span of it.
   std::vector<int32_t> input;
   size_t n_prompt = 0;
-  int64_t completion_tokens = 0;  // generated tokens, the one that stopped the stream too
+  int64_t completion_tokens = 0;   // generated tokens, the one that stopped the stream too
+  int64_t preempted_at_step = -1;  // the step count when it was last preempted
   Rng rng;
   // Incremental detokenization over text_ids (the generated ids the tokenizer knows; special
   // tokens skipped unless the request keeps them): text holds the text of text_ids[0, read) once it
@@ -323,6 +324,7 @@ void Scheduler::loop() {
       cache_->insert(a.seq);
       model_.release(a.seq);
       a.admitted = false;
+      a.preempted_at_step = steps;
       ++preemptions;
       std::unique_ptr<Active> back = std::move(*it);
       running.erase(std::next(it).base());
@@ -500,10 +502,18 @@ void Scheduler::loop() {
           std::lock_guard lock(mu_);
           if (queue_.empty() || static_cast<int64_t>(running.size()) >= options_.max_seqs) break;
           const Active& head = *queue_.front();
-          // Its prompt's pages plus one page of headroom per running stream, so the step that
-          // follows can always run (a stream admitted only to be preempted again would stall).
-          const int64_t need =
-              (head.input_size() + 1 + page - 1) / page + static_cast<int64_t>(running.size());
+          // A stream preempted for pages waits for a step to run without it: re-admitted at
+          // once, it would be preempted again by the same step, forever.
+          if (head.preempted_at_step == steps) break;
+          // Its input's pages, plus the pages the running streams still need for theirs (a
+          // stream admitted but not yet prefilled holds none yet) and one page of headroom
+          // each, so the step that follows can run.
+          int64_t need = (head.input_size() + 1 + page - 1) / page;
+          for (const auto& r : running) {
+            need += std::max<int64_t>(0, (r->input_size() + page - 1) / page -
+                                             static_cast<int64_t>(r->seq.block_table.size())) +
+                    1;
+          }
           if (model_.kv_pool().free_pages() < need && cache_->make_room(need) < need) break;
           a = std::move(queue_.front());
           queue_.pop_front();

@@ -10,11 +10,13 @@
 //
 // Memory: the KV pool (and for hybrid models the state pool, one slot per running stream) is
 // the budget. A request is admitted when a stream slot is free and its prompt's pages fit
-// (after evicting unused cached prefixes); otherwise it waits in the queue, and when the
+// beside what the running streams still need for theirs (after evicting unused cached
+// prefixes); otherwise it waits in the queue, and when the
 // queue holds max_queue requests submit() refuses with SchedulerBusy (HTTP 429). When decode
 // runs out of pages mid-stream, the youngest running stream is preempted: its pages are
 // released and it goes back to the head of the queue with its generated tokens, to be
-// recomputed (vLLM's recompute preemption); its output is unchanged.
+// recomputed (vLLM's recompute preemption); its output is unchanged. It is re-admitted only
+// after a step ran without it, so every step makes progress.
 //
 // Results are those of the same request run alone: the engine's steps are batch-invariant,
 // each stream samples from its own seeded Rng, and prefix-cache hits reuse bit-identical KV.

@@ -12,6 +12,7 @@
 
 #include "engine/session.h"
 #include "lora/lora_pool.h"
+#include "prefix_test_util.h"
 
 namespace metrale {
 namespace {
@@ -288,6 +289,40 @@ TEST(Scheduler, PreemptionWhenTheKvCacheRunsOutKeepsEveryStreamUnchanged) {
     EXPECT_EQ(got.finish, FinishReason::kLength);
   }
   EXPECT_GT(sched.stats().preemptions, 0);
+}
+
+TEST(Scheduler, PromptsThatTogetherOverflowTheKvCacheTakeTurns) {
+  // 16 pages of 16 tokens; four 100-token prompts need 7 pages each. Admission counts the
+  // pages admitted streams will still take for their prompts (a regression: it counted only
+  // the free pages, admitted all four, and the first step preempted the youngest, which was
+  // re-admitted at once, forever).
+  auto model = load_demo(/*kv_tokens=*/256, /*max_rows=*/512);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<GenerateResult> want;
+  for (uint32_t i = 0; i < 4; ++i) {
+    prompts.push_back(serve_test::random_ids(100, 11 + i, 2000));
+    GenerateOptions g;
+    g.max_new_tokens = 8;
+    g.ignore_eos = true;
+    Session s(*model);
+    want.push_back(s.generate(prompts.back(), g));
+  }
+  Scheduler sched(*model, {.max_seqs = 4, .prefill_chunk = 512});
+  std::vector<std::shared_ptr<ServeStream>> streams;
+  for (const auto& p : prompts) {
+    ServeRequest r;
+    r.prompt = p;
+    r.max_tokens = 8;
+    r.ignore_eos = true;
+    r.timeout = 60s;  // a livelock ends here as kTimeout instead of hanging the test
+    streams.push_back(sched.submit(std::move(r)));
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const Outcome got = drain(*streams[i]);
+    EXPECT_EQ(got.finish, FinishReason::kLength) << i;
+    EXPECT_EQ(got.tokens, want[i].tokens) << i;
+  }
+  EXPECT_LT(sched.stats().preemptions, 16);
 }
 
 TEST(Scheduler, CancelFreesTheSequenceAndTimeoutsEndStreams) {
