@@ -17,6 +17,7 @@
 #include "engine/state_pool.h"
 #include "http/http_server.h"
 #include "io/config/model_config.h"
+#include "serve/prefix_cache.h"
 
 namespace metrale::cli {
 namespace {
@@ -33,7 +34,8 @@ struct ServeFlags {
   double request_timeout_s = 600;
   int64_t prefill_chunk = 0;
   int64_t max_queue = 256;
-  int64_t state_snapshots = -1;  // -1: 2 per stream slot with the prefix cache, else 0
+  int64_t state_snapshots = -1;     // -1: 2 per stream slot with the prefix cache, else 0
+  int64_t marconi_min_tokens = -1;  // -1: DEFAULT_MARCONI_MIN_TOKENS
 };
 
 // --kv-budget BYTES -> KV capacity in tokens: the budget over what one token keeps in every
@@ -135,6 +137,7 @@ void run_serve(ServeFlags f) {
       resolve_reply_format("--reasoning-parser", f.reasoning_parser, tmpl, /*with_tools=*/false,
                            chat::reasoning_format_from_name, chat::detect_reasoning_format);
 
+  if (f.marconi_min_tokens >= 0) set_marconi_min_tokens(f.marconi_min_tokens);
   SchedulerOptions so;
   so.max_seqs = f.model.max_seqs;
   so.max_queue = f.max_queue;
@@ -211,6 +214,11 @@ void setup(CLI::App& app) {
                   "hybrid models: recurrent-state snapshots the prefix cache may keep "
                   "(default: 2 per --max-seqs; 0 with --no-prefix-cache)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
+  cmd->add_option("--marconi-min-tokens", f->marconi_min_tokens,
+                  "hybrid models: the shortest cached prefix resumed from a recurrent-state "
+                  "snapshot (default " +
+                      std::to_string(DEFAULT_MARCONI_MIN_TOKENS) + "; 0: any)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--max-queue", f->max_queue, "waiting requests beyond this get 429")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--http-threads", f->http.threads,
