@@ -53,7 +53,8 @@ void respond(const http::OpenAiRequest& r, std::vector<int32_t> prompt,
     }
     reply.tools = r.tools;
   }
-  const ServeRequest s = http::to_serve_request(r, std::move(prompt), 1024, reply.tool_calls);
+  const ServeRequest s = http::to_serve_request(
+      r, std::move(prompt), 1024, static_cast<int64_t>(tokenizer().id_limit()), reply.tool_calls);
   // Format what a stream of these prompt tokens would send back.
   ServeEvent e;
   e.text = r.kind == http::ApiKind::kChat

@@ -303,7 +303,8 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
     if (r.wants_tool_calls) reply.tool_calls = options.tool_call_format;
     reply.tools = r.tools;
   }
-  ServeRequest s = to_serve_request(r, std::move(prompt), model.context_limit(), reply.tool_calls);
+  ServeRequest s = to_serve_request(r, std::move(prompt), model.context_limit(), model.vocab_size(),
+                                    reply.tool_calls);
   if (adapter) s.adapter = r.model;
   std::shared_ptr<ServeStream> stream = submit(std::move(s));
   ResponseMeta meta{(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),

@@ -40,6 +40,11 @@ ApiError unsupported(std::string_view key, std::string message) {
                   std::string(key), "", "unsupported_parameter");
 }
 
+// A JSON object key for an error message: at most 32 bytes of it.
+std::string describe_key(const std::string& key) {
+  return key.size() <= 32 ? key : key.substr(0, 32) + "...";
+}
+
 json parse_body(std::string_view body) {
   try {
     return parse_json(body, kSource);
@@ -121,10 +126,49 @@ void read_common(const JsonFields& f, OpenAiRequest& r) {
                      [&] { return f.opt_number_in("frequency_penalty", -2.0, 2.0); })) {
     r.frequency_penalty = static_cast<float>(*p);
   }
-  if (const json* lb = f.find("logit_bias")) {
+  // OpenAI's logit_bias: {"<token id>": bias in [-100, 100]}; null or {} is no bias.
+  if (const json* lb = f.find("logit_bias"); lb != nullptr && !lb->is_null()) {
     if (!lb->is_object())
       throw bad("logit_bias", "expected an object, found " + describe_json_value(*lb));
-    if (!lb->empty()) throw unsupported("logit_bias", "logit_bias is not supported");
+    if (lb->size() > kMaxLogitBias) {
+      throw bad("logit_bias", "at most " + std::to_string(kMaxLogitBias) + " entries, found " +
+                                  std::to_string(lb->size()));
+    }
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      const std::string& key = it.key();
+      const json& value = it.value();
+      // Decimal digits only (no sign, space or exponent), within int32.
+      int64_t id = 0;
+      bool is_id = !key.empty() && key.size() <= 10;
+      for (char c : key) {
+        if (c < '0' || c > '9') {
+          is_id = false;
+          break;
+        }
+        id = id * 10 + (c - '0');
+      }
+      if (!is_id || id > int64_t{INT32_MAX}) {
+        throw bad("logit_bias", "keys must be token ids (non-negative integers), found \"" +
+                                    describe_key(key) + "\"");
+      }
+      if (!value.is_number()) {
+        throw bad("logit_bias", "token " + key + ": expected a number in [-100, 100], found " +
+                                    describe_json_value(value));
+      }
+      const double bias = value.get<double>();
+      if (!(bias >= -100.0 && bias <= 100.0)) {
+        throw bad("logit_bias", "token " + key + ": expected a number in [-100, 100], found " +
+                                    describe_json_value(value));
+      }
+      r.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+    }
+    std::sort(r.logit_bias.begin(), r.logit_bias.end());
+    for (size_t i = 1; i < r.logit_bias.size(); ++i) {
+      if (r.logit_bias[i].first == r.logit_bias[i - 1].first) {  // "5" and "05"
+        throw bad("logit_bias",
+                  "token " + std::to_string(r.logit_bias[i].first) + " appears more than once");
+      }
+    }
   }
   field("user", [&] { return f.opt_string("user"); });  // typed, otherwise ignored
 }
@@ -377,7 +421,8 @@ OpenAiRequest parse_completion_request(std::string_view body) {
 }
 
 ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> prompt,
-                              int64_t context_limit, chat::ToolCallFormat tool_format) {
+                              int64_t context_limit, int64_t vocab_size,
+                              chat::ToolCallFormat tool_format) {
   const auto n = static_cast<int64_t>(prompt.size());
   const char* where = req.kind == ApiKind::kChat ? "messages" : "prompt";
   if (n == 0) throw ApiError(400, "the prompt encodes to no tokens", where);
@@ -417,6 +462,14 @@ ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> pro
   s.top_logprobs = req.top_logprobs;
   s.presence_penalty = req.presence_penalty;
   s.frequency_penalty = req.frequency_penalty;
+  for (const auto& entry : req.logit_bias) {
+    if (entry.first >= vocab_size) {
+      throw bad("logit_bias", "token id " + std::to_string(entry.first) +
+                                  " is outside the model's vocabulary [0, " +
+                                  std::to_string(vocab_size) + ")");
+    }
+  }
+  s.logit_bias = req.logit_bias;
   return s;
 }
 

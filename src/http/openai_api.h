@@ -7,13 +7,14 @@
 // Validation follows OpenAI's reference server: unknown fields are ignored (clients send
 // vendor extensions), but a KNOWN field of the wrong type or out of range is a 400 naming the
 // field (`param`), and parameters we do not implement with a non-default value (n > 1,
-// logit_bias, echo, best_of, several prompts) are a 400 saying so rather than
+// echo, best_of, several prompts) are a 400 saying so rather than
 // being silently ignored. null is the same as absent, as in the OpenAI SDKs.
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -95,20 +96,24 @@ struct OpenAiRequest {
   int top_logprobs = -1;                    // -1: no logprobs
   float presence_penalty = 0.0f;            // [-2, 2]
   float frequency_penalty = 0.0f;           // [-2, 2]
+  // logit_bias {"<token id>": bias in [-100, 100]}, at most kMaxLogitBias entries, sorted by
+  // id (to_serve_request checks the ids against the vocabulary).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // Parse and validate a request body (ApiError 400 on any problem).
 OpenAiRequest parse_chat_request(std::string_view body);
 OpenAiRequest parse_completion_request(std::string_view body);
 
-// The ServeRequest for `req` over `prompt` (already rendered and tokenized). Special tokens
+// The ServeRequest for `req` over `prompt` (already rendered and tokenized), for a model of
+// `vocab_size` token ids (a logit_bias id outside it is a 400 naming logit_bias). Special tokens
 // are kept in the text when the request asks, or when `tool_format` (the parser the reply
 // goes through, kNone for none) has special-token markers. max_tokens
 // defaults to what the context leaves; a prompt or max_tokens that cannot fit the context is
 // an ApiError 400 with OpenAI's "maximum context length" message. No seed: a fresh random one
 // (only sampling uses it).
 ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> prompt,
-                              int64_t context_limit,
+                              int64_t context_limit, int64_t vocab_size,
                               chat::ToolCallFormat tool_format = chat::ToolCallFormat::kNone);
 
 // What every response object of one request repeats.

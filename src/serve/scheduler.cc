@@ -192,6 +192,23 @@ std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
     METRALE_CHECK(std::isfinite(value) && value >= -2 && value <= 2, name,
                   " must be in [-2, 2], found ", value);
   }
+  METRALE_CHECK(r.logit_bias.size() <= kMaxLogitBias, "logit_bias: at most ", kMaxLogitBias,
+                " entries, found ", r.logit_bias.size());
+  for (const auto& [id, bias] : r.logit_bias) {
+    METRALE_CHECK(id >= 0 && id < vocab, "logit_bias: token id ", id,
+                  " is outside the vocabulary [0, ", vocab, ")");
+    METRALE_CHECK(std::isfinite(bias) && bias >= -100 && bias <= 100,
+                  "logit_bias: the bias of token ", id, " must be in [-100, 100], found ", bias);
+  }
+  {
+    std::vector<int32_t> ids;
+    ids.reserve(r.logit_bias.size());
+    for (const auto& entry : r.logit_bias) ids.push_back(entry.first);
+    std::sort(ids.begin(), ids.end());
+    const auto twice = std::adjacent_find(ids.begin(), ids.end());
+    METRALE_CHECK(twice == ids.end(), "logit_bias: token id ", twice == ids.end() ? 0 : *twice,
+                  " appears twice");
+  }
   METRALE_CHECK(r.top_logprobs >= -1 && r.top_logprobs <= kMaxTopLogprobs,
                 "top_logprobs must be in [0, ", kMaxTopLogprobs, "], found ", r.top_logprobs);
   METRALE_CHECK(r.stop.size() <= kMaxStopStrings, "at most ", kMaxStopStrings,
@@ -431,6 +448,9 @@ void Scheduler::loop() {
         i = j;
       }
     }
+    // logit_bias after the penalties, before the processors and the greedy pick. The row's
+    // logprobs were copied before pick(): the bias does not change reported logprobs.
+    for (const auto& [id, bias] : a.req.logit_bias) row[static_cast<size_t>(id)] += bias;
     // HF's repetition penalty counts the prompt too (its input_ids).
     const std::span<const int32_t> seen = s.repetition_penalty != 1.0f
                                               ? std::span<const int32_t>(a.input)
@@ -638,7 +658,8 @@ void Scheduler::loop() {
           continue;
         }
         std::span<float> row(logits.data() + static_cast<size_t>(w++) * V, V);
-        // pick() rewrites the row with the sampling processors; logprobs are the model's own.
+        // pick() rewrites the row with the penalties, logit_bias and the sampling processors;
+        // logprobs are the model's own (not biased, as vLLM's default).
         if (a.req.top_logprobs >= 0) logprob_scratch.assign(row.begin(), row.end());
         const int32_t token = pick(a, row);
         if (len > 1) cache_->insert(a.seq);

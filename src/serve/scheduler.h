@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -37,6 +38,8 @@
 #include "serve/prefix_cache.h"
 
 namespace metrale {
+
+inline constexpr size_t kMaxLogitBias = 1024;  // entries in ServeRequest::logit_bias
 
 struct ServeRequest {
   std::vector<int32_t> prompt;  // >= 1 token
@@ -47,6 +50,12 @@ struct ServeRequest {
   // it was generated, before the sampling processors (and before a greedy pick), as vLLM.
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs, each id at most once and at
+  // most kMaxLogitBias of them. A bias is added to its token's logit at every step, after the
+  // penalties and before the sampling processors (and before a greedy pick), as OpenAI and
+  // vLLM do; -100 all but bans a token, +100 all but forces it. Reported logprobs are not
+  // biased (they stay the model's own, as vLLM's default).
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;
   std::vector<int32_t> eos_ids;  // empty: default_eos_ids(model)
   bool ignore_eos = false;
@@ -68,7 +77,9 @@ std::string_view finish_reason_name(FinishReason r);  // "stop", "length", ...
 
 struct TokenLogprob {
   int32_t id = 0;
-  float logprob = 0;  // log-softmax of the model's logits (before sampling's processors)
+  // log-softmax of the model's logits (before the penalties, logit_bias and sampling's
+  // processors: a bias does not change reported logprobs, as vLLM's default)
+  float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;  // the top_logprobs most likely, best first
 };
 

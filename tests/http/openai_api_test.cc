@@ -41,6 +41,8 @@ ApiError completion_error(const std::string& body) {
 
 const std::string kMsgs = R"("messages": [{"role": "user", "content": "hi"}])";
 std::string chat_with(const std::string& extra) { return "{" + kMsgs + ", " + extra + "}"; }
+constexpr int64_t kVocab = 1000;  // the vocabulary to_serve_request checks logit_bias ids against
+
 std::string completion_with(const std::string& extra) {
   return R"({"prompt": "And God said", )" + extra + "}";
 }
@@ -165,7 +167,7 @@ TEST(OpenAiParse, CompletionSpecificBadInput) {
 }
 
 TEST(OpenAiParse, UnsupportedParametersAreRefusedNotIgnored) {
-  for (const std::string extra : {R"("n": 2)", R"("logit_bias": {"5": 10})"}) {
+  for (const std::string extra : {R"("n": 2)"}) {
     const ApiError e = chat_error(chat_with(extra));
     EXPECT_EQ(e.status(), 400) << extra;
     EXPECT_EQ(e.code(), "unsupported_parameter") << extra;
@@ -180,6 +182,74 @@ TEST(OpenAiParse, UnsupportedParametersAreRefusedNotIgnored) {
   }
   // Their neutral values are fine.
   EXPECT_EQ(chat_error(chat_with(R"("n": 1, "logit_bias": {}, "echo": false)")).status(), 0);
+}
+
+TEST(OpenAiParse, LogitBiasMapsToSortedEntries) {
+  const std::string extra = R"("logit_bias": {"50": -100, "7": 100, "0": 2.5, "123": 0})";
+  const std::vector<std::pair<int32_t, float>> want = {
+      {0, 2.5f}, {7, 100.0f}, {50, -100.0f}, {123, 0.0f}};
+  EXPECT_EQ(parse_chat_request(chat_with(extra)).logit_bias, want);
+  const OpenAiRequest c = parse_completion_request(completion_with(extra));
+  EXPECT_EQ(c.logit_bias, want);
+  EXPECT_EQ(to_serve_request(c, {1, 2}, 100, kVocab).logit_bias, want);
+  // null and {} are no bias.
+  EXPECT_TRUE(parse_chat_request(chat_with(R"("logit_bias": null)")).logit_bias.empty());
+  EXPECT_TRUE(parse_completion_request(completion_with(R"("logit_bias": {})")).logit_bias.empty());
+  // 1024 entries are allowed.
+  std::string many = R"("logit_bias": {)";
+  for (int i = 0; i < 1024; ++i) many += (i ? ", \"" : "\"") + std::to_string(i) + "\": 1";
+  EXPECT_EQ(parse_chat_request(chat_with(many + "}")).logit_bias.size(), 1024u);
+}
+
+TEST(OpenAiParse, BadLogitBiasIs400NamingLogitBias) {
+  std::string too_many = R"("logit_bias": {)";
+  for (int i = 0; i < 1025; ++i) too_many += (i ? ", \"" : "\"") + std::to_string(i) + "\": 1";
+  too_many += "}";
+  const std::string cases[] = {
+      R"("logit_bias": [1])",
+      R"("logit_bias": 5)",
+      R"("logit_bias": "x")",
+      R"("logit_bias": {"abc": 1})",
+      R"("logit_bias": {"": 1})",
+      R"("logit_bias": {"-1": 1})",
+      R"("logit_bias": {"+1": 1})",
+      R"("logit_bias": {" 1": 1})",
+      R"("logit_bias": {"1.5": 1})",
+      R"("logit_bias": {"1e3": 1})",
+      R"("logit_bias": {"0x10": 1})",
+      R"("logit_bias": {"2147483648": 1})",
+      R"("logit_bias": {"99999999999999999999": 1})",
+      R"("logit_bias": {"5": 100.5})",
+      R"("logit_bias": {"5": -101})",
+      R"("logit_bias": {"5": "10"})",
+      R"("logit_bias": {"5": null})",
+      R"("logit_bias": {"5": true})",
+      R"("logit_bias": {"5": [1]})",
+      R"("logit_bias": {"5": 1, "05": 2})",
+      too_many,
+  };
+  for (const std::string& extra : cases) {
+    const ApiError c = chat_error(chat_with(extra));
+    EXPECT_EQ(c.status(), 400) << extra;
+    EXPECT_EQ(c.param(), "logit_bias") << extra << ": " << c.what();
+    EXPECT_EQ(c.type(), "invalid_request_error") << extra;
+    const ApiError p = completion_error(completion_with(extra));
+    EXPECT_EQ(p.status(), 400) << extra;
+    EXPECT_EQ(p.param(), "logit_bias") << extra << ": " << p.what();
+  }
+  // An id past the model's vocabulary: known once the model is, at to_serve_request.
+  const OpenAiRequest r =
+      parse_completion_request(completion_with(R"("logit_bias": {"999": 1, "1000": 5})"));
+  try {
+    to_serve_request(r, {1, 2}, 100, kVocab);
+    FAIL() << "expected a vocabulary error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "logit_bias");
+    EXPECT_NE(std::string(e.what()).find("token id 1000"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("vocabulary"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(to_serve_request(r, {1, 2}, 100, kVocab + 1).logit_bias.size(), 2u);
 }
 
 TEST(OpenAiParse, ChatFieldsMapToTheRequest) {
@@ -247,7 +317,7 @@ TEST(OpenAiParse, CompletionPrompts) {
 TEST(OpenAiServeRequest, MaxTokensDefaultsToWhatTheContextLeaves) {
   OpenAiRequest r = parse_completion_request(R"({"prompt": "x", "temperature": 0, "seed": 3,
                                                  "stop": ["a", "b"], "logprobs": 1})");
-  const ServeRequest s = to_serve_request(r, {1, 2, 3}, 100);
+  const ServeRequest s = to_serve_request(r, {1, 2, 3}, 100, kVocab);
   EXPECT_EQ(s.max_tokens, 97);
   EXPECT_EQ(s.prompt, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(s.seed, 3u);
@@ -259,15 +329,15 @@ TEST(OpenAiServeRequest, MaxTokensDefaultsToWhatTheContextLeaves) {
 
   const OpenAiRequest p = parse_completion_request(
       R"({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -1.25})");
-  const ServeRequest sp = to_serve_request(p, {1}, 100);
+  const ServeRequest sp = to_serve_request(p, {1}, 100, kVocab);
   EXPECT_FLOAT_EQ(sp.presence_penalty, 0.5f);
   EXPECT_FLOAT_EQ(sp.frequency_penalty, -1.25f);
 
   r.max_tokens = 97;
-  EXPECT_EQ(to_serve_request(r, {1, 2, 3}, 100).max_tokens, 97);
+  EXPECT_EQ(to_serve_request(r, {1, 2, 3}, 100, kVocab).max_tokens, 97);
   r.max_tokens = 98;
   try {
-    to_serve_request(r, {1, 2, 3}, 100);
+    to_serve_request(r, {1, 2, 3}, 100, kVocab);
     FAIL() << "expected a context-length error";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status(), 400);
@@ -275,8 +345,8 @@ TEST(OpenAiServeRequest, MaxTokensDefaultsToWhatTheContextLeaves) {
     EXPECT_NE(std::string(e.what()).find("maximum context length is 100"), std::string::npos);
   }
   r.max_tokens.reset();
-  EXPECT_THROW(to_serve_request(r, std::vector<int32_t>(100, 1), 100), ApiError);
-  EXPECT_THROW(to_serve_request(r, {}, 100), ApiError);
+  EXPECT_THROW(to_serve_request(r, std::vector<int32_t>(100, 1), 100, kVocab), ApiError);
+  EXPECT_THROW(to_serve_request(r, {}, 100, kVocab), ApiError);
 }
 
 TEST(OpenAiResponse, ErrorShape) {
@@ -499,13 +569,15 @@ TEST(OpenAiTools, WhenTheReplyIsParsedForToolCalls) {
   // Special tokens stay in the text when the parser's markers are special tokens, or when the
   // request asks (vLLM's skip_special_tokens).
   using chat::ToolCallFormat;
-  EXPECT_TRUE(to_serve_request(with, {1, 2}, 100, ToolCallFormat::kHermes).skip_special_tokens);
-  EXPECT_FALSE(to_serve_request(with, {1, 2}, 100, ToolCallFormat::kMistral).skip_special_tokens);
+  EXPECT_TRUE(
+      to_serve_request(with, {1, 2}, 100, kVocab, ToolCallFormat::kHermes).skip_special_tokens);
   EXPECT_FALSE(
-      to_serve_request(with, {1, 2}, 100, ToolCallFormat::kLlama3Json).skip_special_tokens);
-  EXPECT_TRUE(to_serve_request(with, {1, 2}, 100).skip_special_tokens);
+      to_serve_request(with, {1, 2}, 100, kVocab, ToolCallFormat::kMistral).skip_special_tokens);
+  EXPECT_FALSE(
+      to_serve_request(with, {1, 2}, 100, kVocab, ToolCallFormat::kLlama3Json).skip_special_tokens);
+  EXPECT_TRUE(to_serve_request(with, {1, 2}, 100, kVocab).skip_special_tokens);
   const OpenAiRequest keep = parse_chat_request(chat_with(R"("skip_special_tokens": false)"));
-  EXPECT_FALSE(to_serve_request(keep, {1, 2}, 100).skip_special_tokens);
+  EXPECT_FALSE(to_serve_request(keep, {1, 2}, 100, kVocab).skip_special_tokens);
 }
 
 TEST(OpenAiTools, ArgumentsGivenAsJsonTextReachTheTemplateAsObjects) {

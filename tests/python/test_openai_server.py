@@ -152,6 +152,20 @@ class OpenAiServerTest(unittest.TestCase):
         with self.assertRaises(openai.NotFoundError):
             self.client.chat.completions.create(model="gpt-none", messages=USER)
 
+    def test_logit_bias(self):
+        lord = self.server.post("/tokenize", {"content": " LORD"})["tokens"]
+        self.assertEqual(len(lord), 1, lord)
+        text = self.server.post("/detokenize", {"tokens": lord * 5})["content"]
+        r = self.client.completions.create(model=self.model, prompt="In the beginning", max_tokens=5,
+                                           temperature=0, logit_bias={str(lord[0]): 100})
+        self.assertEqual(r.choices[0].text, text)
+        c = self.chat(max_tokens=5, logit_bias={str(lord[0]): 100})
+        self.assertEqual(c.choices[0].message.content, text)
+        for bad in ({"x": 1}, {str(lord[0]): 101}, {"-1": 5}, {"100000000": 1}):
+            with self.assertRaises(openai.BadRequestError) as e:
+                self.chat(max_tokens=1, logit_bias=bad)
+            self.assertEqual(e.exception.param, "logit_bias", bad)
+
     def test_api_key_is_required(self):
         wrong = openai.OpenAI(base_url=self.server.url + "/v1", api_key="sk-wrong", max_retries=0)
         with self.assertRaises(openai.AuthenticationError):

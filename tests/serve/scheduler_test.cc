@@ -261,6 +261,119 @@ TEST(Scheduler, PresenceAndFrequencyPenaltiesFollowOpenAi) {
   EXPECT_THROW(sched.submit(r), Error);
 }
 
+// OpenAI's logit_bias, added to the logits before the greedy pick: +100 forces a token, -100
+// on the greedy choice makes the pick the runner-up of the model's own logits.
+TEST(Scheduler, LogitBiasForcesAndBansTokens) {
+  auto model = load_demo();
+  const std::vector<int32_t> prompt = encode(*model, kPrompts[0]);
+  const auto V = static_cast<size_t>(model->vocab_size());
+  std::vector<float> logits(V);
+  {
+    Sequence seq;
+    model->prefill(seq, prompt, logits);
+    model->release(seq);
+  }
+  const auto best =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // The runner-up: the greedy pick once `best` loses 100 (the same arithmetic as the scheduler).
+  std::vector<float> banned = logits;
+  banned[static_cast<size_t>(best)] += -100.0f;
+  const auto runner_up =
+      static_cast<int32_t>(std::max_element(banned.begin(), banned.end()) - banned.begin());
+  ASSERT_NE(runner_up, best);
+
+  Scheduler sched(*model, {});
+  ServeRequest r;
+  r.prompt = prompt;
+  r.max_tokens = 6;
+  r.ignore_eos = true;
+  r.top_logprobs = 1;
+  const Outcome plain = drain(*sched.submit(r));
+  ASSERT_FALSE(plain.tokens.empty());
+  EXPECT_EQ(plain.tokens[0], best);
+
+  // +100 on a token the unbiased run does not pick first: every generated token is that one.
+  const int32_t forced = encode(*model, " LORD").back();
+  ASSERT_NE(forced, best);
+  r.logit_bias = {{forced, 100.0f}};
+  const Outcome all = drain(*sched.submit(r));
+  EXPECT_EQ(all.tokens, std::vector<int32_t>(6, forced));
+  // Reported logprobs are the model's own, not biased (vLLM's default).
+  ASSERT_EQ(all.logprobs.size(), 6u);
+  EXPECT_LT(all.logprobs[0].logprob, 0.0f);
+  EXPECT_NE(all.logprobs[0].top[0].first, forced);
+
+  r.logit_bias = {{best, -100.0f}};
+  const Outcome second = drain(*sched.submit(r));
+  ASSERT_FALSE(second.tokens.empty());
+  EXPECT_EQ(second.tokens[0], runner_up);
+  // The first token's logprobs are still those of the unbiased logits.
+  EXPECT_EQ(second.logprobs[0].top[0].first, best);
+  EXPECT_FLOAT_EQ(second.logprobs[0].top[0].second, plain.logprobs[0].top[0].second);
+
+  // Bad biases are refused at submit, naming logit_bias.
+  for (const auto& bad : std::vector<std::vector<std::pair<int32_t, float>>>{
+           {{static_cast<int32_t>(V), 1.0f}},
+           {{-1, 1.0f}},
+           {{5, 101.0f}},
+           {{5, NAN}},
+           {{5, 1.0f}, {5, 2.0f}},
+       }) {
+    r.logit_bias = bad;
+    try {
+      sched.submit(r);
+      ADD_FAILURE() << "accepted a bad logit_bias";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("logit_bias"), std::string::npos) << e.what();
+    }
+  }
+  r.logit_bias.assign(kMaxLogitBias + 1, {1, 1.0f});
+  EXPECT_THROW(sched.submit(r), Error);
+}
+
+// One stream's bias is its own: a biased and an unbiased request decoding together each equal
+// that request run alone.
+TEST(Scheduler, LogitBiasDoesNotLeakBetweenStreams) {
+  auto model = load_demo();
+  Scheduler sched(*model, {.max_seqs = 4});
+  ServeRequest plain;
+  plain.prompt = encode(*model, kPrompts[1]);
+  plain.max_tokens = 12;
+  plain.ignore_eos = true;
+  ServeRequest biased;
+  biased.prompt = encode(*model, kPrompts[0]);
+  biased.max_tokens = 12;
+  biased.ignore_eos = true;
+  const Outcome plain_alone = drain(*sched.submit(plain));
+  const Outcome unbiased_alone = drain(*sched.submit(biased));
+  // Ban the token the request picks first unbiased, and favour another; give the other
+  // request's first token a bias too, which must not reach it.
+  biased.logit_bias = {{unbiased_alone.tokens[0], -100.0f},
+                       {encode(*model, " LORD").back(), 7.5f},
+                       {plain_alone.tokens[0], -100.0f}};
+  std::sort(biased.logit_bias.begin(), biased.logit_bias.end());
+  biased.logit_bias.erase(
+      std::unique(biased.logit_bias.begin(), biased.logit_bias.end(),
+                  [](const auto& x, const auto& y) { return x.first == y.first; }),
+      biased.logit_bias.end());
+  const Outcome biased_alone = drain(*sched.submit(biased));
+  ASSERT_NE(biased_alone.tokens, unbiased_alone.tokens) << "the bias should change the output";
+
+  // Together (the same step, several times over, in both orders).
+  for (int round = 0; round < 2; ++round) {
+    std::shared_ptr<ServeStream> a, b;
+    if (round == 0) {
+      a = sched.submit(biased);
+      b = sched.submit(plain);
+    } else {
+      b = sched.submit(plain);
+      a = sched.submit(biased);
+    }
+    EXPECT_EQ(drain(*a).tokens, biased_alone.tokens) << "round " << round;
+    EXPECT_EQ(drain(*b).tokens, plain_alone.tokens) << "round " << round;
+  }
+}
+
 TEST(Scheduler, PreemptionWhenTheKvCacheRunsOutKeepsEveryStreamUnchanged) {
   // 8 pages of 16 tokens for 3 streams that each grow to ~60 tokens: decode runs out of
   // pages, the youngest stream is preempted and later recomputed.
