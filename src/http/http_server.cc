@@ -188,12 +188,13 @@ struct HttpServer::Impl {
   void generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader);
   // reply: how a chat's text is split (reasoning, tool calls, content).
+  // streams: one per choice (n), in order.
+  using Streams = std::vector<std::shared_ptr<ServeStream>>;
   void respond_streaming(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
-                         std::shared_ptr<ServeStream> stream, ResponseMeta meta,
-                         httplib::Response& res);
+                         Streams streams, ResponseMeta meta, httplib::Response& res);
   void respond_whole(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
-                     const std::shared_ptr<ServeStream>& stream, const ResponseMeta& meta,
-                     const httplib::Request& req, httplib::Response& res);
+                     const Streams& streams, const ResponseMeta& meta, const httplib::Request& req,
+                     httplib::Response& res);
   std::string metrics() const;
 };
 
@@ -306,57 +307,86 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   ServeRequest s = to_serve_request(r, std::move(prompt), model.context_limit(), model.vocab_size(),
                                     reply.tool_calls);
   if (adapter) s.adapter = r.model;
-  std::shared_ptr<ServeStream> stream = submit(std::move(s));
-  ResponseMeta meta{(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),
-                    unix_now(), model_name};
+  Streams streams;
+  try {
+    for (ServeRequest& choice : choice_requests(r, std::move(s))) {
+      streams.push_back(submit(std::move(choice)));
+    }
+  } catch (...) {
+    for (const auto& st : streams) st->cancel();  // all the choices or none
+    throw;
+  }
+  ResponseMeta meta{
+      (kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(streams.front()->id()),
+      unix_now(), model_name};
   if (r.stream) {
-    respond_streaming(kind, r, reply, std::move(stream), std::move(meta), res);
+    respond_streaming(kind, r, reply, std::move(streams), std::move(meta), res);
   } else {
-    respond_whole(kind, r, reply, stream, meta, req, res);
+    respond_whole(kind, r, reply, streams, meta, req, res);
   }
 }
 
 void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
-                                     const std::shared_ptr<ServeStream>& stream,
-                                     const ResponseMeta& meta, const httplib::Request& req,
-                                     httplib::Response& res) {
+                                     const Streams& streams, const ResponseMeta& meta,
+                                     const httplib::Request& req, httplib::Response& res) {
   const int fd = find_connection_socket(req);
-  Collected c;
+  std::vector<Collected> choices(streams.size());
+  auto cancel_all = [&] {
+    for (const auto& st : streams) st->cancel();
+  };
   std::vector<ServeEvent> events;
   // The client is checked every poll_interval, whether tokens are flowing or not: a request
   // decoding steadily must notice a hang-up as soon as a waiting one.
   auto next_check = std::chrono::steady_clock::now() + options.poll_interval;
-  while (!c.done) {
+  const auto wait = std::max(std::chrono::milliseconds(1),
+                             options.poll_interval / static_cast<int64_t>(streams.size()));
+  auto all_done = [&] {
+    return std::all_of(choices.begin(), choices.end(), [](const Collected& c) { return c.done; });
+  };
+  while (!all_done()) {
     if (stopping) {
-      stream->cancel();
+      cancel_all();
       throw ApiError(503, "the server is stopping", "", "", "server_stopping");
     }
-    events.clear();
-    stream->next(events, options.poll_interval);
-    for (ServeEvent& e : events) c.add(e);
-    if (c.done) break;
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (choices[i].done) continue;
+      events.clear();
+      streams[i]->next(events, wait);
+      for (ServeEvent& e : events) choices[i].add(e);
+      // A choice that failed fails the request: the others need not run on.
+      if (choices[i].done && choices[i].finish != FinishReason::kStop &&
+          choices[i].finish != FinishReason::kLength) {
+        cancel_all();
+      }
+    }
+    if (all_done()) break;
     const auto now = std::chrono::steady_clock::now();
     if (now < next_check) continue;
     next_check = now + options.poll_interval;
     if (peer_gone(fd)) {
-      // Nobody will read the answer: free the sequence now. 499 ("client closed request",
+      // Nobody will read the answer: free the sequences now. 499 ("client closed request",
       // nginx's code) only shows in the logs and /metrics.
-      stream->cancel();
+      cancel_all();
       ++client_disconnects;
       res.status = 499;
       return;
     }
   }
   const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
-  count_finish(endpoint, c.finish);
+  for (const Collected& choice : choices) count_finish(endpoint, choice.finish);
+  // The request fails as its first failing choice does.
+  const auto failed = std::find_if(choices.begin(), choices.end(), [](const Collected& x) {
+    return x.finish != FinishReason::kStop && x.finish != FinishReason::kLength;
+  });
+  const Collected& c = failed != choices.end() ? *failed : choices.front();
   switch (c.finish) {
     case FinishReason::kStop:
     case FinishReason::kLength: {
       const bool logprobs = r.top_logprobs >= 0;
-      send_json(
-          res, 200,
-          dump_json(kind == ApiKind::kChat ? chat_completion_json(meta, c, logprobs, tok, reply)
-                                           : text_completion_json(meta, c, logprobs, tok)));
+      send_json(res, 200,
+                dump_json(kind == ApiKind::kChat
+                              ? chat_completion_json(meta, choices, logprobs, tok, reply)
+                              : text_completion_json(meta, choices, logprobs, tok)));
       return;
     }
     case FinishReason::kTimeout:
@@ -372,34 +402,58 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const
 }
 
 void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
-                                         const ReplyFormat& reply,
-                                         std::shared_ptr<ServeStream> stream, ResponseMeta meta,
-                                         httplib::Response& res) {
+                                         const ReplyFormat& reply, Streams streams,
+                                         ResponseMeta meta, httplib::Response& res) {
   // The provider runs on this connection's thread after the handler returns, once per chunk,
   // until sink.done(). Whatever ends it early (a failed write, a dead socket, the server
-  // stopping) leaves `finished` false, and the releaser cancels the stream.
+  // stopping) leaves `finished` false, and the releaser cancels the streams.
   struct State {
-    std::shared_ptr<ServeStream> stream;
+    Streams streams;  // one per choice
     SseEncoder encoder;
+    std::vector<bool> done;  // the choice's last event was read
     std::vector<ServeEvent> events;
     bool finished = false;
     std::chrono::steady_clock::time_point next_check;
+    void cancel_all() const {
+      for (const auto& st : streams) st->cancel();
+    }
   };
+  const auto n = static_cast<int>(streams.size());
   auto state = std::make_shared<State>(
-      State{stream,
-            SseEncoder(kind, std::move(meta), r.top_logprobs >= 0, r.include_usage, tok, reply),
+      State{std::move(streams),
+            SseEncoder(kind, std::move(meta), r.top_logprobs >= 0, r.include_usage, tok, reply, n),
+            std::vector<bool>(static_cast<size_t>(n), false),
             {},
             false,
             std::chrono::steady_clock::now() + options.poll_interval});
   const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
+  // With several choices each is polled in turn for a share of the interval.
+  const auto wait = std::max(std::chrono::milliseconds(1), options.poll_interval / n);
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // proxies must not hold events back
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, state, endpoint](size_t /*offset*/, httplib::DataSink& sink) {
-        state->events.clear();
-        const bool got = state->stream->next(state->events, options.poll_interval);
+      [this, state, endpoint, wait](size_t /*offset*/, httplib::DataSink& sink) {
+        std::string out;
+        bool got = false;
+        for (size_t i = 0; i < state->streams.size(); ++i) {
+          if (state->done[i]) continue;
+          state->events.clear();
+          if (!state->streams[i]->next(state->events, wait)) continue;
+          got = true;
+          for (const ServeEvent& e : state->events) {
+            out += state->encoder.encode(e, static_cast<int>(i));
+            if (e.done) {
+              state->done[i] = true;
+              count_finish(endpoint, e.finish);
+              // A choice that failed ends the stream: the others need not run on.
+              if (e.finish != FinishReason::kStop && e.finish != FinishReason::kLength) {
+                state->cancel_all();
+              }
+            }
+          }
+        }
         // Is anyone still listening? Checked every poll_interval (a write to a closed
         // connection fails too, but only once text is written: a queued request, a long
         // prefill or text held back by a stop string writes nothing). is_writable() also
@@ -409,19 +463,14 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
           state->next_check = now + options.poll_interval;
           if (stopping || !sink.is_writable()) {
             if (!stopping) ++client_disconnects;
-            state->stream->cancel();
+            state->cancel_all();
             return false;
           }
         }
         if (!got) return true;
-        std::string out;
-        for (const ServeEvent& e : state->events) {
-          out += state->encoder.encode(e);
-          if (e.done) count_finish(endpoint, e.finish);
-        }
         if (!out.empty() && !sink.write(out.data(), out.size())) {
           ++client_disconnects;
-          state->stream->cancel();
+          state->cancel_all();
           return false;
         }
         if (state->encoder.finished()) {
@@ -431,7 +480,7 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
         return true;
       },
       [state](bool /*success*/) {
-        if (!state->finished) state->stream->cancel();
+        if (!state->finished) state->cancel_all();
       });
 }
 

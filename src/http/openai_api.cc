@@ -109,8 +109,8 @@ void read_common(const JsonFields& f, OpenAiRequest& r) {
     }
   }
 
-  if (auto n = field("n", [&] { return f.opt_int("n"); }); n && *n != 1) {
-    throw unsupported("n", "only n = 1 is supported, found " + std::to_string(*n));
+  if (auto n = field("n", [&] { return f.opt_int_in("n", 1, kMaxChoices); })) {
+    r.n = static_cast<int>(*n);
   }
   r.stream = field("stream", [&] { return f.bool_or("stream", false); });
   if (auto so = field("stream_options", [&] { return f.opt_object("stream_options"); })) {
@@ -473,6 +473,19 @@ ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> pro
   return s;
 }
 
+std::vector<ServeRequest> choice_requests(const OpenAiRequest& req, ServeRequest first) {
+  std::vector<ServeRequest> out;
+  out.reserve(static_cast<size_t>(req.n));
+  for (int i = 1; i < req.n; ++i) {
+    ServeRequest c = first;
+    c.seed = req.seed ? *req.seed + static_cast<uint64_t>(i)
+                      : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+    out.push_back(std::move(c));
+  }
+  out.insert(out.begin(), std::move(first));
+  return out;
+}
+
 const char* openai_finish_reason(FinishReason r, bool called_tools) {
   if (r == FinishReason::kLength) return "length";
   return called_tools ? "tool_calls" : "stop";
@@ -615,8 +628,25 @@ void Collected::add(ServeEvent& e) {
   }
 }
 
-nlohmann::json chat_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
-                                    const Tokenizer& tok, const ReplyFormat& reply) {
+ServeUsage combined_usage(std::span<const ServeUsage> choices) {
+  ServeUsage u;
+  if (choices.empty()) return u;
+  u.prompt_tokens = choices[0].prompt_tokens;
+  u.cached_tokens = choices[0].cached_tokens;
+  for (const ServeUsage& c : choices) u.completion_tokens += c.completion_tokens;
+  return u;
+}
+
+namespace {
+
+ServeUsage usage_of(std::span<const Collected> choices) {
+  std::vector<ServeUsage> u;
+  for (const Collected& c : choices) u.push_back(c.usage);
+  return combined_usage(u);
+}
+
+json chat_choice_json(int index, const Collected& c, bool logprobs, const Tokenizer& tok,
+                      const ReplyFormat& reply) {
   ReplyParser parser(reply);
   ReplyDelta parsed = parser.feed(c.text);
   ReplyDelta rest = parser.finish();
@@ -636,31 +666,45 @@ nlohmann::json chat_completion_json(const ResponseMeta& meta, const Collected& c
     }
     message["tool_calls"] = std::move(calls);
   }
-  json choice = {{"index", 0},
-                 {"message", std::move(message)},
-                 {"logprobs", logprobs ? chat_logprobs_json(c.logprobs, tok) : json(nullptr)},
-                 {"finish_reason", openai_finish_reason(c.finish, called_tools)}};
+  return json{{"index", index},
+              {"message", std::move(message)},
+              {"logprobs", logprobs ? chat_logprobs_json(c.logprobs, tok) : json(nullptr)},
+              {"finish_reason", openai_finish_reason(c.finish, called_tools)}};
+}
+
+}  // namespace
+
+nlohmann::json chat_completion_json(const ResponseMeta& meta, std::span<const Collected> choices,
+                                    bool logprobs, const Tokenizer& tok, const ReplyFormat& reply) {
+  json out = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    out.push_back(chat_choice_json(static_cast<int>(i), choices[i], logprobs, tok, reply));
+  }
   return json{{"id", meta.id},
               {"object", "chat.completion"},
               {"created", meta.created},
               {"model", meta.model},
-              {"choices", json::array({std::move(choice)})},
-              {"usage", usage_json(c.usage)}};
+              {"choices", std::move(out)},
+              {"usage", usage_json(usage_of(choices))}};
 }
 
-nlohmann::json text_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
-                                    const Tokenizer& tok) {
-  json choice = {
-      {"index", 0},
-      {"text", c.text},
-      {"logprobs", logprobs ? completion_logprobs_json(c.logprobs, tok, 0) : json(nullptr)},
-      {"finish_reason", openai_finish_reason(c.finish)}};
+nlohmann::json text_completion_json(const ResponseMeta& meta, std::span<const Collected> choices,
+                                    bool logprobs, const Tokenizer& tok) {
+  json out = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Collected& c = choices[i];
+    out.push_back(
+        {{"index", static_cast<int>(i)},
+         {"text", c.text},
+         {"logprobs", logprobs ? completion_logprobs_json(c.logprobs, tok, 0) : json(nullptr)},
+         {"finish_reason", openai_finish_reason(c.finish)}});
+  }
   return json{{"id", meta.id},
               {"object", "text_completion"},
               {"created", meta.created},
               {"model", meta.model},
-              {"choices", json::array({std::move(choice)})},
-              {"usage", usage_json(c.usage)}};
+              {"choices", std::move(out)},
+              {"usage", usage_json(usage_of(choices))}};
 }
 
 std::string dump_json(const nlohmann::json& j) {
@@ -670,38 +714,43 @@ std::string dump_json(const nlohmann::json& j) {
 std::string sse_frame(const nlohmann::json& j) { return "data: " + dump_json(j) + "\n\n"; }
 
 SseEncoder::SseEncoder(ApiKind kind, ResponseMeta meta, bool logprobs, bool include_usage,
-                       const Tokenizer& tok, const ReplyFormat& reply)
+                       const Tokenizer& tok, const ReplyFormat& reply, int n_choices)
     : kind_(kind),
       meta_(std::move(meta)),
       logprobs_(logprobs),
       include_usage_(include_usage),
       tok_(&tok),
-      reply_(reply) {
+      open_choices_(n_choices),
+      usage_(static_cast<size_t>(std::max(n_choices, 0))) {
   METRALE_CHECK(kind_ == ApiKind::kChat || (reply.reasoning == chat::ReasoningFormat::kNone &&
                                             reply.tool_calls == chat::ToolCallFormat::kNone),
                 "reasoning and tool calls are parsed in chats only");
+  METRALE_CHECK(n_choices >= 1, "SseEncoder: n_choices must be >= 1, found ", n_choices);
+  choices_.reserve(static_cast<size_t>(n_choices));
+  for (int i = 0; i < n_choices; ++i) choices_.emplace_back(reply);
 }
 
-std::string SseEncoder::delta_frames(const ReplyDelta& d, nlohmann::json logprobs) {
+std::string SseEncoder::delta_frames(int index, const ReplyDelta& d, nlohmann::json logprobs) {
   std::string out;
+  Choice& c = choices_[static_cast<size_t>(index)];
   if (!d.reasoning.empty()) {
-    out += sse_frame(chunk({{"index", 0},
+    out += sse_frame(chunk({{"index", index},
                             {"delta", {{"reasoning_content", d.reasoning}}},
                             {"logprobs", nullptr},
                             {"finish_reason", nullptr}}));
   }
   if (!d.content.empty() || !logprobs.is_null()) {
-    out += sse_frame(chunk({{"index", 0},
+    out += sse_frame(chunk({{"index", index},
                             {"delta", {{"content", d.content}}},
                             {"logprobs", std::move(logprobs)},
                             {"finish_reason", nullptr}}));
   }
   for (const chat::ToolCall& call : d.calls) {
-    const chat::ToolCallFormat format = reply_.format().tool_calls;
+    const chat::ToolCallFormat format = c.reply.format().tool_calls;
     out += sse_frame(
-        chunk({{"index", 0},
+        chunk({{"index", index},
                {"delta",
-                {{"tool_calls", json::array({tool_call_json(call, format, tool_calls_sent_++)})}}},
+                {{"tool_calls", json::array({tool_call_json(call, format, c.tool_calls_sent++)})}}},
                {"logprobs", nullptr},
                {"finish_reason", nullptr}}));
   }
@@ -718,14 +767,17 @@ nlohmann::json SseEncoder::chunk(nlohmann::json choice) const {
   return c;
 }
 
-std::string SseEncoder::encode(const ServeEvent& e) {
-  if (finished_) return "";
+std::string SseEncoder::encode(const ServeEvent& e, int index) {
+  METRALE_CHECK(index >= 0 && index < static_cast<int>(choices_.size()), "SseEncoder: choice ",
+                index, " of ", choices_.size());
+  Choice& c = choices_[static_cast<size_t>(index)];
+  if (finished_ || c.finished) return "";
   std::string out;
   const bool is_chat = kind_ == ApiKind::kChat;
-  if (!started_) {
-    started_ = true;
+  if (!c.started) {
+    c.started = true;
     if (is_chat) {
-      out += sse_frame(chunk({{"index", 0},
+      out += sse_frame(chunk({{"index", index},
                               {"delta", {{"role", "assistant"}, {"content", ""}}},
                               {"logprobs", nullptr},
                               {"finish_reason", nullptr}}));
@@ -735,46 +787,48 @@ std::string SseEncoder::encode(const ServeEvent& e) {
     json lp = nullptr;
     if (logprobs_) {
       lp = is_chat ? chat_logprobs_json(e.logprobs, *tok_)
-                   : completion_logprobs_json(e.logprobs, *tok_, text_offset_);
+                   : completion_logprobs_json(e.logprobs, *tok_, c.text_offset);
     }
-    text_offset_ += static_cast<int64_t>(e.text.size());
+    c.text_offset += static_cast<int64_t>(e.text.size());
     if (is_chat) {
-      out += delta_frames(reply_.feed(e.text), std::move(lp));
+      out += delta_frames(index, c.reply.feed(e.text), std::move(lp));
     } else {
-      out += sse_frame(chunk({{"index", 0},
+      out += sse_frame(chunk({{"index", index},
                               {"text", e.text},
                               {"logprobs", std::move(lp)},
                               {"finish_reason", nullptr}}));
     }
   }
   if (!e.done) return out;
-  finished_ = true;
-  // Whatever the parser still holds (a possible marker, an unterminated call) is resolved.
-  if (is_chat && (e.finish == FinishReason::kStop || e.finish == FinishReason::kLength)) {
-    out += delta_frames(reply_.finish(), nullptr);
-  }
+  c.finished = true;
   if (e.finish == FinishReason::kError || e.finish == FinishReason::kTimeout) {
+    // Any choice failing ends the whole stream.
     const bool timeout = e.finish == FinishReason::kTimeout;
     out += sse_frame(ApiError(timeout ? 503 : 500,
                               timeout ? "the request timed out" : "generation failed: " + e.error,
                               "", "", timeout ? "timeout" : "")
                          .to_json());
   } else if (e.finish != FinishReason::kCancelled) {  // a cancelled stream has no reader
-    json choice = {{"index", 0},
+    // Whatever the parser still holds (a possible marker, an unterminated call) is resolved.
+    if (is_chat) out += delta_frames(index, c.reply.finish(), nullptr);
+    json choice = {{"index", index},
                    {"logprobs", nullptr},
-                   {"finish_reason", openai_finish_reason(e.finish, tool_calls_sent_ > 0)}};
+                   {"finish_reason", openai_finish_reason(e.finish, c.tool_calls_sent > 0)}};
     if (is_chat) {
       choice["delta"] = json::object();
     } else {
       choice["text"] = "";
     }
     out += sse_frame(chunk(std::move(choice)));
+    usage_[static_cast<size_t>(index)] = e.usage;
+    if (--open_choices_ > 0) return out;  // the others are still running
     if (include_usage_) {
       json u = chunk(nullptr);
-      u["usage"] = usage_json(e.usage);
+      u["usage"] = usage_json(combined_usage(usage_));
       out += sse_frame(u);
     }
   }
+  finished_ = true;
   out += "data: [DONE]\n\n";
   return out;
 }

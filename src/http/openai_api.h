@@ -6,12 +6,13 @@
 //
 // Validation follows OpenAI's reference server: unknown fields are ignored (clients send
 // vendor extensions), but a KNOWN field of the wrong type or out of range is a 400 naming the
-// field (`param`), and parameters we do not implement with a non-default value (n > 1,
-// echo, best_of, several prompts) are a 400 saying so rather than
+// field (`param`), and parameters we do not implement with a non-default value (echo,
+// best_of, several prompts) are a 400 saying so rather than
 // being silently ignored. null is the same as absent, as in the OpenAI SDKs.
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -36,6 +37,7 @@ inline constexpr int64_t kMaxTokensCap = int64_t{1} << 20;
 inline constexpr size_t kMaxStopStrings = 16;  // OpenAI allows 4; vLLM any number
 inline constexpr size_t kMaxStopBytes = 1024;  // per stop string
 inline constexpr int kMaxTopLogprobs = 20;     // OpenAI's chat limit
+inline constexpr int kMaxChoices = 16;         // n: each choice is a stream of its own
 
 // An error for the client, in OpenAI's shape {"error": {message, type, param, code}}.
 class ApiError : public Error {
@@ -88,6 +90,9 @@ struct OpenAiRequest {
   std::optional<int64_t> max_tokens;             // none: what the context leaves
   SamplingParams sampling{.temperature = 1.0f};  // OpenAI's default temperature is 1
   std::optional<uint64_t> seed;
+  // n choices: n streams over the same prompt, choice i sampling with seed + i (with a seed;
+  // so choice i equals the same request with n = 1 and that seed).
+  int n = 1;
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;               // stream_options.include_usage
@@ -115,6 +120,10 @@ OpenAiRequest parse_completion_request(std::string_view body);
 ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> prompt,
                               int64_t context_limit, int64_t vocab_size,
                               chat::ToolCallFormat tool_format = chat::ToolCallFormat::kNone);
+
+// The ServeRequests of `req`'s n choices from the first one (to_serve_request's): choice i
+// samples with seed + i when the request has a seed, else with a fresh random seed.
+std::vector<ServeRequest> choice_requests(const OpenAiRequest& req, ServeRequest first);
 
 // What every response object of one request repeats.
 struct ResponseMeta {
@@ -186,14 +195,30 @@ struct Collected {
   void add(ServeEvent& e);
 };
 
-// A complete chat.completion / text_completion object. The chat text is split by `reply`:
+// Usage over a request's choices: the prompt (and what the prefix cache gave it) once, the
+// completion tokens of every choice.
+ServeUsage combined_usage(std::span<const ServeUsage> choices);
+
+// A complete chat.completion / text_completion object, choices in order (index i). The chat
+// text is split by `reply`:
 // message.reasoning_content (when there is reasoning), message.content (null when tool calls
 // leave none), message.tool_calls (when there are calls), and finish_reason "tool_calls" when
 // there are calls and the model stopped by itself.
-nlohmann::json chat_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
-                                    const Tokenizer& tok, const ReplyFormat& reply = {});
-nlohmann::json text_completion_json(const ResponseMeta& meta, const Collected& c, bool logprobs,
-                                    const Tokenizer& tok);
+nlohmann::json chat_completion_json(const ResponseMeta& meta, std::span<const Collected> choices,
+                                    bool logprobs, const Tokenizer& tok,
+                                    const ReplyFormat& reply = {});
+nlohmann::json text_completion_json(const ResponseMeta& meta, std::span<const Collected> choices,
+                                    bool logprobs, const Tokenizer& tok);
+// One choice.
+inline nlohmann::json chat_completion_json(const ResponseMeta& meta, const Collected& c,
+                                           bool logprobs, const Tokenizer& tok,
+                                           const ReplyFormat& reply = {}) {
+  return chat_completion_json(meta, std::span(&c, 1), logprobs, tok, reply);
+}
+inline nlohmann::json text_completion_json(const ResponseMeta& meta, const Collected& c,
+                                           bool logprobs, const Tokenizer& tok) {
+  return text_completion_json(meta, std::span(&c, 1), logprobs, tok);
+}
 
 // Streaming: turns a stream's events into SSE frames ("data: {...}\n\n"), in OpenAI's order:
 // chat: a first chunk with delta {role: assistant, content: ""}, then one chunk per event with
@@ -204,27 +229,37 @@ nlohmann::json text_completion_json(const ResponseMeta& meta, const Collected& c
 // ReplyParser: reasoning deltas {reasoning_content}, content deltas, and each tool call as
 // one delta {tool_calls: [{index, id, type, function: {name, arguments}}]} once the model has
 // written all of it; the finish is "tool_calls" when there were calls.
+// With n choices, each choice's chunks carry its index and its own final chunk; the usage
+// chunk (over every choice) and [DONE] follow the last. An error in any choice ends the
+// stream.
 class SseEncoder {
  public:
   SseEncoder(ApiKind kind, ResponseMeta meta, bool logprobs, bool include_usage,
-             const Tokenizer& tok, const ReplyFormat& reply = {});
-  // The frames for one event ("" when it carries nothing to send).
-  std::string encode(const ServeEvent& e);
+             const Tokenizer& tok, const ReplyFormat& reply = {}, int n_choices = 1);
+  // The frames for one event of choice `choice` ("" when it carries nothing to send).
+  std::string encode(const ServeEvent& e, int choice = 0);
   bool finished() const { return finished_; }
 
  private:
+  struct Choice {
+    explicit Choice(const ReplyFormat& format) : reply(format) {}
+    bool started = false, finished = false;
+    int64_t text_offset = 0;  // completions' logprobs.text_offset
+    ReplyParser reply;
+    int64_t tool_calls_sent = 0;
+  };
   nlohmann::json chunk(nlohmann::json choice) const;
   // A chat's delta chunks: reasoning, content (when non-empty or with logprobs), then calls.
-  std::string delta_frames(const ReplyDelta& d, nlohmann::json logprobs);
+  std::string delta_frames(int index, const ReplyDelta& d, nlohmann::json logprobs);
 
   ApiKind kind_;
   ResponseMeta meta_;
   bool logprobs_, include_usage_;
   const Tokenizer* tok_;
-  bool started_ = false, finished_ = false;
-  int64_t text_offset_ = 0;  // completions' logprobs.text_offset
-  ReplyParser reply_;
-  int64_t tool_calls_sent_ = 0;
+  std::vector<Choice> choices_;
+  int open_choices_;
+  std::vector<ServeUsage> usage_;  // each choice's, once it finished
+  bool finished_ = false;
 };
 
 // "data: <json>\n\n". JSON is dumped with invalid UTF-8 replaced (a token's text may be a

@@ -215,7 +215,7 @@ TEST_F(ServerFixture, BadBodiesAre400InOpenAisShape) {
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 5000})"},  // past the context
       {"/v1/completions", R"({"prompt": [999999]})"},                 // id past the vocabulary
       {"/v1/chat/completions", R"({"messages": "hi"})"},
-      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 3})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 17})"},
       {"/tokenize", R"({"content": 1})"},
       {"/detokenize", R"({"tokens": [99999]})"},
   };

@@ -167,11 +167,6 @@ TEST(OpenAiParse, CompletionSpecificBadInput) {
 }
 
 TEST(OpenAiParse, UnsupportedParametersAreRefusedNotIgnored) {
-  for (const std::string extra : {R"("n": 2)"}) {
-    const ApiError e = chat_error(chat_with(extra));
-    EXPECT_EQ(e.status(), 400) << extra;
-    EXPECT_EQ(e.code(), "unsupported_parameter") << extra;
-  }
   for (const std::string& body :
        {std::string(R"({"prompt": ["a", "b"]})"), std::string(R"({"prompt": [[1], [2]]})"),
         completion_with(R"("echo": true)"), completion_with(R"("best_of": 2)"),
@@ -746,6 +741,102 @@ TEST(OpenAiTools, ReasoningThenACall) {
                            demo_tokenizer(), plain)["choices"][0]["message"];
   EXPECT_EQ(p["content"], "Let me check.\n</think>\n\n");
   EXPECT_FALSE(parse_chat_request(chat_with(R"("include_reasoning": false)")).include_reasoning);
+}
+
+TEST(OpenAiChoices, NAndTheSeedsOfTheChoices) {
+  EXPECT_EQ(parse_chat_request(chat_with(R"("n": 3)")).n, 3);
+  EXPECT_EQ(parse_completion_request(completion_with(R"("n": 16)")).n, 16);
+  EXPECT_EQ(parse_chat_request("{" + kMsgs + "}").n, 1);
+  for (const char* bad : {R"("n": 0)", R"("n": 17)", R"("n": 2.5)", R"("n": "2")"}) {
+    EXPECT_EQ(chat_error(chat_with(bad)).param(), "n") << bad;
+    EXPECT_EQ(completion_error(completion_with(bad)).param(), "n") << bad;
+  }
+  // Choice i samples with seed + i: it equals the same request with n = 1 and that seed.
+  const OpenAiRequest r = parse_completion_request(completion_with(R"("n": 3, "seed": 40)"));
+  const std::vector<ServeRequest> c = choice_requests(r, to_serve_request(r, {1, 2}, 100, 1000));
+  ASSERT_EQ(c.size(), 3u);
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_EQ(c[i].seed, 40 + i);
+    EXPECT_EQ(c[i].prompt, (std::vector<int32_t>{1, 2}));
+  }
+  // Without a seed each choice draws its own.
+  const OpenAiRequest u = parse_completion_request(completion_with(R"("n": 2)"));
+  const std::vector<ServeRequest> d = choice_requests(u, to_serve_request(u, {1}, 100, 1000));
+  EXPECT_NE(d[0].seed, d[1].seed);
+}
+
+TEST(OpenAiChoices, WholeRepliesListEveryChoiceAndAddTheirTokens) {
+  std::vector<Collected> cs = {collected("Amen.", FinishReason::kStop),
+                               collected("Selah", FinishReason::kLength)};
+  cs[1].usage.completion_tokens = 4;
+  const json chat = chat_completion_json({"chatcmpl-1", 1, "demo"}, cs, false, demo_tokenizer());
+  ASSERT_EQ(chat["choices"].size(), 2u);
+  EXPECT_EQ(chat["choices"][1]["index"], 1);
+  EXPECT_EQ(chat["choices"][1]["message"]["content"], "Selah");
+  EXPECT_EQ(chat["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], 5);  // the prompt once
+  EXPECT_EQ(chat["usage"]["completion_tokens"], 3 + 4);
+  EXPECT_EQ(chat["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+  const json text = text_completion_json({"cmpl-1", 1, "demo"}, cs, false, demo_tokenizer());
+  EXPECT_EQ(text["choices"][0]["text"], "Amen.");
+  EXPECT_EQ(text["choices"][1]["index"], 1);
+  EXPECT_EQ(text["usage"]["total_tokens"], 5 + 7);
+}
+
+TEST(OpenAiChoices, StreamedChoicesInterleaveAndEndTogether) {
+  SseEncoder enc(ApiKind::kChat, {"chatcmpl-2", 1, "demo"}, false, /*include_usage=*/true,
+                 demo_tokenizer(), {}, /*n_choices=*/2);
+  auto event = [](std::string text, bool done, int64_t tokens) {
+    ServeEvent e;
+    e.text = std::move(text);
+    e.done = done;
+    e.finish = FinishReason::kLength;
+    e.usage = {.prompt_tokens = 4, .completion_tokens = tokens, .cached_tokens = 0};
+    return e;
+  };
+  std::string body = enc.encode(event("A", false, 0), 1);
+  body += enc.encode(event("B", false, 0), 0);
+  body += enc.encode(event("C", true, 2), 1);
+  EXPECT_FALSE(enc.finished());  // choice 0 still runs: no usage, no [DONE] yet
+  EXPECT_EQ(body.find("[DONE]"), std::string::npos);
+  body += enc.encode(event("D", true, 3), 0);
+  EXPECT_TRUE(enc.finished());
+  std::string text[2];
+  int finals = 0;
+  json usage;
+  const std::vector<std::string> p = sse_payloads(body);
+  for (const std::string& payload : p) {
+    if (payload == "[DONE]") continue;
+    const json j = json::parse(payload);
+    if (j["choices"].empty()) {
+      usage = j["usage"];
+      continue;
+    }
+    const json& c = j["choices"][0];
+    const int i = c["index"];
+    if (c["delta"].contains("content")) text[i] += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) ++finals;
+  }
+  EXPECT_EQ(text[0], "BD");
+  EXPECT_EQ(text[1], "AC");
+  EXPECT_EQ(finals, 2);
+  EXPECT_EQ(usage["prompt_tokens"], 4);
+  EXPECT_EQ(usage["completion_tokens"], 5);
+  EXPECT_EQ(p.back(), "[DONE]");
+  EXPECT_EQ(std::count(p.begin(), p.end(), "[DONE]"), 1);
+
+  // An error in one choice ends the whole stream at once.
+  SseEncoder failing(ApiKind::kCompletion, {"cmpl-3", 1, "demo"}, false, false, demo_tokenizer(),
+                     {}, 2);
+  ServeEvent boom;
+  boom.done = true;
+  boom.finish = FinishReason::kError;
+  boom.error = "out of memory";
+  const std::string end = failing.encode(boom, 1);
+  EXPECT_NE(end.find("out of memory"), std::string::npos);
+  EXPECT_NE(end.find("[DONE]"), std::string::npos);
+  EXPECT_TRUE(failing.finished());
+  EXPECT_EQ(failing.encode(event("late", true, 1), 0), "");
 }
 
 TEST(Tokenize, RoundTripAndPieces) {

@@ -139,9 +139,38 @@ class OpenAiServerTest(unittest.TestCase):
         self.assertEqual(sample(7), first)
         self.assertTrue(any(sample(s) != first for s in (8, 9, 10)))
 
+    def test_n_choices(self):
+        kw = dict(max_tokens=12, temperature=1.0, seed=40)
+        r = self.chat(n=3, **kw)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2])
+        texts = [c.message.content for c in r.choices]
+        # Choice i samples with seed + i: it is the same request with n = 1 and that seed.
+        for i, text in enumerate(texts):
+            one = self.chat(**{**kw, "seed": 40 + i})
+            self.assertEqual(text, one.choices[0].message.content)
+        self.assertEqual(len(set(texts)), 3)
+        self.assertEqual(r.usage.completion_tokens, 3 * 12)
+        self.assertEqual(r.usage.prompt_tokens, one.usage.prompt_tokens)  # the prompt once
+        # Streamed: the chunks carry each choice's index; joined, they are the whole reply.
+        chunks = list(self.chat(n=3, stream=True, stream_options={"include_usage": True}, **kw))
+        streamed, finishes = ["", "", ""], {}
+        for chunk in chunks:
+            for c in chunk.choices:
+                streamed[c.index] += c.delta.content or ""
+                if c.finish_reason:
+                    finishes[c.index] = c.finish_reason
+        self.assertEqual(streamed, texts)
+        self.assertEqual(finishes, {0: "length", 1: "length", 2: "length"})
+        self.assertEqual(chunks[-1].usage.completion_tokens, 3 * 12)
+        # Completions too.
+        c = self.client.completions.create(model=self.model, prompt="And God said", n=2,
+                                           max_tokens=8, temperature=1.0, seed=5)
+        self.assertEqual([x.index for x in c.choices], [0, 1])
+        self.assertEqual(c.usage.completion_tokens, 16)
+
     def test_bad_requests(self):
         with self.assertRaises(openai.BadRequestError):
-            self.chat(n=2)
+            self.chat(n=17)
         with self.assertRaises(openai.BadRequestError):
             self.chat(max_tokens=100000)
         with self.assertRaises(openai.BadRequestError):
