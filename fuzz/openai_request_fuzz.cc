@@ -66,21 +66,26 @@ void respond(const http::OpenAiRequest& r, std::vector<int32_t> prompt,
     e.logprobs.push_back({.id = id, .logprob = -1.0f, .top = {{id, -1.0f}}});
   e.done = true;
   e.finish = s.max_tokens % 2 ? FinishReason::kStop : FinishReason::kLength;
+  (void)http::choice_requests(r, s);
   http::SseEncoder enc(r.kind, {"id-1", 0, r.model}, r.top_logprobs >= 0, r.include_usage,
-                       tokenizer(), reply);
-  // Streamed in two events split mid-text, as tokens arrive.
+                       tokenizer(), reply, r.n);
+  // Every choice streamed in two events split mid-text, as tokens arrive, the choices
+  // interleaved.
   ServeEvent first;
   first.text = e.text.substr(0, e.text.size() / 2);
   ServeEvent last = e;
   last.text = e.text.substr(first.text.size());
-  (void)enc.encode(first);
-  (void)enc.encode(last);
-  http::Collected c;
-  c.add(e);
+  for (int i = 0; i < r.n; ++i) (void)enc.encode(first, i);
+  for (int i = r.n - 1; i >= 0; --i) (void)enc.encode(last, i);
+  std::vector<http::Collected> choices(static_cast<size_t>(r.n));
+  for (http::Collected& c : choices) {
+    ServeEvent copy = e;
+    c.add(copy);
+  }
   (void)http::dump_json(
       r.kind == http::ApiKind::kChat
-          ? http::chat_completion_json({"id", 0, r.model}, c, true, tokenizer(), reply)
-          : http::text_completion_json({"id", 0, r.model}, c, true, tokenizer()));
+          ? http::chat_completion_json({"id", 0, r.model}, choices, true, tokenizer(), reply)
+          : http::text_completion_json({"id", 0, r.model}, choices, true, tokenizer()));
 }
 
 }  // namespace
