@@ -543,17 +543,10 @@ def greedy_request(srv: Server, eng: Engines, engine: str, shape: str, a) -> dic
 
 
 def byte_level_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, character -> byte (the inverse of bytes_to_unicode)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    """GPT-2's byte-level alphabet, character -> byte: the inverse of transformers'
+    bytes_to_unicode (transformers is a bench requirement: tools/bench/requirements.txt)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def vocab_texts(model_dir: Path) -> dict[int, str] | None:

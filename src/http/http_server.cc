@@ -136,6 +136,15 @@ void raise_listen_backlog(int port) {
 
 // Whether the peer closed or reset the connection: HTTP clients do not half-close while
 // awaiting a response, so a FIN (POLLRDHUP) means it went away.
+// A choice that ended without its text (cancelled, timed out, failed) fails its request.
+bool failed(FinishReason r) { return r != FinishReason::kStop && r != FinishReason::kLength; }
+
+// How long a handler waits on each of a request's n streams per round: a share of the
+// poll interval, so the client is still checked every poll_interval.
+std::chrono::milliseconds wait_per_stream(std::chrono::milliseconds poll_interval, size_t n) {
+  return std::max(std::chrono::milliseconds(1), poll_interval / static_cast<int64_t>(n));
+}
+
 bool peer_gone(int fd) {
   if (fd < 0) return false;
   pollfd p{fd, POLLRDHUP, 0};
@@ -338,8 +347,7 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const
   // The client is checked every poll_interval, whether tokens are flowing or not: a request
   // decoding steadily must notice a hang-up as soon as a waiting one.
   auto next_check = std::chrono::steady_clock::now() + options.poll_interval;
-  const auto wait = std::max(std::chrono::milliseconds(1),
-                             options.poll_interval / static_cast<int64_t>(streams.size()));
+  const auto wait = wait_per_stream(options.poll_interval, streams.size());
   auto all_done = [&] {
     return std::all_of(choices.begin(), choices.end(), [](const Collected& c) { return c.done; });
   };
@@ -354,10 +362,7 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const
       streams[i]->next(events, wait);
       for (ServeEvent& e : events) choices[i].add(e);
       // A choice that failed fails the request: the others need not run on.
-      if (choices[i].done && choices[i].finish != FinishReason::kStop &&
-          choices[i].finish != FinishReason::kLength) {
-        cancel_all();
-      }
+      if (choices[i].done && failed(choices[i].finish)) cancel_all();
     }
     if (all_done()) break;
     const auto now = std::chrono::steady_clock::now();
@@ -375,10 +380,9 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const
   const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
   for (const Collected& choice : choices) count_finish(endpoint, choice.finish);
   // The request fails as its first failing choice does.
-  const auto failed = std::find_if(choices.begin(), choices.end(), [](const Collected& x) {
-    return x.finish != FinishReason::kStop && x.finish != FinishReason::kLength;
-  });
-  const Collected& c = failed != choices.end() ? *failed : choices.front();
+  const auto first_failed = std::find_if(choices.begin(), choices.end(),
+                                         [](const Collected& x) { return failed(x.finish); });
+  const Collected& c = first_failed != choices.end() ? *first_failed : choices.front();
   switch (c.finish) {
     case FinishReason::kStop:
     case FinishReason::kLength: {
@@ -428,7 +432,7 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
             std::chrono::steady_clock::now() + options.poll_interval});
   const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
   // With several choices each is polled in turn for a share of the interval.
-  const auto wait = std::max(std::chrono::milliseconds(1), options.poll_interval / n);
+  const auto wait = wait_per_stream(options.poll_interval, static_cast<size_t>(n));
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // proxies must not hold events back
@@ -448,9 +452,7 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
               state->done[i] = true;
               count_finish(endpoint, e.finish);
               // A choice that failed ends the stream: the others need not run on.
-              if (e.finish != FinishReason::kStop && e.finish != FinishReason::kLength) {
-                state->cancel_all();
-              }
+              if (failed(e.finish)) state->cancel_all();
             }
           }
         }

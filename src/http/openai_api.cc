@@ -602,18 +602,30 @@ ReplyDelta ReplyParser::feed(std::string_view text) {
   return out;
 }
 
+void ReplyDelta::append(ReplyDelta later) {
+  reasoning += later.reasoning;
+  content += later.content;
+  for (chat::ToolCall& call : later.calls) calls.push_back(std::move(call));
+}
+
 ReplyDelta ReplyParser::finish() {
   ReplyDelta out;
   chat::ReasoningDelta r = reasoning_.finish();
-  if (format_.include_reasoning) out.reasoning += r.reasoning;
+  if (format_.include_reasoning) out.reasoning = std::move(r.reasoning);
   if (!tool_calls_) {
-    out.content += r.content;
+    out.content = std::move(r.content);
     return out;
   }
   for (chat::ToolCallDelta t : {tool_calls_->feed(r.content), tool_calls_->finish()}) {
-    out.content += t.content;
-    for (chat::ToolCall& call : t.calls) out.calls.push_back(std::move(call));
+    out.append({.content = std::move(t.content), .calls = std::move(t.calls)});
   }
+  return out;
+}
+
+ReplyDelta ReplyParser::parse(const ReplyFormat& format, std::string_view text) {
+  ReplyParser parser(format);
+  ReplyDelta out = parser.feed(text);
+  out.append(parser.finish());
   return out;
 }
 
@@ -647,12 +659,7 @@ ServeUsage usage_of(std::span<const Collected> choices) {
 
 json chat_choice_json(int index, const Collected& c, bool logprobs, const Tokenizer& tok,
                       const ReplyFormat& reply) {
-  ReplyParser parser(reply);
-  ReplyDelta parsed = parser.feed(c.text);
-  ReplyDelta rest = parser.finish();
-  parsed.reasoning += rest.reasoning;
-  parsed.content += rest.content;
-  for (chat::ToolCall& call : rest.calls) parsed.calls.push_back(std::move(call));
+  const ReplyDelta parsed = ReplyParser::parse(reply, c.text);
 
   const bool called_tools = !parsed.calls.empty();
   json message = {{"role", "assistant"}};

@@ -168,6 +168,7 @@ struct ReplyDelta {
   std::string reasoning;
   std::string content;
   std::vector<chat::ToolCall> calls;
+  void append(ReplyDelta later);  // `later` follows this delta in the reply
 };
 
 // ReplyFormat's split, incrementally (any split of the text gives what one parse gives).
@@ -177,6 +178,8 @@ class ReplyParser {
   ReplyDelta feed(std::string_view text);
   ReplyDelta finish();
   const ReplyFormat& format() const { return format_; }
+  // A whole reply at once (feed + finish).
+  static ReplyDelta parse(const ReplyFormat& format, std::string_view text);
 
  private:
   ReplyFormat format_;
