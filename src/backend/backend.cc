@@ -45,6 +45,14 @@ std::string_view op_name(Op op) {
       return "latent_attention";
     case Op::kLora:
       return "lora";
+    case Op::kGatherRows:
+      return "gather_rows";
+    case Op::kTokenOverlay:
+      return "token_overlay";
+    case Op::kHeadOverlay:
+      return "head_overlay";
+    case Op::kMemory:
+      return "memory";
   }
   return "unknown-op";
 }
@@ -544,6 +552,99 @@ void Backend::lora(const LoraArgs& a) {
   if (!check_lora(w, a.slots, n, "lora")) return;
   const ObservedOp observe(*this, Op::kLora, nullptr);
   do_lora(a);
+}
+
+void Backend::gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out) {
+  const auto n = static_cast<int64_t>(rows.size());
+  check_rows({"gather_rows", "", "out"}, out, n, x.n_cols);
+  METRALE_CHECK(x.data != nullptr || x.n_rows == 0, "gather_rows: x: null data");
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t r = rows[static_cast<size_t>(i)];
+    METRALE_CHECK(r >= 0 && r < x.n_rows, "gather_rows: row ", i, " names row ", r, " of x's ",
+                  x.n_rows);
+  }
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kGatherRows, nullptr);
+  do_gather_rows(x, rows, out);
+}
+
+namespace {
+
+// The overlay ops' shared checks: one slot per row, each -1 or an overlay of the pool.
+void check_overlay_slots(std::string_view op, std::span<const int32_t> slots, int64_t n_rows,
+                         size_t n_overlays) {
+  check_span({op, "", "slots"}, slots, n_rows);
+  for (size_t r = 0; r < slots.size(); ++r) {
+    METRALE_CHECK(slots[r] >= -1 && slots[r] < static_cast<int64_t>(n_overlays), op, ": row ", r,
+                  " names slot ", slots[r], " of ", n_overlays);
+  }
+}
+
+}  // namespace
+
+void Backend::token_overlay(const TokenOverlayArgs& a) {
+  const int64_t n = a.h.n_rows;
+  check_span({"token_overlay", "", "ids"}, a.ids, n);
+  check_rows({"token_overlay", "", "h"}, a.h, n, a.h.n_cols);
+  check_overlay_slots("token_overlay", a.slots, n, a.overlays.size());
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kTokenOverlay, nullptr);
+  do_token_overlay(a);
+}
+
+void Backend::head_overlay(const HeadOverlayArgs& a) {
+  const int64_t n = a.x.n_rows;
+  check_rows({"head_overlay", "", "x"}, a.x, n, a.x.n_cols);
+  check_rows({"head_overlay", "", "logits"}, a.logits, n, a.logits.n_cols);
+  check_overlay_slots("head_overlay", a.slots, n, a.overlays.size());
+  for (const LoraSlotOverlay& o : a.overlays) {
+    if (o.head == nullptr) continue;
+    check_linear(ConstRows{a.x.data, std::min<int64_t>(n, 1), a.x.n_cols, a.x.stride}, *o.head,
+                 Rows{a.logits.data, std::min<int64_t>(n, 1), a.logits.n_cols, a.logits.stride});
+  }
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kHeadOverlay, nullptr);
+  do_head_overlay(a);
+}
+
+void Backend::upload(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  METRALE_CHECK(dst != nullptr && host_src != nullptr, "upload: null pointer");
+  const ObservedOp observe(*this, Op::kMemory, nullptr);
+  do_upload(dst, host_src, bytes);
+}
+
+void Backend::download(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  METRALE_CHECK(host_dst != nullptr && src != nullptr, "download: null pointer");
+  const ObservedOp observe(*this, Op::kMemory, nullptr);
+  do_download(host_dst, src, bytes);
+}
+
+void Backend::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  METRALE_CHECK(dst != nullptr && src != nullptr, "copy: null pointer");
+  const auto* d = static_cast<const std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  METRALE_CHECK(d + bytes <= s || s + bytes <= d, "copy: the ranges overlap");
+  const ObservedOp observe(*this, Op::kMemory, nullptr);
+  do_copy(dst, src, bytes);
+}
+
+void Backend::zero(void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  METRALE_CHECK(dst != nullptr, "zero: null pointer");
+  const ObservedOp observe(*this, Op::kMemory, nullptr);
+  do_zero(dst, bytes);
+}
+
+DeviceFloats::DeviceFloats(Backend& backend, std::span<const float> values)
+    : size_(static_cast<int64_t>(values.size())) {
+  if (values.empty()) return;
+  auto buffer = std::make_shared<Buffer>(backend.allocate(values.size_bytes()));
+  backend.upload(buffer->data(), values.data(), values.size_bytes());
+  data_ = buffer->as<const float>();
+  storage_ = std::move(buffer);
 }
 
 }  // namespace metrale

@@ -1,7 +1,8 @@
 #pragma once
 // Backend: the small interface every compute device implements (docs/architecture.md).
 //
-//  - memory: allocate() hands out aligned device buffers;
+//  - memory: allocate() hands out aligned device buffers, tagged with the device they live on;
+//    upload / download / copy / zero move bytes (host code never touches a non-host buffer);
 //  - supports(op, format, dtype) is asked at load time, so an unsupported combination fails
 //    before the first token (require() turns "no" into an Error naming op/format/dtype);
 //  - prepare(weight) may repack a weight into the backend's preferred layout and then owns
@@ -47,8 +48,12 @@ enum class Op : uint8_t {
   kSigmoidMul,       // y *= sigmoid(gate) (gated attention output, shared-expert gate)
   kLatentAttention,  // MLA over a keys-only latent cache (store, then attend in latent space)
   kLora,             // y += scale_s * B_s (A_s x) per row, s = the row's LoRA slot
+  kGatherRows,       // out[i] = x[rows[i]] (the rows a step wants logits for)
+  kTokenOverlay,     // LoRA adapters' token overlays on the embedding rows
+  kHeadOverlay,      // LoRA adapters' overlays on the logits (a saved lm_head, trainable tokens)
+  kMemory,           // upload / download / copy / zero of backend memory
 };
-inline constexpr int kOpCount = 15;
+inline constexpr int kOpCount = 19;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -273,6 +278,40 @@ struct LoraArgs {
   int64_t expert = 0;  // MoE: the expert all rows went to (in [0, n_experts))
 };
 
+// LoRA token overlays of one slot (lora/lora_pool.h: PEFT's modules_to_save on embed_tokens /
+// lm_head, and trainable_token_indices), in backend memory. Empty fields: no such overlay.
+struct LoraSlotOverlay {
+  const float* embed = nullptr;        // [vocab, hidden] a saved embed_tokens
+  const int32_t* token_ids = nullptr;  // [n_tokens] ascending: the trainable tokens
+  const float* token_rows = nullptr;   // [n_tokens, hidden] their new embedding rows
+  int64_t n_tokens = 0;
+  const WeightTensor* head = nullptr;  // [vocab, hidden] a saved lm_head (prepared)
+  // The head is the tied embedding: the trainable tokens' logits come from their new rows.
+  bool tied_tokens = false;
+  bool embeds() const { return embed != nullptr || n_tokens > 0; }
+  bool heads() const { return head != nullptr || (tied_tokens && n_tokens > 0); }
+};
+
+// For each row r whose slot s = slots[r] >= 0 has an overlay: h[r] = embed_s[ids[r]] when the
+// slot saved embed_tokens; then, when ids[r] is one of its trainable tokens, h[r] = that
+// token's row. Other rows are untouched.
+struct TokenOverlayArgs {
+  std::span<const int32_t> ids;    // [n_rows]
+  std::span<const int32_t> slots;  // [n_rows], each in [-1, overlays.size())
+  std::span<const LoraSlotOverlay> overlays;
+  Rows h;  // [n_rows, hidden]
+};
+
+// For each row r (the head's input x[r]) whose slot s has a head overlay: a saved lm_head
+// recomputes the row's logits (exactly as linear() on that row alone); with a tied head, each
+// trainable token t's logit becomes dot(row_t, x[r]), summed in f32 in index order.
+struct HeadOverlayArgs {
+  ConstRows x;                     // [n_rows, hidden]
+  std::span<const int32_t> slots;  // [n_rows]
+  std::span<const LoraSlotOverlay> overlays;
+  Rows logits;  // [n_rows, vocab]
+};
+
 // One routed expert: a gated MLP. gate_up is gate_proj and up_proj stacked along the outputs
 // (rows [0, I) gate, [I, 2I) up), down is down_proj.
 struct MoeExpertWeights {
@@ -395,8 +434,17 @@ class Backend {
   virtual std::string_view name() const = 0;
 
   // --- memory ---
-  // Zero-filled, aligned to at least 64 bytes.
+  // Zero-filled, aligned to at least 64 bytes, tagged with device().
   virtual Buffer allocate(size_t bytes) = 0;
+  // Where allocate()'s buffers live (kHost: host code may use them directly).
+  virtual Device device() const = 0;
+  // Bytes between host memory and this backend's, and within this backend's memory. A host
+  // backend's upload / download are memcpy; a device backend's are transfers. Ranges must
+  // not overlap (copy with dst == src is nothing). Observed as kMemory.
+  void upload(void* dst, const void* host_src, size_t bytes);
+  void download(void* host_dst, const void* src, size_t bytes);
+  void copy(void* dst, const void* src, size_t bytes);
+  void zero(void* dst, size_t bytes);
 
   // --- capabilities ---
   // `format` matters for kLinear, kEmbedding and kMoe (pass kF32 for others); `dtype` is the
@@ -433,6 +481,10 @@ class Backend {
   void sigmoid_mul(const SigmoidMulArgs& a);
   void latent_attention(const LatentAttentionArgs& a);
   void lora(const LoraArgs& a);
+  // out[i] = x[rows[i]]: whole rows, bit for bit.
+  void gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out);
+  void token_overlay(const TokenOverlayArgs& a);
+  void head_overlay(const HeadOverlayArgs& a);
 
   // Every later op call is bracketed by observer->begin/end (nullptr: none). Not owned.
   void set_observer(OpObserver* observer) { observer_ = observer; }
@@ -456,6 +508,13 @@ class Backend {
   virtual void do_sigmoid_mul(const SigmoidMulArgs& a) = 0;
   virtual void do_latent_attention(const LatentAttentionArgs& a) = 0;
   virtual void do_lora(const LoraArgs& a) = 0;
+  virtual void do_gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out) = 0;
+  virtual void do_token_overlay(const TokenOverlayArgs& a) = 0;
+  virtual void do_head_overlay(const HeadOverlayArgs& a) = 0;
+  virtual void do_upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void do_download(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void do_copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void do_zero(void* dst, size_t bytes) = 0;
   // Whether ops can read w as its packing tag (WeightTensor::packing) says: the tags this
   // backend's prepare() produces, and 0 (checkpoint rows) for formats that have a kernel on
   // plain rows; a quantized weight passes only as prepare() packed it.
@@ -468,6 +527,26 @@ class Backend {
  private:
   OpObserver* observer_ = nullptr;
   friend class ObservedOp;
+};
+
+// A small f32 array in backend memory, uploaded once at load: norm weights, a conv kernel,
+// A_log / dt_bias, a router's correction bias, rope tables. Ops read it every row, so it lives
+// where they run; host code keeps no copy it reads instead.
+class DeviceFloats {
+ public:
+  DeviceFloats() = default;
+  DeviceFloats(Backend& backend, std::span<const float> values);
+
+  const float* data() const { return data_; }
+  int64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  // For ops' arguments (backend memory: not for host code to read on a device backend).
+  std::span<const float> span() const { return {data_, static_cast<size_t>(size_)}; }
+
+ private:
+  std::shared_ptr<const Buffer> storage_;
+  const float* data_ = nullptr;
+  int64_t size_ = 0;
 };
 
 }  // namespace metrale

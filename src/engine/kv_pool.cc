@@ -46,7 +46,7 @@ std::vector<KvShape> uncompressed_kv_shapes(const ModelConfig& c) {
 
 KvPool::KvPool(Backend& backend, int64_t n_pages, int64_t page_size,
                std::span<const KvShape> layers)
-    : layout_{.n_pages = n_pages, .page_size = page_size} {
+    : backend_(&backend), layout_{.n_pages = n_pages, .page_size = page_size} {
   METRALE_CHECK(n_pages > 0 && page_size > 0, "kv cache: bad layout (", n_pages, " pages of ",
                 page_size, " tokens)");
   METRALE_CHECK(n_pages <= INT32_MAX, "kv cache: too many pages: ", n_pages);
@@ -166,12 +166,10 @@ void KvPool::unshare(std::vector<int32_t>& block_table, int64_t index) {
   --refs_[static_cast<size_t>(from)];
   for (const KvLayerView& l : layers_) {
     if (l.k == nullptr) continue;  // a layer that keeps nothing
-    const auto elems = static_cast<size_t>(l.layout.page_elems());
-    std::memcpy(l.k + to * l.layout.page_elems(), l.k + from * l.layout.page_elems(),
-                elems * sizeof(float));
+    const size_t bytes = static_cast<size_t>(l.layout.page_elems()) * sizeof(float);
+    backend_->copy(l.k + to * l.layout.page_elems(), l.k + from * l.layout.page_elems(), bytes);
     if (l.v != nullptr)
-      std::memcpy(l.v + to * l.layout.page_elems(), l.v + from * l.layout.page_elems(),
-                  elems * sizeof(float));
+      backend_->copy(l.v + to * l.layout.page_elems(), l.v + from * l.layout.page_elems(), bytes);
   }
   block_table[static_cast<size_t>(index)] = to;
 }

@@ -64,10 +64,11 @@ class KvPool {
   // layer, every slot) into a free page, which replaces it in the table (the table's
   // reference moves to the copy). Nothing when the table is the page's only holder. Throws
   // when the index is outside the table or no page is free, leaving the table unchanged.
-  // Host memory (the CPU backend's buffers).
+  // The copies are backend ops (the pages are backend memory).
   void unshare(std::vector<int32_t>& block_table, int64_t index);
 
  private:
+  Backend* backend_;
   KvLayout layout_;
   int64_t bytes_per_token_ = 0;
   std::vector<Buffer> buffers_;  // per layer: K pages then V pages (none for an empty shape)

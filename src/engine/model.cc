@@ -92,15 +92,24 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
 
     m->max_rows_ = o.max_rows;
     const int64_t R = o.max_rows, H = c.hidden_size;
-    // h, delta; then the layers' workspace, which also serves the final norm (and the rows
-    // gathered for the lm_head) once the layers are done.
-    m->workspace_floats_ = std::max(m->arch_->workspace_floats(R), 2 * rows_floats(R, H));
-    const size_t resid = rows_floats(R, H);
-    m->pass_buffer_ = m->backend_->allocate((2 * resid + m->workspace_floats_) * sizeof(float));
+    const size_t resid = static_cast<size_t>(R * padded_cols(H));
+    m->pass_buffer_ = m->backend_->allocate(2 * resid * sizeof(float));
     auto* base = m->pass_buffer_.as<float>();
     m->h_ = {base, R, H, padded_cols(H)};
     m->delta_ = {base + resid, R, H, padded_cols(H)};
-    m->workspace_ = base + 2 * resid;
+    const auto rope = m->rope_.cache();
+    const auto rope_values = static_cast<size_t>(rope.n_positions * rope.rotary_dim / 2);
+    m->rope_cos_ = DeviceFloats(*m->backend_, {rope.cos, rope_values});
+    m->rope_sin_ = DeviceFloats(*m->backend_, {rope.sin, rope_values});
+    for (int64_t i = 0; i < static_cast<int64_t>(m->arch_->layers.size()); ++i) {
+      m->kv_views_.push_back(m->kv_->layer(i));
+      if (m->state_ != nullptr) {
+        const StateLayout::Layer& at = m->state_->layout().layers[static_cast<size_t>(i)];
+        m->state_offsets_.push_back(
+            {.has_state = at.has_state, .conv = at.conv_offset, .ssm = at.ssm_offset});
+      }
+    }
+    m->record_graphs();
     const auto ur = static_cast<size_t>(R);
     m->ids_.resize(ur);
     m->positions_.resize(ur);
@@ -126,64 +135,33 @@ void Model::check_ids(std::span<const int32_t> ids) const {
   }
 }
 
-void Model::run(const ForwardContext& ctx, int64_t n_want, float* logits, const HiddenSink* sink) {
-  Backend& be = *ctx.backend;
-  const int64_t n = ctx.n_rows;
-  Residual r{.h = {h_.data, n, h_.n_cols, h_.stride},
-             .delta = {delta_.data, n, delta_.n_cols, delta_.stride}};
-  be.embedding(arch_->embed, std::span(ids_).first(static_cast<size_t>(n)), r.h);
-  if (!ctx.lora_slots.empty() && lora_->has_embedding_overlays())
-    lora_->apply_embedding(std::span(ids_).first(static_cast<size_t>(n)), ctx.lora_slots, r.h);
-  if (sink != nullptr) (*sink)(0, r.h);
-  const Workspace ws(workspace_, workspace_floats_);
-  const auto n_layers = static_cast<int64_t>(arch_->layers.size());
-  for (int64_t i = 0; i < n_layers; ++i) {
-    const DecoderLayer& layer = arch_->layers[static_cast<size_t>(i)];
-    LayerState state{.kv = kv_->layer(i)};
-    const StateLayout::Layer* at =
-        state_ != nullptr ? &state_->layout().layers[static_cast<size_t>(i)] : nullptr;
-    if (at != nullptr && at->has_state) {
-      const DType dtype = state_->layout().dtype;
-      const std::span<const StateRun> runs(state_runs_.data(), ctx.seqs.size());
-      state.conv = {.runs = runs, .offset = at->conv_offset, .dtype = dtype};
-      state.ssm = {.runs = runs, .offset = at->ssm_offset, .dtype = dtype};
-    }
-    layer.forward(ctx, state, r, ws);
-    if (sink != nullptr && i + 1 < n_layers) {
-      // Materialise h for the observer; the next layer's norm then finds nothing pending.
-      be.add(r.delta, r.h);
-      r.pending = false;
-      (*sink)(i + 1, r.h);
-    }
+void Model::record_graphs() {
+  for (const bool observe : {false, true}) {
+    Pass& p = observe ? observed_ : plain_;
+    p.executor.reset();
+    p.graph = Graph();
+    p.io = arch_->record(p.graph, {.observe = observe});
+    p.plan = plan_graph(p.graph, max_rows_);
   }
-  if (n_want == 0) return;  // a step that only fills the cache
-  Workspace tmp = ws;
-  const Rows x = tmp.rows(n, r.h.n_cols);
-  // The wanted rows as one range when they are (a prefill's last row, a decode step), so
-  // the other rows skip the final norm; else every row is normed and the wanted gathered.
-  const int64_t first = want_[0];
-  const bool range = want_[static_cast<size_t>(n_want - 1)] == first + n_want - 1;
-  Rows head_in;
-  if (range) {
-    auto cut = [&](Rows v) { return Rows{v.row(first), n_want, v.n_cols, v.stride}; };
-    Residual tail{.h = cut(r.h), .delta = cut(r.delta), .pending = r.pending};
-    head_in = cut(x);
-    add_and_norm(be, tail, head_in, arch_->final_norm);
-  } else {
-    add_and_norm(be, r, x, arch_->final_norm);
-    head_in = tmp.rows(n_want, x.n_cols);
-    for (int64_t i = 0; i < n_want; ++i)
-      std::copy_n(x.row(want_[static_cast<size_t>(i)]), x.n_cols, head_in.row(i));
+  arena_ = backend_->allocate(
+      std::max<size_t>({plain_.plan.arena_bytes, observed_.plan.arena_bytes, size_t{64}}));
+  for (Pass* p : {&plain_, &observed_})
+    p->executor = std::make_unique<Executor>(p->graph, p->plan, arena_.data());
+}
+
+void Model::run(const PassInputs& in, float* logits, const HiddenSink* sink) {
+  Pass& p = sink != nullptr ? observed_ : plain_;
+  p.executor->bind(p.io.h, h_.data, h_.stride);
+  p.executor->bind(p.io.delta, delta_.data, delta_.stride);
+  if (in.n_wanted > 0) p.executor->bind(p.io.logits, logits, config_.vocab_size);
+  if (sink == nullptr) {
+    p.executor->run(*backend_, in);
+    return;
   }
-  if (sink != nullptr) (*sink)(n_layers, head_in);
-  const Rows out = rows_of(logits, n_want, config_.vocab_size);
-  const std::span<const int32_t> head_slots =
-      ctx.lora_slots.empty()
-          ? std::span<const int32_t>()
-          : std::span<const int32_t>(want_slots_).first(static_cast<size_t>(n_want));
-  arch_->lm_head.forward(be, head_in, out, head_slots);
-  if (!head_slots.empty() && lora_->has_head_overlays())
-    lora_->apply_head(head_in, head_slots, out);
+  const PassObserver observer = [sink](int32_t index, ConstRows rows) { (*sink)(index, rows); };
+  PassInputs observed = in;
+  observed.observer = &observer;
+  p.executor->run(*backend_, observed);
 }
 
 void Model::step(std::span<const StepItem> items, std::span<float> logits, const HiddenSink* sink) {
@@ -250,16 +228,28 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     any_lora = true;
     lora_->touch(it.seq->lora);
   }
-  const ForwardContext ctx{.backend = backend_.get(),
-                           .n_rows = n,
-                           .positions = std::span(positions_).first(un),
-                           .row_seq = std::span(row_seq_).first(un),
-                           .slots = std::span(slots_).first(un),
-                           .lora_slots = any_lora ? std::span<const int32_t>(lora_slots_).first(un)
-                                                  : std::span<const int32_t>(),
-                           .seqs = std::span(tables_).first(items.size()),
-                           .rope = rope_.cache()};
-  run(ctx, n_want, logits.data(), sink);
+  const auto uw = static_cast<size_t>(n_want);
+  const PassInputs in{
+      .n_rows = n,
+      .n_wanted = n_want,
+      .ids = std::span(ids_).first(un),
+      .positions = std::span(positions_).first(un),
+      .row_seq = std::span(row_seq_).first(un),
+      .slots = std::span(slots_).first(un),
+      .lora_slots =
+          any_lora ? std::span<const int32_t>(lora_slots_).first(un) : std::span<const int32_t>(),
+      .wanted = std::span(want_).first(uw),
+      .wanted_lora_slots =
+          any_lora ? std::span<const int32_t>(want_slots_).first(uw) : std::span<const int32_t>(),
+      .seqs = std::span(tables_).first(items.size()),
+      .rope = {rope_cos_.data(), rope_sin_.data(), rope_.rotary_dim(), rope_.max_positions()},
+      .kv = kv_views_,
+      .state_runs = std::span<const StateRun>(state_runs_.data(), items.size()),
+      .state = state_offsets_,
+      .state_dtype = state_ != nullptr ? state_->layout().dtype : DType::kF32,
+      .embed_overlays = any_lora && lora_->has_embedding_overlays(),
+      .head_overlays = any_lora && lora_->has_head_overlays()};
+  run(in, logits.data(), sink);
   for (const StepItem& it : items) {
     const auto have = static_cast<int64_t>(it.seq->tokens.size());
     const auto len = static_cast<int64_t>(it.ids.size());
@@ -413,9 +403,9 @@ void Model::adopt_prefix(Sequence& seq, std::span<const int32_t> tokens,
       kv_->drop(pages);
       throw;
     }
-    StatePool::copy_block(state_->snapshot_block(snapshot),
-                          state_->block(seq.state_slot, n % state_->plan().versions),
-                          state_->plan().block_bytes);
+    state_->copy_block(state_->snapshot_block(snapshot),
+                       state_->block(seq.state_slot, n % state_->plan().versions),
+                       state_->plan().block_bytes);
     seq.state_floor = n;
   }
   seq.block_table.assign(pages.begin(), pages.end());
@@ -429,13 +419,14 @@ void Model::save_state(const Sequence& seq, int64_t snapshot) {
   const auto n = static_cast<int64_t>(seq.tokens.size());
   METRALE_CHECK(n >= seq.state_floor, "save_state: the state after ", n,
                 " tokens is no longer held (the ring keeps ", seq.state_floor, " tokens and on)");
-  StatePool::copy_block(state_->block(seq.state_slot, n % state_->plan().versions),
-                        state_->snapshot_block(snapshot), state_->plan().block_bytes);
+  state_->copy_block(state_->block(seq.state_slot, n % state_->plan().versions),
+                     state_->snapshot_block(snapshot), state_->plan().block_bytes);
 }
 
 LoraPool& Model::enable_lora(const LoraPoolOptions& options) {
   METRALE_CHECK(lora_ == nullptr, "LoRA: the model already has a LoRA pool");
   lora_ = std::make_unique<LoraPool>(*arch_, *backend_, config_, options);
+  record_graphs();  // with the adapters' nodes
   return *lora_;
 }
 

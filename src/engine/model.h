@@ -16,6 +16,8 @@
 #include "core/thread_pool.h"
 #include "engine/kv_pool.h"
 #include "engine/state_pool.h"
+#include "graph/executor.h"
+#include "graph/plan.h"
 #include "io/config/model_config.h"
 #include "io/safetensors/checkpoint.h"
 #include "io/tokenizer/tokenizer.h"
@@ -107,6 +109,10 @@ class Model {
   // the router and top-k experts of each sparse layer, not every expert.
   uint64_t active_weight_bytes() const { return arch_->active_bytes_per_token(); }
 
+  // The recorded pass every step runs (graph/graph.h) and its memory plan for max_rows().
+  const Graph& graph() const { return plain_.graph; }
+  const GraphPlan& graph_plan() const { return plain_.plan; }
+
   // One ragged pass over `items` (distinct sequences, at most max_rows() tokens in all).
   // logits receives, item by item, the rows each asked for: [n_wanted, V]. Throws (leaving
   // every sequence unchanged) on ids outside the vocabulary, a sequence that would outgrow
@@ -162,9 +168,11 @@ class Model {
   // Hybrid models: gives each item's sequence a state slot if it has none, and points
   // state_runs_ / state_out_ at the blocks each row reads and writes.
   void bind_states(std::span<const StepItem> items);
-  // The layers over the step's rows (already described in ctx and ids_), then the final norm
-  // and lm_head over the rows listed in want_ (none: a step that only fills the cache).
-  void run(const ForwardContext& ctx, int64_t n_want, float* logits, const HiddenSink* sink);
+  // Records the model's pass (plain, and with Observe nodes for a HiddenSink), plans its
+  // memory and makes the executors: at load, and again when LoRA attaches its nodes.
+  void record_graphs();
+  // Runs the recorded pass over the step's inputs; logits: [in.n_wanted, V].
+  void run(const PassInputs& in, float* logits, const HiddenSink* sink);
 
   std::filesystem::path dir_;
   ModelConfig config_;
@@ -174,6 +182,7 @@ class Model {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Architecture> arch_;
   RopeTable rope_;
+  DeviceFloats rope_cos_, rope_sin_;  // rope_'s tables in backend memory
   std::unique_ptr<KvPool> kv_;
   std::unique_ptr<StatePool> state_;  // hybrid models only
   std::unique_ptr<LoraPool> lora_;    // enable_lora()
@@ -183,11 +192,21 @@ class Model {
   std::string quant_method_;
   std::vector<TensorLoader::ModuleReport> linear_report_;
 
+  // The recorded pass: plain, and observed (for a HiddenSink); one arena serves both.
+  struct Pass {
+    Graph graph;
+    ModelIo io;
+    GraphPlan plan;
+    std::unique_ptr<Executor> executor;
+  };
+  Pass plain_, observed_;
+  Buffer arena_;
+  std::vector<KvLayerView> kv_views_;             // [layers]
+  std::vector<LayerStateOffsets> state_offsets_;  // [layers] hybrid models
+
   // Per-step memory, sized once for max_rows_.
   Buffer pass_buffer_;
   Rows h_, delta_;
-  float* workspace_ = nullptr;
-  size_t workspace_floats_ = 0;
   std::vector<int32_t> ids_, positions_, row_seq_, lora_slots_, want_, want_slots_;
   std::vector<int64_t> slots_;
   std::vector<KvPageTable> tables_;

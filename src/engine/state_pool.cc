@@ -330,7 +330,7 @@ uint64_t parse_byte_size(std::string_view text, std::string_view what) {
 }
 
 StatePool::StatePool(Backend& backend, const StateReservePlan& plan, StateLayout layout)
-    : plan_(plan), layout_(std::move(layout)) {
+    : backend_(&backend), plan_(plan), layout_(std::move(layout)) {
   METRALE_CHECK(plan_.block_bytes == layout_.block_bytes && plan_.block_bytes > 0 &&
                     plan_.block_bytes % kStateAlign == 0,
                 "state pool: the plan's block_bytes ", plan_.block_bytes,
@@ -373,7 +373,7 @@ int32_t StatePool::acquire(const void* owner) {
   owner_[static_cast<size_t>(slot)] = owner;
   ++in_use_;
   // The slot's versions are contiguous: zero them in one pass.
-  std::memset(block(slot, 0), 0, static_cast<size_t>(plan_.slot_bytes));
+  backend_->zero(block(slot, 0), static_cast<size_t>(plan_.slot_bytes));
   return slot;
 }
 
@@ -410,9 +410,8 @@ std::byte* StatePool::snapshot_block(int64_t index) const {
          static_cast<size_t>(index) * plan_.block_bytes;
 }
 
-void StatePool::copy_block(const std::byte* from, std::byte* to, size_t bytes) {
-  if (from == to) return;
-  std::memcpy(to, from, bytes);
+void StatePool::copy_block(const std::byte* from, std::byte* to, size_t bytes) const {
+  backend_->copy(to, from, bytes);
 }
 
 void StatePool::zero_block(std::byte* b) const {
@@ -420,7 +419,7 @@ void StatePool::zero_block(std::byte* b) const {
   const auto at = reinterpret_cast<uintptr_t>(b);
   METRALE_CHECK(at >= base && at - base < plan_.total_bytes && (at - base) % plan_.block_bytes == 0,
                 "state pool: zero_block of a pointer that is not a block of this pool");
-  std::memset(b, 0, plan_.block_bytes);
+  backend_->zero(b, plan_.block_bytes);
 }
 
 }  // namespace metrale

@@ -132,12 +132,13 @@ class StatePool {
   // Snapshot block `index` in [0, snapshot_slots).
   std::byte* snapshot_block(int64_t index) const;
   // Copies one block into another (snapshot save / restore, version copies); from == to is a
-  // no-op. Host memory (the CPU backend's buffers).
-  static void copy_block(const std::byte* from, std::byte* to, size_t bytes);
+  // no-op. A backend copy: the blocks are backend memory.
+  void copy_block(const std::byte* from, std::byte* to, size_t bytes) const;
   // Zeroes one block; throws unless `block` is the start of a block of this pool.
   void zero_block(std::byte* block) const;
 
  private:
+  Backend* backend_;
   StateReservePlan plan_;
   StateLayout layout_;
   Buffer buffer_;

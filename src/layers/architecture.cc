@@ -1,13 +1,53 @@
 #include "layers/architecture.h"
 
-#include <algorithm>
+#include <string>
 
 namespace metrale {
 
-size_t Architecture::workspace_floats(int64_t max_rows) const {
-  size_t most = 0;
-  for (const DecoderLayer& l : layers) most = std::max(most, l.workspace_floats(max_rows));
-  return most;
+ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
+  const int64_t H = embed.n_in, V = lm_head.n_out();
+  ModelIo io;
+  Residual r{.h = g.buffer("h", H, RowSpace::kRows, BufferKind::kExternal),
+             .delta = g.buffer("delta", H, RowSpace::kRows, BufferKind::kExternal)};
+  io.h = r.h.buf;
+  io.delta = r.delta.buf;
+  {
+    const Graph::Scope scope(g, "embed");
+    g.add(node::Embedding{.table = &embed, .out = r.h});
+    if (!lora_overlays.empty())
+      g.add(node::TokenOverlay{.h = r.h, .overlays = lora_overlays}, When::kEmbedOverlays);
+    if (o.observe) g.add(node::Observe{.x = r.h, .index = 0});
+  }
+  const auto n_layers = static_cast<int32_t>(layers.size());
+  for (int32_t i = 0; i < n_layers; ++i) {
+    const Graph::Scope scope(g, "layers." + std::to_string(i));
+    layers[static_cast<size_t>(i)].record(g, i, r);
+    if (o.observe && i + 1 < n_layers) {
+      // Materialise h for the observer; the next layer's norm then finds nothing pending.
+      g.add(node::Add{.x = r.delta, .y = r.h});
+      r.pending = false;
+      g.add(node::Observe{.x = r.h, .index = i + 1});
+    }
+  }
+  // The head runs over the wanted rows only (a view of them when they are one range).
+  const Graph::Condition wanted(g, When::kWanted);
+  const Graph::Scope scope(g, "head");
+  Residual tail{.h = g.buffer("h", H, RowSpace::kWanted),
+                .delta = g.buffer("delta", H, RowSpace::kWanted),
+                .pending = r.pending};
+  g.add(node::GatherWanted{.x = r.h, .out = tail.h});
+  if (tail.pending) g.add(node::GatherWanted{.x = r.delta, .out = tail.delta});
+  const Tensor x = g.buffer("x", H, RowSpace::kWanted);
+  add_and_norm(g, tail, x, final_norm);
+  if (o.observe) g.add(node::Observe{.x = x, .index = n_layers});
+  const Tensor logits = g.buffer("logits", V, RowSpace::kWanted, BufferKind::kExternal);
+  io.logits = logits.buf;
+  lm_head.record(g, x, logits);
+  if (!lora_overlays.empty()) {
+    g.add(node::HeadOverlay{.x = x, .logits = logits, .overlays = lora_overlays},
+          When::kHeadOverlays);
+  }
+  return io;
 }
 
 uint64_t Architecture::active_bytes_per_token() const {

@@ -3,14 +3,28 @@
 // stack (each layer a composition of blocks), the final norm and the head. The engine holds
 // an Architecture and never names a family; a family is one file under src/models/ and one
 // line in src/models/registry.cc, which maps config.json's model_type to its builder.
+//
+// record() writes one pass of the model as a Graph (graph/graph.h): the prologue (embedding,
+// LoRA token overlays), every layer, and the epilogue (the wanted rows, final norm, lm_head,
+// logit overlays). The engine records it once at load and runs it for every step.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
+#include "graph/graph.h"
 #include "layers/decoder_layer.h"
 #include "layers/linear.h"
 
 namespace metrale {
+
+// The external buffers of a recorded model pass, which the engine binds per step
+// (Executor::bind): the residual stream and the output logits.
+struct ModelIo {
+  BufferId h = -1;       // [rows, hidden]
+  BufferId delta = -1;   // [rows, hidden] the last sub-block's output, not yet added to h
+  BufferId logits = -1;  // [wanted, vocab] contiguous
+};
 
 class Architecture {
  public:
@@ -21,11 +35,13 @@ class Architecture {
   Norm final_norm;  // [H] model.norm.weight
   Linear lm_head;   // [V, H] lm_head.weight, or embed's data when tied
   bool tied = false;
+  // LoRA token overlays per slot (lora/lora_pool.h attaches them; empty: none).
+  std::span<const LoraSlotOverlay> lora_overlays;
   // Owns the memory the tensors above point into when they were copied out of the mmap.
   std::vector<std::shared_ptr<const Buffer>> storage;
 
-  // The most workspace one layer takes for a pass of max_rows rows.
-  size_t workspace_floats(int64_t max_rows) const;
+  // Records one pass into `g` (empty) and returns its external buffers.
+  virtual ModelIo record(Graph& g, const RecordOptions& options) const;
   // Weight bytes one decoded token reads: every layer's active bytes plus the lm_head.
   uint64_t active_bytes_per_token() const;
   // What LoRA may adapt: every layer's sites, then the lm_head.

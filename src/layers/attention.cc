@@ -58,46 +58,24 @@ std::unique_ptr<GqaAttention> GqaAttention::load(const ModelConfig& c, int64_t l
   return a;
 }
 
-size_t GqaAttention::workspace_floats(int64_t max_rows) const {
-  const int64_t q = shape_.n_heads * shape_.head_dim;
-  return rows_floats(max_rows, qkv_.n_out()) + rows_floats(max_rows, q);
-}
-
-void GqaAttention::forward(const ForwardContext& ctx, const LayerState& state, ConstRows x,
-                           Rows out, Workspace ws) const {
-  Backend& be = *ctx.backend;
-  const int64_t n = ctx.n_rows, D = shape_.head_dim;
+void GqaAttention::record(Graph& g, const BlockIo& io) const {
+  const int64_t D = shape_.head_dim;
   const int64_t Q = shape_.n_heads * D, KV = shape_.n_kv_heads * D;
-  const Rows qkv = ws.rows(n, qkv_.n_out());
-  const Rows attn = ws.rows(n, Q);
+  const Tensor qkv = g.buffer("qkv", qkv_.n_out());
+  const Tensor attn = g.buffer("attn", Q);
   const int64_t kv_col = output_gate_ ? 2 * Q : Q;  // gated: q | gate | k | v
-  const Rows q = column_slice(qkv, 0, Q), k = column_slice(qkv, kv_col, KV),
-             v = column_slice(qkv, kv_col + KV, KV);
-  qkv_.forward(be, x, qkv, ctx.lora_slots);
+  const Tensor q = qkv.cols(0, Q), k = qkv.cols(kv_col, KV), v = qkv.cols(kv_col + KV, KV);
+  qkv_.record(g, io.x, qkv);
   if (!q_norm_.empty()) {  // qwen3: per-head RMSNorm of q and k before rope
-    q_norm_.apply(be, q, q, D);
-    k_norm_.apply(be, k, k, D);
+    q_norm_.record(g, q, q, D);
+    k_norm_.record(g, k, k, D);
   }
-  be.rope({.x = q,
-           .n_heads = shape_.n_heads,
-           .head_dim = D,
-           .positions = ctx.positions,
-           .table = ctx.rope});
-  be.rope({.x = k,
-           .n_heads = shape_.n_kv_heads,
-           .head_dim = D,
-           .positions = ctx.positions,
-           .table = ctx.rope});
-  be.kv_store({.k = k, .v = v, .slots = ctx.slots, .cache = state.kv});
-  be.attention({.q = q,
-                .out = attn,
-                .cache = state.kv,
-                .seqs = ctx.seqs,
-                .row_seq = ctx.row_seq,
-                .positions = ctx.positions,
-                .shape = shape_});
-  if (output_gate_) be.sigmoid_mul({.gate = column_slice(qkv, Q, Q), .y = attn});
-  o_.forward(be, attn, out, ctx.lora_slots);
+  g.add(node::Rope{.x = q, .n_heads = shape_.n_heads, .head_dim = D});
+  g.add(node::Rope{.x = k, .n_heads = shape_.n_kv_heads, .head_dim = D});
+  g.add(node::KvStore{.k = k, .v = v, .layer = io.layer});
+  g.add(node::Attention{.q = q, .out = attn, .layer = io.layer, .shape = shape_});
+  if (output_gate_) g.add(node::SigmoidMul{.gate = qkv.cols(Q, Q), .y = attn});
+  o_.record(g, attn, io.out);
 }
 
 std::string GqaAttention::describe() const {

@@ -24,9 +24,7 @@ class GqaAttention final : public Mixer {
   static std::unique_ptr<GqaAttention> load(const ModelConfig& config, int64_t layer,
                                             TensorLoader& loader, const std::string& prefix);
 
-  void forward(const ForwardContext& ctx, const LayerState& state, ConstRows x, Rows out,
-               Workspace ws) const override;
-  size_t workspace_floats(int64_t max_rows) const override;
+  void record(Graph& g, const BlockIo& io) const override;
   std::string describe() const override;
   uint64_t active_bytes_per_token() const override;
   KvShape kv_shape() const override { return {shape_.n_kv_heads, shape_.head_dim, false}; }

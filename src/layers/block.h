@@ -2,14 +2,18 @@
 // The blocks a decoder layer is composed of. A layer is norm -> mixer -> norm -> FFN (see
 // decoder_layer.h); a family picks the mixer and the FFN of each layer. New kinds (Gated
 // DeltaNet, MLA, a shared-expert MoE) are new implementations of these two interfaces.
+//
+// A block does not run: it records the backend ops it is made of into a Graph (graph/graph.h)
+// over buffers it declares there, once at load. The layer loop runs the recorded graph op by
+// op; the circuit compiler reads the same nodes. What varies per pass (positions, KV slots,
+// recurrent-state blocks, LoRA slots) is bound when the graph runs, never seen by a block.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "graph/graph.h"
 #include "io/config/model_config.h"
-#include "layers/forward_context.h"
-#include "layers/workspace.h"
 
 namespace metrale {
 
@@ -21,6 +25,15 @@ struct LayerStateShape {
 };
 
 class Linear;
+
+// What a block records for: its input rows [rows, hidden], the rows its output (the
+// residual's delta) goes to, and its layer's index (whose KV pages and recurrent state the
+// pass binds).
+struct BlockIo {
+  Tensor x;
+  Tensor out;
+  int32_t layer = 0;
+};
 
 // What a LoRA pool (lora/lora_pool.h) may attach to in a block: its linears whose parts are the
 // checkpoint's modules (PEFT names them the same), and an MoE layer's experts.
@@ -39,11 +52,8 @@ struct LoraSites {
 class Mixer {
  public:
   virtual ~Mixer() = default;
-  // x: the normed rows [n_rows, hidden]; out: [n_rows, hidden] (the residual's delta).
-  virtual void forward(const ForwardContext& ctx, const LayerState& state, ConstRows x, Rows out,
-                       Workspace ws) const = 0;
-  // The most workspace forward() takes for a pass of max_rows rows.
-  virtual size_t workspace_floats(int64_t max_rows) const = 0;
+  // Records the mixer's ops: io.x the normed rows, io.out the residual's delta.
+  virtual void record(Graph& g, const BlockIo& io) const = 0;
   // One line for `metrale inspect` ("attention: 32 heads / 4 kv, head_dim 128, qk-norm").
   virtual std::string describe() const = 0;
   // Weight bytes one token reads.
@@ -61,8 +71,7 @@ class Mixer {
 class Ffn {
  public:
   virtual ~Ffn() = default;
-  virtual void forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const = 0;
-  virtual size_t workspace_floats(int64_t max_rows) const = 0;
+  virtual void record(Graph& g, const BlockIo& io) const = 0;
   virtual std::string describe() const = 0;
   // Weight bytes one token reads (for the active-bytes roofline): all of a dense MLP, the
   // router and top-k experts of an MoE.

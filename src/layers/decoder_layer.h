@@ -1,7 +1,7 @@
 #pragma once
 // One decoder layer as a composition of blocks:
 //   x = norm(h); h += mixer(x); x = norm(h); h += ffn(x)
-// with each residual add deferred into the next norm (forward_context.h Residual).
+// with each residual add deferred into the next norm (norm.h Residual).
 #include <memory>
 
 #include "layers/block.h"
@@ -14,9 +14,9 @@ class DecoderLayer {
   DecoderLayer(Norm input_norm, std::unique_ptr<Mixer> mixer, Norm post_norm,
                std::unique_ptr<Ffn> ffn);
 
-  // Runs the layer on ctx.n_rows rows of `r`; on return the FFN's output is pending in r.delta.
-  void forward(const ForwardContext& ctx, const LayerState& state, Residual& r, Workspace ws) const;
-  size_t workspace_floats(int64_t max_rows) const;
+  // Records layer `index` over the residual `r`; after it the FFN's output is pending in
+  // r.delta.
+  void record(Graph& g, int32_t index, Residual& r) const;
 
   const Norm& input_norm() const { return input_norm_; }
   const Mixer& mixer() const { return *mixer_; }

@@ -24,18 +24,13 @@ std::unique_ptr<DenseFfn> DenseFfn::load(const ModelConfig& c, TensorLoader& l,
   return f;
 }
 
-size_t DenseFfn::workspace_floats(int64_t max_rows) const {
-  return rows_floats(max_rows, gate_up_.n_out());
-}
-
-void DenseFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const {
-  Backend& be = *ctx.backend;
+void DenseFfn::record(Graph& g, const BlockIo& io) const {
   const int64_t I = down_.n_in();
-  const Rows gu = ws.rows(ctx.n_rows, 2 * I);
-  const Rows gate = column_slice(gu, 0, I);
-  gate_up_.forward(be, x, gu, ctx.lora_slots);
-  be.gated_activation({.gate = gate, .up = column_slice(gu, I, I), .out = gate, .act = act_});
-  down_.forward(be, gate, out, ctx.lora_slots);
+  const Tensor gu = g.buffer("gate_up", 2 * I);
+  const Tensor gate = gu.cols(0, I);
+  gate_up_.record(g, io.x, gu);
+  g.add(node::GatedActivation{.gate = gate, .up = gu.cols(I, I), .out = gate, .act = act_});
+  down_.record(g, gate, io.out);
 }
 
 std::string DenseFfn::describe() const {
@@ -77,9 +72,9 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
     f->topk_group_ = m.topk_group;
     f->scale_ = static_cast<float>(m.routed_scaling_factor);
     if (m.has_e_score_correction_bias)
-      f->correction_bias_ = l.floats(p + "gate.e_score_correction_bias", {E});
+      f->correction_bias_ = l.device_floats(p + "gate.e_score_correction_bias", {E});
     else
-      f->correction_bias_.assign(static_cast<size_t>(E), 0.0f);
+      f->correction_bias_ = DeviceFloats(l.backend(), std::vector<float>(static_cast<size_t>(E)));
   }
   f->experts_.resize(static_cast<size_t>(E));
   const std::string fused_gate_up = p + "experts.gate_up_proj";
@@ -109,55 +104,44 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
   return f;
 }
 
-size_t MoeFfn::workspace_floats(int64_t max_rows) const {
-  const auto nk = static_cast<size_t>(max_rows * top_k_);
-  const size_t routed = rows_floats(max_rows, n_experts()) + 2 * span_floats(nk);
-  if (!shared_) return routed;
-  // After the routed experts: the shared expert's output and gate, then its own workspace.
-  const auto H = static_cast<int64_t>(router_.n_in());
-  return std::max(routed, rows_floats(max_rows, H) + rows_floats(max_rows, 1) +
-                              shared_->workspace_floats(max_rows));
-}
-
-void MoeFfn::forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const {
-  Backend& be = *ctx.backend;
-  const int64_t n = ctx.n_rows;
-  const Rows logits = ws.rows(n, n_experts());
-  const std::span<int32_t> ids = ws.ints(static_cast<size_t>(n * top_k_));
-  const std::span<float> weights = ws.floats(static_cast<size_t>(n * top_k_));
-  router_.forward(be, x, logits, ctx.lora_slots);
-  be.route({.logits = logits,
-            .top_k = top_k_,
-            .normalize = normalize_,
-            .experts = ids,
-            .weights = weights,
-            .scoring = scoring_,
-            .correction_bias = correction_bias_,
-            .n_group = n_group_,
-            .topk_group = topk_group_,
-            .scale = scale_});
-  be.moe({.x = x,
-          .experts = ids,
-          .weights = weights,
-          .top_k = top_k_,
-          .expert_weights = experts_,
-          .act = act_,
-          .out = out,
-          .lora_slots = ctx.lora_slots,
-          .gate_up_lora = expert_lora_gate_up_,
-          .down_lora = expert_lora_down_});
+void MoeFfn::record(Graph& g, const BlockIo& io) const {
+  const Tensor logits = g.buffer("router_logits", n_experts());
+  const Tensor ids = g.buffer("experts", top_k_, RowSpace::kRows, BufferKind::kPackedI32);
+  const Tensor weights = g.buffer("weights", top_k_, RowSpace::kRows, BufferKind::kPackedF32);
+  router_.record(g, io.x, logits);
+  g.add(node::Route{.logits = logits,
+                    .top_k = top_k_,
+                    .normalize = normalize_,
+                    .experts = ids,
+                    .weights = weights,
+                    .scoring = scoring_,
+                    .correction_bias = correction_bias_.span(),
+                    .n_group = n_group_,
+                    .topk_group = topk_group_,
+                    .scale = scale_});
+  g.add(node::Moe{.x = io.x,
+                  .experts = ids,
+                  .weights = weights,
+                  .top_k = top_k_,
+                  .expert_weights = experts_,
+                  .act = act_,
+                  .out = io.out,
+                  .gate_up_lora = expert_lora_gate_up_,
+                  .down_lora = expert_lora_down_});
   if (shared_) {
     // HF: routed + sigmoid(shared_expert_gate(x)) * shared_expert(x), or (DeepSeek-V3,
     // GLM-4.5) routed + shared_experts(x).
-    Workspace tmp = ws;  // the routing scratch is no longer needed
-    const Rows shared = tmp.rows(n, out.n_cols);
-    const Rows gate = tmp.rows(n, 1);
-    shared_->forward(ctx, x, shared, tmp);
-    if (!shared_gate_.empty()) {
-      shared_gate_.forward(be, x, gate, ctx.lora_slots);
-      be.sigmoid_mul({.gate = gate, .y = shared});
+    const Tensor shared = g.buffer("shared", io.out.n_cols);
+    {
+      const Graph::Scope scope(g, "shared");
+      shared_->record(g, {.x = io.x, .out = shared, .layer = io.layer});
     }
-    be.add(shared, out);
+    if (!shared_gate_.empty()) {
+      const Tensor gate = g.buffer("shared_gate", 1);
+      shared_gate_.record(g, io.x, gate);
+      g.add(node::SigmoidMul{.gate = gate, .y = shared});
+    }
+    g.add(node::Add{.x = shared, .y = io.out});
   }
 }
 

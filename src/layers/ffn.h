@@ -21,8 +21,7 @@ class DenseFfn final : public Ffn {
   static std::unique_ptr<DenseFfn> load(const ModelConfig& config, TensorLoader& loader,
                                         const std::string& prefix, int64_t intermediate);
 
-  void forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const override;
-  size_t workspace_floats(int64_t max_rows) const override;
+  void record(Graph& g, const BlockIo& io) const override;
   std::string describe() const override;
   uint64_t active_bytes_per_token() const override;
   void lora_sites(LoraSites& out) override {
@@ -52,8 +51,7 @@ class MoeFfn final : public Ffn {
   static std::unique_ptr<MoeFfn> load(const ModelConfig& config, TensorLoader& loader,
                                       const std::string& prefix);
 
-  void forward(const ForwardContext& ctx, ConstRows x, Rows out, Workspace ws) const override;
-  size_t workspace_floats(int64_t max_rows) const override;
+  void record(Graph& g, const BlockIo& io) const override;
   std::string describe() const override;
   uint64_t active_bytes_per_token() const override;
   void lora_sites(LoraSites& out) override;
@@ -71,7 +69,7 @@ class MoeFfn final : public Ffn {
   Linear shared_gate_;                // [1, H]; empty: the shared expert is ungated
   // kSigmoid (DeepSeek-V3, GLM-4.5): group-limited choice by sigmoid + correction bias.
   RouteScoring scoring_ = RouteScoring::kSoftmax;
-  std::vector<float> correction_bias_;  // [E] gate.e_score_correction_bias
+  DeviceFloats correction_bias_;  // [E] gate.e_score_correction_bias
   int64_t n_group_ = 1, topk_group_ = 1;
   // LoRA on the experts (lora/lora_pool.h attaches them; null: none).
   std::string prefix_;  // "model.layers.0.mlp."

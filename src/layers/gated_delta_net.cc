@@ -66,61 +66,53 @@ std::unique_ptr<GatedDeltaNet> GatedDeltaNet::load(const ModelConfig& c, int64_t
   g->out_proj_ = load_linear(l, p + "out_proj", H, Vd, false);
 
   const std::vector<float> w = l.floats(p + "conv1d.weight", {C, 1, g->kernel_});
-  g->conv_w_.resize(w.size());
+  std::vector<float> conv_w(w.size());
   for (int64_t ch = 0; ch < C; ++ch)
     for (int64_t j = 0; j < g->kernel_; ++j)
-      g->conv_w_[static_cast<size_t>(j * C + ch)] = w[static_cast<size_t>(ch * g->kernel_ + j)];
-  g->a_log_ = l.floats(p + "A_log", {Hv});
-  g->dt_bias_ = l.floats(p + "dt_bias", {Hv});
+      conv_w[static_cast<size_t>(j * C + ch)] = w[static_cast<size_t>(ch * g->kernel_ + j)];
+  g->conv_w_ = DeviceFloats(l.backend(), conv_w);
+  g->a_log_ = l.device_floats(p + "A_log", {Hv});
+  g->dt_bias_ = l.device_floats(p + "dt_bias", {Hv});
   g->norm_.weight = l.norm(p + "norm.weight", g->v_dim_);
   g->norm_.eps = static_cast<float>(c.rms_norm_eps);
   g->norm_.style = NormStyle::kWeight;  // RMSNormGated: weight * norm(x), initialised to ones
   return g;
 }
 
-size_t GatedDeltaNet::workspace_floats(int64_t max_rows) const {
-  return rows_floats(max_rows, in_proj_.n_out()) + rows_floats(max_rows, conv_channels()) +
-         rows_floats(max_rows, n_v_heads_ * v_dim_);
-}
-
-void GatedDeltaNet::forward(const ForwardContext& ctx, const LayerState& state, ConstRows x,
-                            Rows out, Workspace ws) const {
-  Backend& be = *ctx.backend;
-  const int64_t n = ctx.n_rows, C = conv_channels();
+void GatedDeltaNet::record(Graph& g, const BlockIo& io) const {
+  const int64_t C = conv_channels();
   const int64_t Kd = n_k_heads_ * k_dim_, Vd = n_v_heads_ * v_dim_, Hv = n_v_heads_;
-  const Rows proj = ws.rows(n, in_proj_.n_out());
-  const Rows mixed = ws.rows(n, C);
-  const Rows core = ws.rows(n, Vd);
-  in_proj_.forward(be, x, proj);
-  be.causal_conv({.x = column_slice(proj, 0, C),
-                  .out = mixed,
-                  .weight = conv_w_.data(),
-                  .kernel = kernel_,
-                  .silu = true,
-                  .row_seq = ctx.row_seq,
-                  .state = state.conv});
-  be.delta_rule({.q = column_slice(mixed, 0, Kd),
-                 .k = column_slice(mixed, Kd, Kd),
-                 .v = column_slice(mixed, 2 * Kd, Vd),
-                 .a = column_slice(proj, C + Vd + Hv, Hv),
-                 .b = column_slice(proj, C + Vd, Hv),
-                 .a_log = a_log_.data(),
-                 .dt_bias = dt_bias_.data(),
-                 .n_k_heads = n_k_heads_,
-                 .n_v_heads = n_v_heads_,
-                 .k_head_dim = k_dim_,
-                 .v_head_dim = v_dim_,
-                 .out = core,
-                 .row_seq = ctx.row_seq,
-                 .state = state.ssm});
-  be.rms_norm({.x = core,
-               .out = core,
-               .weight = norm_.weight.data(),
-               .eps = norm_.eps,
-               .style = norm_.style,
-               .group = v_dim_,
-               .gate = column_slice(proj, C, Vd)});
-  out_proj_.forward(be, core, out);
+  const Tensor proj = g.buffer("in_proj", in_proj_.n_out());
+  const Tensor mixed = g.buffer("conv", C);
+  const Tensor core = g.buffer("core", Vd);
+  in_proj_.record(g, io.x, proj);
+  g.add(node::CausalConv{.x = proj.cols(0, C),
+                         .out = mixed,
+                         .weight = conv_w_.data(),
+                         .kernel = kernel_,
+                         .silu = true,
+                         .layer = io.layer});
+  g.add(node::DeltaRule{.q = mixed.cols(0, Kd),
+                        .k = mixed.cols(Kd, Kd),
+                        .v = mixed.cols(2 * Kd, Vd),
+                        .a = proj.cols(C + Vd + Hv, Hv),
+                        .b = proj.cols(C + Vd, Hv),
+                        .a_log = a_log_.data(),
+                        .dt_bias = dt_bias_.data(),
+                        .n_k_heads = n_k_heads_,
+                        .n_v_heads = n_v_heads_,
+                        .k_head_dim = k_dim_,
+                        .v_head_dim = v_dim_,
+                        .out = core,
+                        .layer = io.layer});
+  g.add(node::RmsNorm{.x = core,
+                      .out = core,
+                      .weight = norm_.weight.data(),
+                      .eps = norm_.eps,
+                      .style = norm_.style,
+                      .group = v_dim_,
+                      .gate = proj.cols(C, Vd)});
+  out_proj_.record(g, core, io.out);
 }
 
 std::string GatedDeltaNet::describe() const {

@@ -35,9 +35,7 @@ class GatedDeltaNet final : public Mixer {
   static std::unique_ptr<GatedDeltaNet> load(const ModelConfig& config, int64_t layer,
                                              TensorLoader& loader, const std::string& prefix);
 
-  void forward(const ForwardContext& ctx, const LayerState& state, ConstRows x, Rows out,
-               Workspace ws) const override;
-  size_t workspace_floats(int64_t max_rows) const override;
+  void record(Graph& g, const BlockIo& io) const override;
   std::string describe() const override;
   uint64_t active_bytes_per_token() const override;
   LayerStateShape state_shape() const override;
@@ -45,12 +43,12 @@ class GatedDeltaNet final : public Mixer {
  private:
   int64_t conv_channels() const { return 2 * n_k_heads_ * k_dim_ + n_v_heads_ * v_dim_; }
 
-  Linear in_proj_;              // [C + Hv Dv + 2 Hv, H]: q | k | v | z | b | a
-  Linear out_proj_;             // [H, Hv Dv]
-  std::vector<float> conv_w_;   // [K, C] (conv1d.weight transposed)
-  std::vector<float> a_log_;    // [Hv]
-  std::vector<float> dt_bias_;  // [Hv]
-  Norm norm_;                   // [Dv], gated by silu(z)
+  Linear in_proj_;        // [C + Hv Dv + 2 Hv, H]: q | k | v | z | b | a
+  Linear out_proj_;       // [H, Hv Dv]
+  DeviceFloats conv_w_;   // [K, C] (conv1d.weight transposed)
+  DeviceFloats a_log_;    // [Hv]
+  DeviceFloats dt_bias_;  // [Hv]
+  Norm norm_;             // [Dv], gated by silu(z)
   int64_t n_k_heads_ = 0, n_v_heads_ = 0, k_dim_ = 0, v_dim_ = 0, kernel_ = 0;
 };
 

@@ -50,24 +50,21 @@ uint64_t Linear::bytes() const {
   return b;
 }
 
-void Linear::forward(Backend& backend, ConstRows x, Rows y,
-                     std::span<const int32_t> lora_slots) const {
+void Linear::record(Graph& g, Tensor x, Tensor y) const {
+  METRALE_CHECK(y.n_cols == n_out_ && x.n_cols == n_in_, "linear '", parts_[0].name, "': [",
+                x.n_cols, "] -> [", y.n_cols, "], expected [", n_in_, "] -> [", n_out_, "]");
   if (tensors_.size() == 1) {
-    backend.linear(x, tensors_[0], y);
+    g.add(node::Linear{.x = x, .w = &tensors_[0], .y = y});
   } else {
-    METRALE_CHECK(y.n_cols == n_out_, "linear '", parts_[0].name, "': output has ", y.n_cols,
-                  " columns, expected ", n_out_);
     for (size_t i = 0; i < tensors_.size(); ++i) {
-      backend.linear(x, tensors_[i], column_slice(y, parts_[i].offset, parts_[i].n_out));
+      g.add(
+          node::Linear{.x = x, .w = &tensors_[i], .y = y.cols(parts_[i].offset, parts_[i].n_out)});
     }
   }
-  if (lora_slots.empty()) return;
   for (size_t i = 0; i < lora_.size(); ++i) {
     if (lora_[i] == nullptr) continue;
-    backend.lora({.x = x,
-                  .y = column_slice(y, parts_[i].offset, parts_[i].n_out),
-                  .slots = lora_slots,
-                  .weights = lora_[i]});
+    g.add(node::Lora{.x = x, .y = y.cols(parts_[i].offset, parts_[i].n_out), .weights = lora_[i]},
+          When::kLoraRows);
   }
 }
 

@@ -5,13 +5,15 @@
 // LoRA, which attaches per part) never asks which one it got.
 //
 // LoRA: a slot pool (lora/lora_pool.h) attaches its weights to a part with attach_lora(); a
-// forward given the rows' slots then adds each row's adapter to that part's columns.
+// graph recorded afterwards follows the product with one lora node per adapted part, which
+// adds each row's adapter to that part's columns (and runs only in passes with LoRA rows).
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "graph/graph.h"
 #include "weights/tensor_loader.h"
 
 namespace metrale {
@@ -30,10 +32,9 @@ class Linear {
   // One tensor per part.
   static Linear separate(std::vector<WeightTensor> tensors, std::vector<Part> parts);
 
-  // x: [rows, n_in()], y: [rows, n_out()]. lora_slots: [rows] each row's LoRA slot (-1: base
-  // weights only), or empty for none.
-  void forward(Backend& backend, ConstRows x, Rows y,
-               std::span<const int32_t> lora_slots = {}) const;
+  // Records y = x W^T (+ b), then the attached parts' LoRA. x: [rows, n_in()], y: [rows,
+  // n_out()].
+  void record(Graph& g, Tensor x, Tensor y) const;
 
   // Adds `lora` (owned by the pool, which outlives this) to part `part`; nullptr detaches.
   void attach_lora(size_t part, const LoraWeights* lora);

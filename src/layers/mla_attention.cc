@@ -10,19 +10,12 @@
 namespace metrale {
 namespace {
 
-// One head's product per call of `call(h)`, every head in one Backend::linears dispatch (a
-// few when there are more than kHeadsPerDispatch; the calls live on the stack, so a step
-// allocates nothing).
+// One head's product per call of `call(h)`, every head in one Backend::linears node.
 template <typename Call>
-void per_head(Backend& be, const std::vector<WeightTensor>& heads, Call&& call) {
-  constexpr int64_t kHeadsPerDispatch = 64;
-  LinearCall calls[kHeadsPerDispatch];
-  const auto n = static_cast<int64_t>(heads.size());
-  for (int64_t h0 = 0; h0 < n; h0 += kHeadsPerDispatch) {
-    const int64_t k = std::min(kHeadsPerDispatch, n - h0);
-    for (int64_t i = 0; i < k; ++i) calls[i] = call(h0 + i);
-    be.linears(std::span<const LinearCall>(calls, static_cast<size_t>(k)));
-  }
+void per_head(Graph& g, const std::vector<WeightTensor>& heads, Call&& call) {
+  node::Linears n;
+  for (size_t h = 0; h < heads.size(); ++h) n.calls.push_back(call(static_cast<int64_t>(h)));
+  g.add(std::move(n));
 }
 
 }  // namespace
@@ -98,67 +91,43 @@ std::unique_ptr<MlaAttention> MlaAttention::load(const ModelConfig& c, TensorLoa
   return a;
 }
 
-size_t MlaAttention::workspace_floats(int64_t max_rows) const {
-  const int64_t qk = n_heads_ * (nope_dim_ + rope_dim_);
-  return (q_a_.empty() ? 0 : rows_floats(max_rows, q_a_.n_out())) + rows_floats(max_rows, qk) +
-         rows_floats(max_rows, kv_rank_ + rope_dim_) +
-         2 * rows_floats(max_rows, n_heads_ * kv_rank_) + rows_floats(max_rows, n_heads_ * v_dim_);
-}
-
-void MlaAttention::forward(const ForwardContext& ctx, const LayerState& state, ConstRows x,
-                           Rows out, Workspace ws) const {
-  Backend& be = *ctx.backend;
-  const int64_t n = ctx.n_rows, N = n_heads_, R = kv_rank_, qk = nope_dim_ + rope_dim_;
-  const Rows q = ws.rows(n, N * qk);
+void MlaAttention::record(Graph& g, const BlockIo& io) const {
+  const int64_t N = n_heads_, R = kv_rank_, qk = nope_dim_ + rope_dim_;
+  const Tensor q = g.buffer("q", N * qk);
   if (!q_a_.empty()) {
-    const Rows qa = ws.rows(n, q_a_.n_out());
-    q_a_.forward(be, x, qa);
-    q_a_norm_.apply(be, qa, qa);
-    q_.forward(be, qa, q);
+    const Tensor qa = g.buffer("q_a", q_a_.n_out());
+    q_a_.record(g, io.x, qa);
+    q_a_norm_.record(g, qa, qa);
+    q_.record(g, qa, q);
   } else {
-    q_.forward(be, x, q);
+    q_.record(g, io.x, q);
   }
-  const Rows ckv = ws.rows(n, R + rope_dim_);
-  kv_a_.forward(be, x, ckv);
-  kv_a_norm_.apply(be, column_slice(ckv, 0, R), column_slice(ckv, 0, R));
-  be.rope({.x = q,
-           .n_heads = N,
-           .head_dim = qk,
-           .positions = ctx.positions,
-           .table = ctx.rope,
-           .offset = nope_dim_,
-           .pairs = pairs_});
-  be.rope({.x = column_slice(ckv, R, rope_dim_),
-           .n_heads = 1,
-           .head_dim = rope_dim_,
-           .positions = ctx.positions,
-           .table = ctx.rope,
-           .pairs = pairs_});
-  const Rows q_latent = ws.rows(n, N * R);
-  per_head(be, k_absorb_, [&](int64_t h) -> LinearCall {
-    return {column_slice(ConstRows(q), h * qk, nope_dim_), &k_absorb_[static_cast<size_t>(h)],
-            column_slice(q_latent, h * R, R)};
+  const Tensor ckv = g.buffer("kv_a", R + rope_dim_);
+  kv_a_.record(g, io.x, ckv);
+  kv_a_norm_.record(g, ckv.cols(0, R), ckv.cols(0, R));
+  g.add(node::Rope{.x = q, .n_heads = N, .head_dim = qk, .offset = nope_dim_, .pairs = pairs_});
+  g.add(node::Rope{
+      .x = ckv.cols(R, rope_dim_), .n_heads = 1, .head_dim = rope_dim_, .pairs = pairs_});
+  const Tensor q_latent = g.buffer("q_latent", N * R);
+  per_head(g, k_absorb_, [&](int64_t h) -> node::Linears::Call {
+    return {q.cols(h * qk, nope_dim_), &k_absorb_[static_cast<size_t>(h)], q_latent.cols(h * R, R)};
   });
-  const Rows latent_out = ws.rows(n, N * R);
-  be.latent_attention({.q_latent = q_latent,
-                       .q = q,
-                       .nope_dim = nope_dim_,
-                       .kv = ckv,
-                       .slots = ctx.slots,
-                       .out = latent_out,
-                       .cache = state.kv,
-                       .seqs = ctx.seqs,
-                       .row_seq = ctx.row_seq,
-                       .positions = ctx.positions,
-                       .n_heads = N,
-                       .kv_rank = R,
-                       .scale = scale_});
-  const Rows attn = ws.rows(n, N * v_dim_);
-  per_head(be, v_up_, [&](int64_t h) -> LinearCall {
-    return {column_slice(ConstRows(latent_out), h * R, R), &v_up_[static_cast<size_t>(h)],
-            column_slice(attn, h * v_dim_, v_dim_)};
+  const Tensor latent_out = g.buffer("latent_out", N * R);
+  g.add(node::LatentAttention{.q_latent = q_latent,
+                              .q = q,
+                              .nope_dim = nope_dim_,
+                              .kv = ckv,
+                              .out = latent_out,
+                              .layer = io.layer,
+                              .n_heads = N,
+                              .kv_rank = R,
+                              .scale = scale_});
+  const Tensor attn = g.buffer("attn", N * v_dim_);
+  per_head(g, v_up_, [&](int64_t h) -> node::Linears::Call {
+    return {latent_out.cols(h * R, R), &v_up_[static_cast<size_t>(h)],
+            attn.cols(h * v_dim_, v_dim_)};
   });
-  o_.forward(be, attn, out);
+  o_.record(g, attn, io.out);
 }
 
 std::string MlaAttention::describe() const {

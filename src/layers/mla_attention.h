@@ -31,9 +31,7 @@ class MlaAttention final : public Mixer {
   static std::unique_ptr<MlaAttention> load(const ModelConfig& config, TensorLoader& loader,
                                             const std::string& prefix);
 
-  void forward(const ForwardContext& ctx, const LayerState& state, ConstRows x, Rows out,
-               Workspace ws) const override;
-  size_t workspace_floats(int64_t max_rows) const override;
+  void record(Graph& g, const BlockIo& io) const override;
   std::string describe() const override;
   uint64_t active_bytes_per_token() const override;
   // The latent and the roped key, keys only.

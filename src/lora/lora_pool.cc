@@ -100,8 +100,15 @@ LoraPool::LoraPool(Architecture& arch, Backend& backend, const ModelConfig& conf
     }
     modules_.push_back(std::move(mod));
   }
+  slots_.resize(static_cast<size_t>(S));
+  adapters_.resize(static_cast<size_t>(S));
+  heads_.resize(static_cast<size_t>(S));
+  overlays_.resize(static_cast<size_t>(S));
+  overlay_memory_.resize(static_cast<size_t>(S));
+  arch.lora_overlays = overlays_;
   // Remember how to detach (the destructor undoes every attachment).
-  detach_ = [attach]() {
+  detach_ = [attach, &arch]() {
+    arch.lora_overlays = {};
     for (const Attach& a : attach) {
       if (a.linear != nullptr) {
         a.linear->attach_lora(a.part, nullptr);
@@ -110,9 +117,6 @@ LoraPool::LoraPool(Architecture& arch, Backend& backend, const ModelConfig& conf
       }
     }
   };
-  slots_.resize(static_cast<size_t>(S));
-  adapters_.resize(static_cast<size_t>(S));
-  heads_.resize(static_cast<size_t>(S));
 }
 
 LoraPool::~LoraPool() {
@@ -145,39 +149,84 @@ void LoraPool::write_slot(int32_t slot, const PeftAdapter& ad) {
   std::vector<const LoraPair*> pair_of(modules_.size(), nullptr);
   std::vector<float> bt;
   for (const LoraPair& p : ad.pairs) pair_of[p.module] = &p;
-  auto put = [&](void* base, int64_t at, const float* src, int64_t n) {
+  // A slot's share of a module is staged on the host (zero padding included) and uploaded.
+  std::vector<std::byte> stage_a, stage_b;
+  auto put = [&](std::vector<std::byte>& stage, int64_t at, const float* src, int64_t n) {
     if (options_.dtype == DType::kBF16) {
-      from_f32(src, DType::kBF16, static_cast<uint16_t*>(base) + at, static_cast<size_t>(n));
+      from_f32(src, DType::kBF16, reinterpret_cast<uint16_t*>(stage.data()) + at,
+               static_cast<size_t>(n));
     } else {
-      std::memcpy(static_cast<float*>(base) + at, src, static_cast<size_t>(n) * sizeof(float));
+      std::memcpy(reinterpret_cast<float*>(stage.data()) + at, src,
+                  static_cast<size_t>(n) * sizeof(float));
     }
   };
   for (size_t i = 0; i < modules_.size(); ++i) {
     Module& m = *modules_[i];
     const int64_t E = m.w.n_experts, in = m.w.n_in, out = m.w.n_out;
-    // Zero the slot's share (the padding), then copy the adapter's ranks in.
-    auto* a = const_cast<std::byte*>(static_cast<const std::byte*>(m.w.a));
-    auto* b = const_cast<std::byte*>(static_cast<const std::byte*>(m.w.b));
-    std::memset(a + slot * E * R * in * static_cast<int64_t>(elem), 0,
-                static_cast<size_t>(E * R * in) * elem);
-    std::memset(b + slot * E * R * out * static_cast<int64_t>(elem), 0,
-                static_cast<size_t>(E * R * out) * elem);
+    stage_a.assign(static_cast<size_t>(E * R * in) * elem, std::byte{0});
+    stage_b.assign(static_cast<size_t>(E * R * out) * elem, std::byte{0});
     const LoraPair* p = pair_of[i];
     m.rank[s] = p == nullptr ? 0 : static_cast<int32_t>(p->rank);
     m.scale[s] = p == nullptr ? 0.0f : p->scale;
-    if (p == nullptr) continue;
-    const int64_t r = p->rank;
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t blk = slot * E + e;
-      put(a, blk * R * in, p->a.data() + e * r * in, r * in);  // rows [0, r) of [R, in]
-      // B [out, r] -> rows [0, r) of B^T [R, out].
-      bt.resize(static_cast<size_t>(r * out));
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t j = 0; j < r; ++j)
-          bt[static_cast<size_t>(j * out + o)] = p->b[static_cast<size_t>((e * out + o) * r + j)];
-      put(b, blk * R * out, bt.data(), r * out);
+    if (p != nullptr) {
+      const int64_t r = p->rank;
+      for (int64_t e = 0; e < E; ++e) {
+        put(stage_a, e * R * in, p->a.data() + e * r * in, r * in);  // rows [0, r) of [R, in]
+        // B [out, r] -> rows [0, r) of B^T [R, out].
+        bt.resize(static_cast<size_t>(r * out));
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t j = 0; j < r; ++j)
+            bt[static_cast<size_t>(j * out + o)] = p->b[static_cast<size_t>((e * out + o) * r + j)];
+        put(stage_b, e * R * out, bt.data(), r * out);
+      }
     }
+    auto* a = const_cast<std::byte*>(static_cast<const std::byte*>(m.w.a));
+    auto* b = const_cast<std::byte*>(static_cast<const std::byte*>(m.w.b));
+    backend_->upload(a + static_cast<size_t>(slot) * stage_a.size(), stage_a.data(),
+                     stage_a.size());
+    backend_->upload(b + static_cast<size_t>(slot) * stage_b.size(), stage_b.data(),
+                     stage_b.size());
   }
+}
+
+LoraPool::Overlays LoraPool::make_overlays(const PeftAdapter& ad) {
+  const int64_t H = info_.hidden, V = info_.vocab;
+  const auto n_tokens = static_cast<int64_t>(ad.tokens.ids.size());
+  // One buffer: [embed_tokens | token rows | lm_head | token ids], each 64-byte aligned.
+  auto aligned = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
+  const size_t embed_bytes = ad.embed_tokens.empty() ? 0 : static_cast<size_t>(V * H) * 4;
+  const size_t rows_bytes = static_cast<size_t>(n_tokens * H) * 4;
+  const size_t head_bytes = ad.lm_head.empty() ? 0 : static_cast<size_t>(V * H) * 4;
+  const size_t ids_bytes = static_cast<size_t>(n_tokens) * 4;
+  const size_t at_rows = aligned(embed_bytes), at_head = at_rows + aligned(rows_bytes),
+               at_ids = at_head + aligned(head_bytes);
+  Overlays out;
+  if (at_ids + ids_bytes == 0) return out;
+  out.memory = backend_->allocate(at_ids + ids_bytes);
+  auto* base = out.memory.as<std::byte>();
+  LoraSlotOverlay& o = out.overlay;
+  if (embed_bytes > 0) {
+    backend_->upload(base, ad.embed_tokens.data(), embed_bytes);
+    o.embed = reinterpret_cast<const float*>(base);
+  }
+  if (n_tokens > 0) {
+    backend_->upload(base + at_rows, ad.tokens.rows.data(), rows_bytes);
+    backend_->upload(base + at_ids, ad.tokens.ids.data(), ids_bytes);
+    o.token_rows = reinterpret_cast<const float*>(base + at_rows);
+    o.token_ids = reinterpret_cast<const int32_t*>(base + at_ids);
+    o.n_tokens = n_tokens;
+    o.tied_tokens = info_.tied_embeddings;
+  }
+  if (head_bytes > 0) {
+    backend_->upload(base + at_head, ad.lm_head.data(), head_bytes);
+    out.head = backend_->prepare({.name = ad.dir.string() + ": lm_head.weight",
+                                  .format = WeightFormat::kF32,
+                                  .n_out = V,
+                                  .n_in = H,
+                                  .data = base + at_head},
+                                 PrepareMode::kInPlace);
+  }
+  return out;
 }
 
 LoraRef LoraPool::load(const std::string& name, const std::filesystem::path& dir, bool pinned) {
@@ -190,15 +239,7 @@ LoraRef LoraPool::load(const std::string& name, const std::filesystem::path& dir
                   p.rank, " exceeds the LoRA pool's max rank ", options_.max_rank,
                   " (start with a larger --lora-max-rank)");
   }
-  WeightTensor head;
-  if (!ad->lm_head.empty()) {
-    head = backend_->prepare({.name = dir.string() + ": lm_head.weight",
-                              .format = WeightFormat::kF32,
-                              .n_out = info_.vocab,
-                              .n_in = info_.hidden,
-                              .data = ad->lm_head.data()},
-                             PrepareMode::kInPlace);
-  }
+  Overlays overlays = make_overlays(*ad);
   const int32_t s = victim();
   if (s < 0) {
     std::string held;
@@ -210,6 +251,11 @@ LoraRef LoraPool::load(const std::string& name, const std::filesystem::path& dir
                      "); cannot load '", name, "'");
   }
   write_slot(s, *ad);
+  const auto us = static_cast<size_t>(s);
+  heads_[us] = std::move(overlays.head);
+  overlays_[us] = overlays.overlay;
+  if (heads_[us].data != nullptr) overlays_[us].head = &heads_[us];
+  overlay_memory_[us] = std::move(overlays.memory);
   SlotInfo& info = slots_[static_cast<size_t>(s)];
   info = {.name = name,
           .dir = dir,
@@ -218,7 +264,6 @@ LoraRef LoraPool::load(const std::string& name, const std::filesystem::path& dir
           .pinned = pinned,
           .last_used = ++clock_};
   adapters_[static_cast<size_t>(s)] = std::move(ad);
-  heads_[static_cast<size_t>(s)] = std::move(head);
   return {s, info.generation};
 }
 
@@ -231,7 +276,9 @@ void LoraPool::unload(const std::string& name) {
   for (auto& m : modules_) m->rank[static_cast<size_t>(s)] = 0;
   info = {.generation = info.generation + 1};
   adapters_[static_cast<size_t>(s)].reset();
+  overlays_[static_cast<size_t>(s)] = {};
   heads_[static_cast<size_t>(s)] = {};
+  overlay_memory_[static_cast<size_t>(s)] = Buffer();
 }
 
 LoraRef LoraPool::acquire(const std::string& name) {
@@ -268,56 +315,13 @@ void LoraPool::touch(LoraRef ref) {
 }
 
 bool LoraPool::has_embedding_overlays() const {
-  return std::any_of(adapters_.begin(), adapters_.end(), [](const auto& a) {
-    return a && (!a->embed_tokens.empty() || !a->tokens.ids.empty());
-  });
+  return std::any_of(overlays_.begin(), overlays_.end(),
+                     [](const LoraSlotOverlay& o) { return o.embeds(); });
 }
 
 bool LoraPool::has_head_overlays() const {
-  return std::any_of(adapters_.begin(), adapters_.end(), [&](const auto& a) {
-    return a && (!a->lm_head.empty() || (info_.tied_embeddings && !a->tokens.ids.empty()));
-  });
-}
-
-void LoraPool::apply_embedding(std::span<const int32_t> ids, std::span<const int32_t> slots,
-                               Rows h) const {
-  const int64_t H = info_.hidden;
-  for (size_t r = 0; r < ids.size(); ++r) {
-    if (slots[r] < 0) continue;
-    const PeftAdapter* ad = adapters_[static_cast<size_t>(slots[r])].get();
-    if (ad == nullptr) continue;
-    float* row = h.row(static_cast<int64_t>(r));
-    if (!ad->embed_tokens.empty())
-      std::copy_n(ad->embed_tokens.data() + static_cast<int64_t>(ids[r]) * H, H, row);
-    const auto& t = ad->tokens.ids;
-    auto it = std::lower_bound(t.begin(), t.end(), ids[r]);
-    if (it != t.end() && *it == ids[r])
-      std::copy_n(ad->tokens.rows.data() + (it - t.begin()) * H, H, row);
-  }
-}
-
-void LoraPool::apply_head(ConstRows x, std::span<const int32_t> slots, Rows logits) const {
-  const int64_t H = info_.hidden;
-  for (int64_t r = 0; r < x.n_rows; ++r) {
-    const int32_t s = slots[static_cast<size_t>(r)];
-    if (s < 0) continue;
-    const PeftAdapter* ad = adapters_[static_cast<size_t>(s)].get();
-    if (ad == nullptr) continue;
-    const ConstRows xr{x.row(r), 1, x.n_cols, x.stride};
-    if (!ad->lm_head.empty()) {
-      backend_->linear(xr, heads_[static_cast<size_t>(s)],
-                       Rows{logits.row(r), 1, logits.n_cols, logits.stride});
-    }
-    if (info_.tied_embeddings && !ad->tokens.ids.empty()) {
-      // The tied head's rows of the trainable tokens are the new rows too.
-      for (size_t k = 0; k < ad->tokens.ids.size(); ++k) {
-        const float* w = ad->tokens.rows.data() + static_cast<int64_t>(k) * H;
-        float acc = 0.0f;
-        for (int64_t d = 0; d < H; ++d) acc += w[d] * xr.row(0)[d];
-        logits.row(r)[ad->tokens.ids[k]] = acc;
-      }
-    }
-  }
+  return std::any_of(overlays_.begin(), overlays_.end(),
+                     [](const LoraSlotOverlay& o) { return o.heads(); });
 }
 
 }  // namespace metrale

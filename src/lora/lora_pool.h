@@ -15,7 +15,8 @@
 // and refused, never served with another adapter's weights.
 //
 // Token overlays (trainable_token_indices, modules_to_save on embed_tokens / lm_head) are kept
-// per slot and applied by apply_embedding / apply_head to the rows of that slot.
+// per slot in backend memory and attached to the Architecture (lora_overlays), whose recorded
+// pass applies them with the backend's token_overlay / head_overlay ops to that slot's rows.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -83,12 +84,6 @@ class LoraPool {
   };
   std::span<const SlotInfo> slots() const { return slots_; }
 
-  // Overlays on the embedding rows: for each row whose slot saved embed_tokens, its table's
-  // row; then for its trainable token ids, their new rows.
-  void apply_embedding(std::span<const int32_t> ids, std::span<const int32_t> slots, Rows h) const;
-  // Overlays on the logits of `x` (the head's input rows): a saved lm_head recomputes the row;
-  // trainable tokens on a tied embedding recompute their ids' logits.
-  void apply_head(ConstRows x, std::span<const int32_t> slots, Rows logits) const;
   // Whether any slot holds an overlay of that kind (the engine skips the pass otherwise).
   bool has_embedding_overlays() const;
   bool has_head_overlays() const;
@@ -98,6 +93,14 @@ class LoraPool {
   int32_t find(const std::string& name) const;
   int32_t victim() const;
   void write_slot(int32_t slot, const PeftAdapter& adapter);
+  // The adapter's token overlays copied into backend memory (head: a saved lm_head, prepared;
+  // the overlay's head pointer is set once it has its slot).
+  struct Overlays {
+    Buffer memory;
+    LoraSlotOverlay overlay;
+    WeightTensor head;
+  };
+  Overlays make_overlays(const PeftAdapter& adapter);
 
   LoraPoolOptions options_;
   Backend* backend_;
@@ -106,8 +109,10 @@ class LoraPool {
   Buffer memory_;
   uint64_t bytes_ = 0;
   std::vector<SlotInfo> slots_;
-  std::vector<std::shared_ptr<const PeftAdapter>> adapters_;  // [slots]: the overlays' source
+  std::vector<std::shared_ptr<const PeftAdapter>> adapters_;  // [slots]
   std::vector<WeightTensor> heads_;                           // [slots]: saved lm_head, prepared
+  std::vector<LoraSlotOverlay> overlays_;                     // [slots] what the ops read
+  std::vector<Buffer> overlay_memory_;                        // [slots] their backend memory
   uint64_t clock_ = 0;
   std::function<void()> detach_;  // undoes the attachments
 };

@@ -368,7 +368,9 @@ std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name
   return out;
 }
 
-NormWeight TensorLoader::norm(const std::string& name, int64_t n) { return floats(name, {n}); }
+DeviceFloats TensorLoader::norm(const std::string& name, int64_t n) {
+  return {backend_, floats(name, {n})};
+}
 
 std::vector<float> TensorLoader::floats(const std::string& name,
                                         std::initializer_list<int64_t> shape) {

@@ -24,9 +24,6 @@ namespace metrale {
 // goes, so a load never holds two resident copies.
 enum class WeightPlacement : uint8_t { kCopy, kInPlace };
 
-// A norm weight widened to f32 at load time (they are tiny and read every row).
-using NormWeight = std::vector<float>;
-
 class TensorLoader {
  public:
   TensorLoader(const Checkpoint& checkpoint, Backend& backend, WeightPlacement placement,
@@ -91,8 +88,15 @@ class TensorLoader {
   // Whether the checkpoint holds `name` (claims nothing).
   bool has(const std::string& name) const { return checkpoint_.find(name) != nullptr; }
   const Checkpoint& checkpoint() const { return checkpoint_; }
-  // A 1-D [n] vector (norm weight), widened to f32.
-  NormWeight norm(const std::string& name, int64_t n);
+  // A 1-D [n] vector (norm weight), widened to f32, in backend memory (tiny, read every row).
+  DeviceFloats norm(const std::string& name, int64_t n);
+  // floats() of `name`, in backend memory.
+  DeviceFloats device_floats(const std::string& name, std::initializer_list<int64_t> shape) {
+    return {backend_, floats(name, shape)};
+  }
+  // The backend weights are placed on (for arrays a layer derives at load, e.g. a transposed
+  // conv kernel, uploaded with DeviceFloats).
+  Backend& backend() { return backend_; }
   // Any f32 / bf16 / f16 tensor of exactly `shape`, widened to f32 in its row-major order
   // (small per-layer parameters: a conv kernel, A_log, dt_bias).
   std::vector<float> floats(const std::string& name, std::initializer_list<int64_t> shape);

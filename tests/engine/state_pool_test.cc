@@ -603,14 +603,14 @@ TEST_F(StatePoolTest, SnapshotCopyRoundTrip) {
   for (size_t i = 0; i < plan.block_bytes; ++i) live[i] = static_cast<std::byte>(i * 131 % 251);
   const std::vector<std::byte> want(live, live + plan.block_bytes);
 
-  StatePool::copy_block(live, pool.snapshot_block(1), plan.block_bytes);  // save
+  pool.copy_block(live, pool.snapshot_block(1), plan.block_bytes);  // save
   pool.zero_block(live);
   EXPECT_TRUE(
       std::all_of(live, live + plan.block_bytes, [](std::byte x) { return x == std::byte{}; }));
-  StatePool::copy_block(pool.snapshot_block(1), pool.block(slot, 0), plan.block_bytes);  // restore
+  pool.copy_block(pool.snapshot_block(1), pool.block(slot, 0), plan.block_bytes);  // restore
   EXPECT_EQ(0, std::memcmp(want.data(), pool.block(slot, 0), plan.block_bytes));
   EXPECT_EQ(0, std::memcmp(want.data(), pool.snapshot_block(1), plan.block_bytes));
-  StatePool::copy_block(live, live, plan.block_bytes);  // a copy onto itself is a no-op
+  pool.copy_block(live, live, plan.block_bytes);  // a copy onto itself is a no-op
   // The untouched snapshot is still zero.
   const std::byte* s0 = pool.snapshot_block(0);
   EXPECT_TRUE(std::all_of(s0, s0 + plan.block_bytes, [](std::byte x) { return x == std::byte{}; }));

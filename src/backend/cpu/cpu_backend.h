@@ -27,6 +27,7 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   // 64-byte aligned; >= 2 MiB requests are 2 MiB aligned and advised MADV_HUGEPAGE.
   Buffer allocate(size_t bytes) override;
+  Device device() const override { return Device::kHost; }
   bool supports(Op op, WeightFormat format, DType dtype) const override;
 
   ThreadPool& pool() const { return *pool_; }
@@ -53,6 +54,13 @@ class CpuBackend final : public Backend {
   void do_sigmoid_mul(const SigmoidMulArgs& a) override;
   void do_latent_attention(const LatentAttentionArgs& a) override;
   void do_lora(const LoraArgs& a) override;
+  void do_gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out) override;
+  void do_token_overlay(const TokenOverlayArgs& a) override;
+  void do_head_overlay(const HeadOverlayArgs& a) override;
+  void do_upload(void* dst, const void* host_src, size_t bytes) override;
+  void do_download(void* host_dst, const void* src, size_t bytes) override;
+  void do_copy(void* dst, const void* src, size_t bytes) override;
+  void do_zero(void* dst, size_t bytes) override;
   bool knows_packing(const WeightTensor& w) const override;
   int64_t max_head_dim() const override { return cpu::kMaxHeadDim; }
 

@@ -1,0 +1,81 @@
+#pragma once
+// Executor: runs a recorded Graph on a backend, op by op — the layer loop. Per pass the caller
+// binds the graph's external buffers (the residual stream, the logits) and hands the pass's
+// inputs; every node then becomes one call of the backend's public op with its Tensors
+// resolved to rows of the arena (plan.h) or of the bound buffers. Nothing is allocated per
+// pass.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "graph/graph.h"
+#include "graph/plan.h"
+
+namespace metrale {
+
+// Where one layer's recurrent state sits in every state block (engine/state_pool.h).
+struct LayerStateOffsets {
+  bool has_state = false;
+  size_t conv = 0;  // bytes from a block's start
+  size_t ssm = 0;
+};
+
+// Receives Observe nodes' rows (HiddenSink's contract: index, the pass's rows of it).
+using PassObserver = std::function<void(int32_t index, ConstRows rows)>;
+
+// The per-pass inputs of a graph (engine/model.cc fills them; ForwardContext's successor).
+// The rows of a sequence are consecutive and are its newest tokens.
+struct PassInputs {
+  int64_t n_rows = 0;
+  int64_t n_wanted = 0;
+  std::span<const int32_t> ids;        // [n_rows] token ids
+  std::span<const int32_t> positions;  // [n_rows] position of each row in its sequence
+  std::span<const int32_t> row_seq;    // [n_rows] index of each row's sequence in `seqs`
+  std::span<const int64_t> slots;      // [n_rows] KV slot each row's K/V is stored to
+  // [n_rows] LoRA slot of each row (-1: base weights); empty when no row has one.
+  std::span<const int32_t> lora_slots;
+  std::span<const int32_t> wanted;             // [n_wanted] rows that want logits, ascending
+  std::span<const int32_t> wanted_lora_slots;  // [n_wanted]; empty when lora_slots is
+  // The pass's sequences; seq_len counts every stored token, this pass's rows included.
+  std::span<const KvPageTable> seqs;
+  RopeCache rope;
+  std::span<const KvLayerView> kv;             // [layers] each layer's pages
+  std::span<const StateRun> state_runs;        // [seqs] hybrid models: the blocks of each
+  std::span<const LayerStateOffsets> state;    // [layers]; empty: no recurrent state
+  DType state_dtype = DType::kF32;
+  bool embed_overlays = false;  // some row's LoRA slot overlays embedding rows
+  bool head_overlays = false;   // some wanted row's LoRA slot overlays the logits
+  const PassObserver* observer = nullptr;  // for a graph recorded with Observe nodes
+};
+
+class Executor {
+ public:
+  // `arena`: at least plan.arena_bytes of backend memory, outliving the executor. `graph` and
+  // `plan` too.
+  Executor(const Graph& graph, const GraphPlan& plan, void* arena);
+
+  // Binds external buffer `id` for the next passes (its rows: n_rows or n_wanted of them). A
+  // buffer only nodes that do not run read (the logits of a pass that wants none) may stay
+  // unbound; an op reading an unbound one is refused by its validation (null rows).
+  void bind(BufferId id, float* data, int64_t stride);
+  // Runs every node whose conditions hold.
+  void run(Backend& backend, const PassInputs& in);
+
+ private:
+  void run_node(Backend& be, const Node& node, const PassInputs& in);
+  Rows rows(const Tensor& t) const;
+  std::span<int32_t> ints(const Tensor& t) const;
+  std::span<float> floats(const Tensor& t) const;
+  StateSlice state_slice(const PassInputs& in, int32_t layer, bool conv) const;
+
+  const Graph* graph_;
+  const GraphPlan* plan_;
+  std::vector<float*> base_;      // [buffers] this pass's rows start here
+  std::vector<float*> own_;       // [buffers] the arena's (or the bound) memory
+  std::vector<int64_t> stride_;   // [buffers]
+  std::vector<int64_t> n_rows_;   // [buffers] this pass's row count
+  std::vector<LinearCall> calls_;  // Linears scratch
+};
+
+}  // namespace metrale
