@@ -53,6 +53,10 @@ std::string_view op_name(Op op) {
       return "head_overlay";
     case Op::kMemory:
       return "memory";
+    case Op::kRopeRows:
+      return "rope_rows";
+    case Op::kScatterRows:
+      return "scatter_rows";
   }
   return "unknown-op";
 }
@@ -638,13 +642,38 @@ void Backend::zero(void* dst, size_t bytes) {
   do_zero(dst, bytes);
 }
 
-DeviceFloats::DeviceFloats(Backend& backend, std::span<const float> values)
-    : size_(static_cast<int64_t>(values.size())) {
-  if (values.empty()) return;
-  auto buffer = std::make_shared<Buffer>(backend.allocate(values.size_bytes()));
-  backend.upload(buffer->data(), values.data(), values.size_bytes());
-  data_ = buffer->as<const float>();
-  storage_ = std::move(buffer);
+void Backend::scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add) {
+  const auto n = static_cast<int64_t>(rows.size());
+  check_rows({"scatter_rows", "", "x"}, x, n, out.n_cols);
+  METRALE_CHECK(out.data != nullptr || out.n_rows == 0, "scatter_rows: out: null data");
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t r = rows[static_cast<size_t>(i)];
+    METRALE_CHECK(r >= 0 && r < out.n_rows, "scatter_rows: row ", i, " names row ", r, " of out's ",
+                  out.n_rows);
+    METRALE_CHECK(i == 0 || r > rows[static_cast<size_t>(i - 1)],
+                  "scatter_rows: rows must be ascending (row ", i, " names ", r, " after ",
+                  rows[static_cast<size_t>(i - 1)], ")");
+  }
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kScatterRows, nullptr);
+  do_scatter_rows(x, rows, out, add);
+}
+
+void Backend::rope_rows(const RopeRowsArgs& a) {
+  const int64_t n = a.cos.n_rows;
+  METRALE_CHECK(a.half > 0 && a.inv_freq != nullptr && a.axes != nullptr,
+                "rope_rows: no frequencies");
+  check_rows({"rope_rows", "", "cos"}, a.cos, n, a.half);
+  check_rows({"rope_rows", "", "sin"}, a.sin, n, a.half);
+  check_span({"rope_rows", "", "positions"}, a.positions, 3 * n);
+  for (size_t i = 0; i < a.positions.size(); ++i) {
+    // Positions stay exact in float (2^24) as HF's float32 product has them.
+    METRALE_CHECK(a.positions[i] >= 0 && a.positions[i] < (1 << 24), "rope_rows: position ",
+                  a.positions[i], " (row ", i / 3, ", axis ", i % 3, ") is outside [0, 2^24)");
+  }
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kRopeRows, nullptr);
+  do_rope_rows(a);
 }
 
 }  // namespace metrale

@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "backend/buffer.h"
 #include "backend/kv_cache.h"
@@ -52,8 +53,10 @@ enum class Op : uint8_t {
   kTokenOverlay,     // LoRA adapters' token overlays on the embedding rows
   kHeadOverlay,      // LoRA adapters' overlays on the logits (a saved lm_head, trainable tokens)
   kMemory,           // upload / download / copy / zero of backend memory
+  kRopeRows,         // per-row cos/sin of multimodal (t, h, w) positions (M-RoPE)
+  kScatterRows,      // out[rows[i]] (+)= x[i] (embeddings injected into a pass's rows)
 };
-inline constexpr int kOpCount = 19;
+inline constexpr int kOpCount = 21;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -148,6 +151,22 @@ struct RopeArgs {
   // apply_rotary_pos_emb_interleave also moves the evens before the odds; queries and keys
   // move alike, so their dot products are the same).
   bool pairs = false;
+};
+
+// The cos/sin rows of a pass's own positions, for multimodal rope (Qwen2-VL's M-RoPE and its
+// interleaved form in Qwen3-VL / Qwen3.5): row r, frequency i rotates by the position of axis
+// axes[i] (0 = t, 1 = h, 2 = w), freq = float(positions[3 r + axes[i]]) * inv_freq[i], and
+// cos / sin = float(cos / sin(double(freq))) * scaling — exactly how RopeTable builds its table
+// (so a row whose three positions are equal gets the table's row for that position, bit for
+// bit). The rope op then reads these rows with row r's "position" = r.
+struct RopeRowsArgs {
+  std::span<const int32_t> positions;  // [n_rows * 3] (t, h, w) of each row, each >= 0
+  const float* inv_freq = nullptr;     // [half]
+  const int32_t* axes = nullptr;       // [half] each 0, 1 or 2
+  int64_t half = 0;                    // rotary_dim / 2
+  float scaling = 1.0f;                // the table's attention scaling
+  Rows cos;                            // [n_rows, half]
+  Rows sin;                            // [n_rows, half]
 };
 
 struct KvStoreArgs {
@@ -483,6 +502,9 @@ class Backend {
   void lora(const LoraArgs& a);
   // out[i] = x[rows[i]]: whole rows, bit for bit.
   void gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out);
+  // out[rows[i]] = x[i], or += x[i] when add (no row named twice).
+  void scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add);
+  void rope_rows(const RopeRowsArgs& a);
   void token_overlay(const TokenOverlayArgs& a);
   void head_overlay(const HeadOverlayArgs& a);
 
@@ -509,6 +531,8 @@ class Backend {
   virtual void do_latent_attention(const LatentAttentionArgs& a) = 0;
   virtual void do_lora(const LoraArgs& a) = 0;
   virtual void do_gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out) = 0;
+  virtual void do_scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add) = 0;
+  virtual void do_rope_rows(const RopeRowsArgs& a) = 0;
   virtual void do_token_overlay(const TokenOverlayArgs& a) = 0;
   virtual void do_head_overlay(const HeadOverlayArgs& a) = 0;
   virtual void do_upload(void* dst, const void* host_src, size_t bytes) = 0;
@@ -529,24 +553,35 @@ class Backend {
   friend class ObservedOp;
 };
 
-// A small f32 array in backend memory, uploaded once at load: norm weights, a conv kernel,
+// A small array in backend memory, uploaded once at load: norm weights, a conv kernel,
 // A_log / dt_bias, a router's correction bias, rope tables. Ops read it every row, so it lives
 // where they run; host code keeps no copy it reads instead.
-class DeviceFloats {
+template <typename T>
+class DeviceArray {
  public:
-  DeviceFloats() = default;
-  DeviceFloats(Backend& backend, std::span<const float> values);
+  DeviceArray() = default;
+  DeviceArray(Backend& backend, std::span<const T> values)
+      : size_(static_cast<int64_t>(values.size())) {
+    if (values.empty()) return;
+    auto buffer = std::make_shared<Buffer>(backend.allocate(values.size_bytes()));
+    backend.upload(buffer->data(), values.data(), values.size_bytes());
+    data_ = buffer->template as<const T>();
+    storage_ = std::move(buffer);
+  }
+  DeviceArray(Backend& backend, const std::vector<T>& values)
+      : DeviceArray(backend, std::span<const T>(values)) {}
 
-  const float* data() const { return data_; }
+  const T* data() const { return data_; }
   int64_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   // For ops' arguments (backend memory: not for host code to read on a device backend).
-  std::span<const float> span() const { return {data_, static_cast<size_t>(size_)}; }
+  std::span<const T> span() const { return {data_, static_cast<size_t>(size_)}; }
 
  private:
   std::shared_ptr<const Buffer> storage_;
-  const float* data_ = nullptr;
+  const T* data_ = nullptr;
   int64_t size_ = 0;
 };
+using DeviceFloats = DeviceArray<float>;
 
 }  // namespace metrale

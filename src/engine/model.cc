@@ -101,6 +101,21 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     const auto rope_values = static_cast<size_t>(rope.n_positions * rope.rotary_dim / 2);
     m->rope_cos_ = DeviceFloats(*m->backend_, {rope.cos, rope_values});
     m->rope_sin_ = DeviceFloats(*m->backend_, {rope.sin, rope_values});
+    if (!c.rope.mrope_section.empty()) {
+      const auto half = static_cast<int64_t>(m->rope_.inv_freq().size());
+      const std::vector<int64_t>& sec = c.rope.mrope_section;
+      METRALE_CHECK(c.rope.mrope_interleaved || sec[0] + sec[1] + sec[2] == half, c.source,
+                    ": mrope_section ", sec[0], " + ", sec[1], " + ", sec[2],
+                    " does not cover the rope's ", half, " frequencies");
+      m->mrope_inv_freq_ = DeviceFloats(*m->backend_, m->rope_.inv_freq());
+      m->mrope_axes_ =
+          DeviceArray<int32_t>(*m->backend_, mrope_axes(sec, c.rope.mrope_interleaved, half));
+      m->mrope_ = {.inv_freq = m->mrope_inv_freq_.data(),
+                   .axes = m->mrope_axes_.data(),
+                   .half = half,
+                   .scaling = m->rope_.attention_scaling()};
+    }
+    m->injected_ = m->backend_->allocate(resid * sizeof(float));
     for (int64_t i = 0; i < static_cast<int64_t>(m->arch_->layers.size()); ++i) {
       m->kv_views_.push_back(m->kv_->layer(i));
       if (m->state_ != nullptr) {
@@ -117,6 +132,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     m->lora_slots_.resize(ur);
     m->want_.resize(ur);
     m->want_slots_.resize(ur);
+    m->positions3_.resize(3 * ur);
+    m->injected_rows_.resize(ur);
+    m->row_index_.resize(ur);
+    for (size_t i = 0; i < ur; ++i) m->row_index_[i] = static_cast<int32_t>(i);
     m->slots_.resize(ur);
     m->tables_.resize(ur);
     m->items_.resize(ur);
@@ -127,6 +146,34 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
 }
 
 Model::~Model() = default;
+
+void Model::check_multimodal(const StepItem& it, size_t index) const {
+  const size_t len = it.ids.size();
+  if (!multimodal_rope()) {
+    METRALE_CHECK(it.positions3.empty() && it.seq->rope_delta == 0, "step: item ", index,
+                  " gives multimodal (t, h, w) positions, but ", config_.model_type,
+                  "'s rope is 1-D");
+  } else {
+    METRALE_CHECK(it.positions3.empty() || it.positions3.size() == 3 * len, "step: item ", index,
+                  " has ", it.positions3.size(), " (t, h, w) position values for ", len,
+                  " tokens; expected ", 3 * len);
+    const int64_t lowest = static_cast<int64_t>(it.seq->tokens.size()) + it.seq->rope_delta;
+    METRALE_CHECK(!it.positions3.empty() || lowest >= 0, "step: item ", index, ": rope delta ",
+                  it.seq->rope_delta, " makes position ", lowest, " negative");
+  }
+  METRALE_CHECK(it.embed_rows.size() == static_cast<size_t>(it.embeds.n_rows), "step: item ", index,
+                " injects ", it.embeds.n_rows, " embedding rows at ", it.embed_rows.size(),
+                " places");
+  METRALE_CHECK(it.embed_rows.empty() || it.embeds.n_cols == config_.hidden_size, "step: item ",
+                index, "'s injected embeddings are ", it.embeds.n_cols,
+                " wide; the model's hidden size is ", config_.hidden_size);
+  for (size_t k = 0; k < it.embed_rows.size(); ++k) {
+    METRALE_CHECK(it.embed_rows[k] >= 0 && static_cast<size_t>(it.embed_rows[k]) < len &&
+                      (k == 0 || it.embed_rows[k] > it.embed_rows[k - 1]),
+                  "step: item ", index, ": injected row ", it.embed_rows[k], " (entry ", k,
+                  ") must be ascending within its ", len, " tokens");
+  }
+}
 
 void Model::check_ids(std::span<const int32_t> ids) const {
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -140,7 +187,8 @@ void Model::record_graphs() {
     Pass& p = observe ? observed_ : plain_;
     p.executor.reset();
     p.graph = Graph();
-    p.io = arch_->record(p.graph, {.observe = observe});
+    p.io = arch_->record(p.graph,
+                         {.observe = observe, .mrope = multimodal_rope() ? &mrope_ : nullptr});
     p.plan = plan_graph(p.graph, max_rows_);
   }
   arena_ = backend_->allocate(
@@ -153,6 +201,7 @@ void Model::run(const PassInputs& in, float* logits, const HiddenSink* sink) {
   Pass& p = sink != nullptr ? observed_ : plain_;
   p.executor->bind(p.io.h, h_.data, h_.stride);
   p.executor->bind(p.io.delta, delta_.data, delta_.stride);
+  p.executor->bind(p.io.injected, injected_.as<float>(), h_.stride);
   if (in.n_wanted > 0) p.executor->bind(p.io.logits, logits, config_.vocab_size);
   if (sink == nullptr) {
     p.executor->run(*backend_, in);
@@ -179,6 +228,7 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     METRALE_CHECK(have + len <= context_, "a sequence of ", have + len, " tokens (", have,
                   " cached + ", len, " new) exceeds the context of ", context_, " tokens");
     check_ids(it.ids);
+    check_multimodal(it, i);
     if (!it.seq->lora.base()) {
       METRALE_CHECK(lora_ != nullptr, "step: sequence ", i, " names LoRA slot ", it.seq->lora.slot,
                     " but the model has no LoRA pool");
@@ -202,16 +252,31 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     if (have % page != 0) kv_->unshare(it.seq->block_table, have / page);
     kv_->reserve(it.seq->block_table, have + static_cast<int64_t>(it.ids.size()));
   }
-  int64_t row = 0, w = 0;
+  int64_t row = 0, w = 0, n_injected = 0;
+  const int64_t H = config_.hidden_size;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
     const auto start = static_cast<int64_t>(it.seq->tokens.size());
     const auto len = static_cast<int64_t>(it.ids.size());
     tables_[i] = KvPageTable{.block_table = it.seq->block_table, .seq_len = start + len};
+    for (size_t k = 0; k < it.embed_rows.size(); ++k, ++n_injected) {
+      injected_rows_[static_cast<size_t>(n_injected)] =
+          static_cast<int32_t>(row + it.embed_rows[k]);
+      backend_->upload(injected_.as<float>() + n_injected * h_.stride,
+                       it.embeds.row(static_cast<int64_t>(k)),
+                       static_cast<size_t>(H) * sizeof(float));
+    }
     for (int64_t j = 0; j < len; ++j, ++row) {
       const auto ur = static_cast<size_t>(row);
       ids_[ur] = it.ids[static_cast<size_t>(j)];
       positions_[ur] = static_cast<int32_t>(start + j);
+      if (multimodal_rope()) {
+        for (size_t a = 0; a < 3; ++a) {
+          positions3_[3 * ur + a] = it.positions3.empty()
+                                        ? static_cast<int32_t>(start + j + it.seq->rope_delta)
+                                        : it.positions3[static_cast<size_t>(3 * j) + a];
+        }
+      }
       row_seq_[ur] = static_cast<int32_t>(i);
       lora_slots_[ur] = it.seq->lora.slot;
       slots_[ur] = tables_[i].slot(start + j, page);
@@ -234,6 +299,11 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
       .n_wanted = n_want,
       .ids = std::span(ids_).first(un),
       .positions = std::span(positions_).first(un),
+      .positions3 = multimodal_rope() ? std::span<const int32_t>(positions3_).first(3 * un)
+                                      : std::span<const int32_t>(),
+      .row_index = std::span(row_index_).first(un),
+      .n_injected = n_injected,
+      .injected_rows = std::span(injected_rows_).first(static_cast<size_t>(n_injected)),
       .row_seq = std::span(row_seq_).first(un),
       .slots = std::span(slots_).first(un),
       .lora_slots =

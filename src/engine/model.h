@@ -60,6 +60,10 @@ struct Sequence {
   int64_t state_floor = 0;
   // The LoRA adapter every row of this sequence runs with (Model::set_adapter; base: none).
   LoraRef lora;
+  // Multimodal rope (Model::multimodal_rope()): a row given no (t, h, w) positions rotates by
+  // (p + rope_delta) on every axis, p its position in the sequence — transformers' rope delta
+  // after a prompt with images carried into decode. 0 for text.
+  int64_t rope_delta = 0;
 };
 
 // Receives the residual stream after the embedding (index 0) and after each layer (1..L;
@@ -74,6 +78,13 @@ struct StepItem {
   Sequence* seq = nullptr;
   std::span<const int32_t> ids;
   LogitRows logits = LogitRows::kLast;
+  // Multimodal rope only: [ids.size() * 3] each row's (t, h, w) rope position; empty: every
+  // axis at the row's position + seq->rope_delta. (The KV cache keeps 1-D positions.)
+  std::span<const int32_t> positions3;
+  // Rows whose input embedding is given instead of their token's (image / video features):
+  // embeds.row(k) [hidden] is the input of row embed_rows[k] (ascending, in [0, ids.size())).
+  ConstRows embeds{};
+  std::span<const int32_t> embed_rows;
 };
 
 class Model {
@@ -91,6 +102,8 @@ class Model {
   ThreadPool& pool() { return *pool_; }
   int64_t max_rows() const { return max_rows_; }
   int64_t vocab_size() const { return config_.vocab_size; }
+  // Whether the rope is multimodal (M-RoPE: StepItem::positions3 and Sequence::rope_delta).
+  bool multimodal_rope() const { return !mrope_inv_freq_.empty(); }
   // The most tokens one sequence can hold: the rope table and KV capacity bound it.
   int64_t context_limit() const { return context_; }
   const KvPool& kv_pool() const { return *kv_; }
@@ -165,6 +178,8 @@ class Model {
  private:
   Model() = default;
   void check_ids(std::span<const int32_t> ids) const;
+  // Throws unless the item's (t, h, w) positions and injected embeddings fit it and the model.
+  void check_multimodal(const StepItem& item, size_t index) const;
   // Hybrid models: gives each item's sequence a state slot if it has none, and points
   // state_runs_ / state_out_ at the blocks each row reads and writes.
   void bind_states(std::span<const StepItem> items);
@@ -183,6 +198,10 @@ class Model {
   std::unique_ptr<Architecture> arch_;
   RopeTable rope_;
   DeviceFloats rope_cos_, rope_sin_;  // rope_'s tables in backend memory
+  // Multimodal rope: the frequencies and the axis each follows (empty: 1-D rope).
+  DeviceFloats mrope_inv_freq_;
+  DeviceArray<int32_t> mrope_axes_;
+  MropeSpec mrope_;
   std::unique_ptr<KvPool> kv_;
   std::unique_ptr<StatePool> state_;  // hybrid models only
   std::unique_ptr<LoraPool> lora_;    // enable_lora()
@@ -208,6 +227,8 @@ class Model {
   Buffer pass_buffer_;
   Rows h_, delta_;
   std::vector<int32_t> ids_, positions_, row_seq_, lora_slots_, want_, want_slots_;
+  std::vector<int32_t> positions3_, row_index_, injected_rows_;
+  Buffer injected_;  // [max_rows, hidden] the step's injected embeddings (backend memory)
   std::vector<int64_t> slots_;
   std::vector<KvPageTable> tables_;
   std::vector<StateRun> state_runs_;   // [items] hybrid models: each sequence's state blocks

@@ -20,6 +20,7 @@ bool holds(When when, const PassInputs& in) {
   if (has(when, When::kEmbedOverlays) && !in.embed_overlays) return false;
   if (has(when, When::kHeadOverlays) && !in.head_overlays) return false;
   if (has(when, When::kWanted) && in.n_wanted == 0) return false;
+  if (has(when, When::kInjected) && in.n_injected == 0) return false;
   return true;
 }
 
@@ -41,7 +42,8 @@ Executor::Executor(const Graph& graph, const GraphPlan& plan, void* arena)
   }
   size_t most = 0;
   for (const Node& node : graph.nodes()) {
-    if (const auto* l = std::get_if<node::Linears>(&node.args)) most = std::max(most, l->calls.size());
+    if (const auto* l = std::get_if<node::Linears>(&node.args))
+      most = std::max(most, l->calls.size());
   }
   calls_.resize(most);
 }
@@ -84,7 +86,9 @@ void Executor::run(Backend& be, const PassInputs& in) {
   const std::span<const BufferDecl> decls = graph_->buffers();
   for (size_t b = 0; b < decls.size(); ++b) {
     base_[b] = own_[b];
-    n_rows_[b] = decls[b].rows == RowSpace::kRows ? in.n_rows : in.n_wanted;
+    n_rows_[b] = decls[b].rows == RowSpace::kRows     ? in.n_rows
+                 : decls[b].rows == RowSpace::kWanted ? in.n_wanted
+                                                      : in.n_injected;
   }
   METRALE_CHECK(in.n_rows <= plan_->max_rows && in.n_wanted <= in.n_rows, "executor: a pass of ",
                 in.n_rows, " rows (", in.n_wanted, " wanted) exceeds the plan's ", plan_->max_rows);
@@ -124,13 +128,30 @@ void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {
             be.rms_norm(a);
           },
           [&](const node::Rope& n) {
-            be.rope({.x = rows(n.x),
-                     .n_heads = n.n_heads,
-                     .head_dim = n.head_dim,
-                     .positions = in.positions,
-                     .table = in.rope,
-                     .offset = n.offset,
-                     .pairs = n.pairs});
+            RopeArgs a{.x = rows(n.x),
+                       .n_heads = n.n_heads,
+                       .head_dim = n.head_dim,
+                       .positions = in.positions,
+                       .table = in.rope,
+                       .offset = n.offset,
+                       .pairs = n.pairs};
+            if (n.cos.valid()) {  // the pass's own rows: row r at "position" r
+              a.table = {rows(n.cos).data, rows(n.sin).data, 2 * n.cos.n_cols, in.n_rows};
+              a.positions = in.row_index;
+            }
+            be.rope(a);
+          },
+          [&](const node::RopeRows& n) {
+            be.rope_rows({.positions = in.positions3,
+                          .inv_freq = n.inv_freq,
+                          .axes = n.axes,
+                          .half = n.half,
+                          .scaling = n.scaling,
+                          .cos = rows(n.cos),
+                          .sin = rows(n.sin)});
+          },
+          [&](const node::InjectRows& n) {
+            be.scatter_rows(rows(n.x), in.injected_rows, rows(n.out), n.add);
           },
           [&](const node::KvStore& n) {
             be.kv_store({.k = rows(n.k), .v = rows(n.v), .slots = in.slots, .cache = kv(n.layer)});
@@ -213,9 +234,14 @@ void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {
                            .row_seq = in.row_seq,
                            .state = state_slice(in, n.layer, false)});
           },
-          [&](const node::SigmoidMul& n) { be.sigmoid_mul({.gate = rows(n.gate), .y = rows(n.y)}); },
+          [&](const node::SigmoidMul& n) {
+            be.sigmoid_mul({.gate = rows(n.gate), .y = rows(n.y)});
+          },
           [&](const node::Lora& n) {
-            be.lora({.x = rows(n.x), .y = rows(n.y), .slots = lora_slots_of(n.x), .weights = n.weights});
+            be.lora({.x = rows(n.x),
+                     .y = rows(n.y),
+                     .slots = lora_slots_of(n.x),
+                     .weights = n.weights});
           },
           [&](const node::GatherWanted& n) {
             const auto x = static_cast<size_t>(n.x.buf), out = static_cast<size_t>(n.out.buf);

@@ -31,8 +31,14 @@ struct PassInputs {
   int64_t n_wanted = 0;
   std::span<const int32_t> ids;        // [n_rows] token ids
   std::span<const int32_t> positions;  // [n_rows] position of each row in its sequence
-  std::span<const int32_t> row_seq;    // [n_rows] index of each row's sequence in `seqs`
-  std::span<const int64_t> slots;      // [n_rows] KV slot each row's K/V is stored to
+  // [n_rows * 3] multimodal rope: each row's (t, h, w) position (models recorded with a
+  // MropeSpec; they need it on every pass).
+  std::span<const int32_t> positions3;
+  std::span<const int32_t> row_index;  // [n_rows] 0, 1, ..., n_rows - 1
+  int64_t n_injected = 0;
+  std::span<const int32_t> injected_rows;  // [n_injected] ascending rows the caller embeds
+  std::span<const int32_t> row_seq;        // [n_rows] index of each row's sequence in `seqs`
+  std::span<const int64_t> slots;          // [n_rows] KV slot each row's K/V is stored to
   // [n_rows] LoRA slot of each row (-1: base weights); empty when no row has one.
   std::span<const int32_t> lora_slots;
   std::span<const int32_t> wanted;             // [n_wanted] rows that want logits, ascending
@@ -40,12 +46,12 @@ struct PassInputs {
   // The pass's sequences; seq_len counts every stored token, this pass's rows included.
   std::span<const KvPageTable> seqs;
   RopeCache rope;
-  std::span<const KvLayerView> kv;             // [layers] each layer's pages
-  std::span<const StateRun> state_runs;        // [seqs] hybrid models: the blocks of each
-  std::span<const LayerStateOffsets> state;    // [layers]; empty: no recurrent state
+  std::span<const KvLayerView> kv;           // [layers] each layer's pages
+  std::span<const StateRun> state_runs;      // [seqs] hybrid models: the blocks of each
+  std::span<const LayerStateOffsets> state;  // [layers]; empty: no recurrent state
   DType state_dtype = DType::kF32;
-  bool embed_overlays = false;  // some row's LoRA slot overlays embedding rows
-  bool head_overlays = false;   // some wanted row's LoRA slot overlays the logits
+  bool embed_overlays = false;             // some row's LoRA slot overlays embedding rows
+  bool head_overlays = false;              // some wanted row's LoRA slot overlays the logits
   const PassObserver* observer = nullptr;  // for a graph recorded with Observe nodes
 };
 
@@ -71,10 +77,10 @@ class Executor {
 
   const Graph* graph_;
   const GraphPlan* plan_;
-  std::vector<float*> base_;      // [buffers] this pass's rows start here
-  std::vector<float*> own_;       // [buffers] the arena's (or the bound) memory
-  std::vector<int64_t> stride_;   // [buffers]
-  std::vector<int64_t> n_rows_;   // [buffers] this pass's row count
+  std::vector<float*> base_;       // [buffers] this pass's rows start here
+  std::vector<float*> own_;        // [buffers] the arena's (or the bound) memory
+  std::vector<int64_t> stride_;    // [buffers]
+  std::vector<int64_t> n_rows_;    // [buffers] this pass's row count
   std::vector<LinearCall> calls_;  // Linears scratch
 };
 

@@ -38,6 +38,10 @@ void Graph::check(const Tensor& t, std::string_view what) const {
 }
 
 void Graph::add(NodeArgs args, When when) {
+  if (auto* rope = std::get_if<node::Rope>(&args); rope != nullptr && !rope->cos.valid()) {
+    rope->cos = rope_cos_;
+    rope->sin = rope_sin_;
+  }
   std::vector<Tensor> tensors;
   node_tensors(args, tensors);
   for (const Tensor& t : tensors) check(t, node_name(args));
@@ -87,6 +91,8 @@ Op node_op(const NodeArgs& args) {
                         [](const node::TokenOverlay&) { return Op::kTokenOverlay; },
                         [](const node::HeadOverlay&) { return Op::kHeadOverlay; },
                         [](const node::Observe&) { return Op::kMemory; },
+                        [](const node::RopeRows&) { return Op::kRopeRows; },
+                        [](const node::InjectRows&) { return Op::kScatterRows; },
                     },
                     args);
 }
@@ -97,28 +103,66 @@ void node_tensors(const NodeArgs& args, std::vector<Tensor>& out) {
       if (t.valid()) out.push_back(t);
   };
   std::visit(Overloaded{
-                 [&](const node::Linear& n) { add({n.x, n.y}); },
+                 [&](const node::Linear& n) {
+                   add({n.x, n.y});
+                 },
                  [&](const node::Linears& n) {
                    for (const auto& c : n.calls) add({c.x, c.y});
                  },
                  [&](const node::Embedding& n) { add({n.out}); },
-                 [&](const node::RmsNorm& n) { add({n.x, n.residual, n.gate, n.out}); },
-                 [&](const node::Rope& n) { add({n.x}); },
-                 [&](const node::KvStore& n) { add({n.k, n.v}); },
-                 [&](const node::Attention& n) { add({n.q, n.out}); },
-                 [&](const node::LatentAttention& n) { add({n.q_latent, n.q, n.kv, n.out}); },
-                 [&](const node::GatedActivation& n) { add({n.gate, n.up, n.out}); },
-                 [&](const node::Route& n) { add({n.logits, n.experts, n.weights}); },
-                 [&](const node::Moe& n) { add({n.x, n.experts, n.weights, n.out}); },
-                 [&](const node::Add& n) { add({n.x, n.y}); },
-                 [&](const node::CausalConv& n) { add({n.x, n.out}); },
-                 [&](const node::DeltaRule& n) { add({n.q, n.k, n.v, n.a, n.b, n.out}); },
-                 [&](const node::SigmoidMul& n) { add({n.gate, n.y}); },
-                 [&](const node::Lora& n) { add({n.x, n.y}); },
-                 [&](const node::GatherWanted& n) { add({n.x, n.out}); },
+                 [&](const node::RmsNorm& n) {
+                   add({n.x, n.residual, n.gate, n.out});
+                 },
+                 [&](const node::Rope& n) {
+                   add({n.x, n.cos, n.sin});
+                 },
+                 [&](const node::KvStore& n) {
+                   add({n.k, n.v});
+                 },
+                 [&](const node::Attention& n) {
+                   add({n.q, n.out});
+                 },
+                 [&](const node::LatentAttention& n) {
+                   add({n.q_latent, n.q, n.kv, n.out});
+                 },
+                 [&](const node::GatedActivation& n) {
+                   add({n.gate, n.up, n.out});
+                 },
+                 [&](const node::Route& n) {
+                   add({n.logits, n.experts, n.weights});
+                 },
+                 [&](const node::Moe& n) {
+                   add({n.x, n.experts, n.weights, n.out});
+                 },
+                 [&](const node::Add& n) {
+                   add({n.x, n.y});
+                 },
+                 [&](const node::CausalConv& n) {
+                   add({n.x, n.out});
+                 },
+                 [&](const node::DeltaRule& n) {
+                   add({n.q, n.k, n.v, n.a, n.b, n.out});
+                 },
+                 [&](const node::SigmoidMul& n) {
+                   add({n.gate, n.y});
+                 },
+                 [&](const node::Lora& n) {
+                   add({n.x, n.y});
+                 },
+                 [&](const node::GatherWanted& n) {
+                   add({n.x, n.out});
+                 },
                  [&](const node::TokenOverlay& n) { add({n.h}); },
-                 [&](const node::HeadOverlay& n) { add({n.x, n.logits}); },
+                 [&](const node::HeadOverlay& n) {
+                   add({n.x, n.logits});
+                 },
                  [&](const node::Observe& n) { add({n.x}); },
+                 [&](const node::RopeRows& n) {
+                   add({n.cos, n.sin});
+                 },
+                 [&](const node::InjectRows& n) {
+                   add({n.x, n.out});
+                 },
              },
              args);
 }

@@ -26,15 +26,16 @@ namespace metrale {
 
 // How many rows a buffer has in a pass.
 enum class RowSpace : uint8_t {
-  kRows,    // one per row (token) of the pass
-  kWanted,  // one per logits row the pass asks for
+  kRows,      // one per row (token) of the pass
+  kWanted,    // one per logits row the pass asks for
+  kInjected,  // one per row whose input embedding the caller supplies (image features)
 };
 
 enum class BufferKind : uint8_t {
-  kRows,         // f32 rows, stride padded to 16 floats (64-byte aligned rows)
-  kPackedF32,    // f32, stride = width: one span of n_rows * width (MoE routing weights)
-  kPackedI32,    // i32, stride = width (MoE routing choices)
-  kExternal,     // f32 rows bound per pass by the caller (the residual stream, the logits)
+  kRows,       // f32 rows, stride padded to 16 floats (64-byte aligned rows)
+  kPackedF32,  // f32, stride = width: one span of n_rows * width (MoE routing weights)
+  kPackedI32,  // i32, stride = width (MoE routing choices)
+  kExternal,   // f32 rows bound per pass by the caller (the residual stream, the logits)
 };
 
 using BufferId = int32_t;
@@ -66,6 +67,7 @@ enum class When : uint8_t {
   kEmbedOverlays = 2,  // some row's adapter overlays embedding rows
   kHeadOverlays = 4,   // some wanted row's adapter overlays the logits
   kWanted = 8,         // the pass asks for logits
+  kInjected = 16,      // the pass injects input embeddings into some rows
 };
 inline When operator|(When a, When b) {
   return static_cast<When>(static_cast<uint8_t>(a) | static_cast<uint8_t>(b));
@@ -106,12 +108,30 @@ struct RmsNorm {
   int64_t group = 0;
   Tensor gate;  // optional: RMSNormGated
 };
+// The pass's per-row cos/sin for multimodal rope (Backend::rope_rows) from its (t, h, w)
+// positions; the graph's Rope nodes then read these rows (Graph::set_rope_rows).
+struct RopeRows {
+  Tensor cos, sin;  // [rows, half]
+  const float* inv_freq = nullptr;
+  const int32_t* axes = nullptr;
+  int64_t half = 0;
+  float scaling = 1.0f;
+};
+// The caller's embeddings (a kInjected buffer) replace the rows of `out` they are for
+// (Backend::scatter_rows), or are added to them (add: Qwen3-VL's deepstack features).
+struct InjectRows {
+  Tensor x, out;
+  bool add = false;
+};
 struct Rope {  // over the pass's positions and the model's rope table
   Tensor x;
   int64_t n_heads = 0;
   int64_t head_dim = 0;
   int64_t offset = 0;
   bool pairs = false;
+  // Per-row cos/sin (a RopeRows node's) instead of the table: row r rotates by row r of them.
+  // Filled in by Graph::add when the graph has rope rows (set_rope_rows).
+  Tensor cos, sin;
 };
 struct KvStore {  // at the pass's KV slots
   Tensor k, v;
@@ -208,7 +228,7 @@ using NodeArgs =
                  node::KvStore, node::Attention, node::LatentAttention, node::GatedActivation,
                  node::Route, node::Moe, node::Add, node::CausalConv, node::DeltaRule,
                  node::SigmoidMul, node::Lora, node::GatherWanted, node::TokenOverlay,
-                 node::HeadOverlay, node::Observe>;
+                 node::HeadOverlay, node::Observe, node::RopeRows, node::InjectRows>;
 
 struct Node {
   NodeArgs args;
@@ -217,9 +237,20 @@ struct Node {
 };
 
 // What a graph is recorded for.
+// A multimodal rope's frequencies (in backend memory): which axis (t, h, w) each of the
+// rotary_dim / 2 frequencies follows.
+struct MropeSpec {
+  const float* inv_freq = nullptr;  // [half]
+  const int32_t* axes = nullptr;    // [half]
+  int64_t half = 0;
+  float scaling = 1.0f;
+};
+
 struct RecordOptions {
   // Emit Observe nodes (and materialise the residual stream after each layer for them).
   bool observe = false;
+  // Multimodal rope (null: the 1-D table): the prologue computes each row's cos/sin.
+  const MropeSpec* mrope = nullptr;
 };
 
 class Graph {
@@ -256,13 +287,23 @@ class Graph {
     When outer_;
   };
 
+  // Rope nodes added from now on read these per-row cos/sin (written by a RopeRows node)
+  // instead of the model's table.
+  void set_rope_rows(Tensor cos, Tensor sin) {
+    rope_cos_ = cos;
+    rope_sin_ = sin;
+  }
+  const Tensor& rope_cos() const { return rope_cos_; }
+  const Tensor& rope_sin() const { return rope_sin_; }
+
   // --- reading ---
   std::span<const BufferDecl> buffers() const { return buffers_; }
   const BufferDecl& buffer_decl(BufferId id) const { return buffers_[static_cast<size_t>(id)]; }
   std::span<const Node> nodes() const { return nodes_; }
   std::span<const std::string> scopes() const { return scopes_; }
   std::string_view scope_of(const Node& n) const {
-    return n.scope < 0 ? std::string_view() : std::string_view(scopes_[static_cast<size_t>(n.scope)]);
+    return n.scope < 0 ? std::string_view()
+                       : std::string_view(scopes_[static_cast<size_t>(n.scope)]);
   }
 
  private:
@@ -273,6 +314,7 @@ class Graph {
   std::vector<std::string> scopes_;
   int32_t scope_ = -1;
   When when_ = When::kAlways;
+  Tensor rope_cos_, rope_sin_;
 };
 
 // The Op a node runs (kMemory for Observe), and a short name ("linear", "gather_wanted").

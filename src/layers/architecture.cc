@@ -16,7 +16,24 @@ ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
     g.add(node::Embedding{.table = &embed, .out = r.h});
     if (!lora_overlays.empty())
       g.add(node::TokenOverlay{.h = r.h, .overlays = lora_overlays}, When::kEmbedOverlays);
+    // Rows whose embedding the caller computed (image / video features) replace the table's.
+    const Tensor injected = g.buffer("injected", H, RowSpace::kInjected, BufferKind::kExternal);
+    io.injected = injected.buf;
+    g.add(node::InjectRows{.x = injected, .out = r.h}, When::kInjected);
     if (o.observe) g.add(node::Observe{.x = r.h, .index = 0});
+  }
+  if (o.mrope != nullptr) {
+    const Graph::Scope scope(g, "rope");
+    // Packed: the rope op reads a table's rows back to back.
+    const Tensor cos = g.buffer("cos", o.mrope->half, RowSpace::kRows, BufferKind::kPackedF32);
+    const Tensor sin = g.buffer("sin", o.mrope->half, RowSpace::kRows, BufferKind::kPackedF32);
+    g.add(node::RopeRows{.cos = cos,
+                         .sin = sin,
+                         .inv_freq = o.mrope->inv_freq,
+                         .axes = o.mrope->axes,
+                         .half = o.mrope->half,
+                         .scaling = o.mrope->scaling});
+    g.set_rope_rows(cos, sin);
   }
   const auto n_layers = static_cast<int32_t>(layers.size());
   for (int32_t i = 0; i < n_layers; ++i) {

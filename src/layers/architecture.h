@@ -21,9 +21,10 @@ namespace metrale {
 // The external buffers of a recorded model pass, which the engine binds per step
 // (Executor::bind): the residual stream and the output logits.
 struct ModelIo {
-  BufferId h = -1;       // [rows, hidden]
-  BufferId delta = -1;   // [rows, hidden] the last sub-block's output, not yet added to h
-  BufferId logits = -1;  // [wanted, vocab] contiguous
+  BufferId h = -1;         // [rows, hidden]
+  BufferId delta = -1;     // [rows, hidden] the last sub-block's output, not yet added to h
+  BufferId logits = -1;    // [wanted, vocab] contiguous
+  BufferId injected = -1;  // [injected, hidden] the caller's input embeddings
 };
 
 class Architecture {

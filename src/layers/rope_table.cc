@@ -164,4 +164,20 @@ RopeTableConfig rope_table_config(const ModelConfig& c) {
   return t;
 }
 
+std::vector<int32_t> mrope_axes(std::span<const int64_t> section, bool interleaved, int64_t half) {
+  METRALE_CHECK(section.size() == 3 && half > 0, "mrope: expected 3 sections and half > 0");
+  std::vector<int32_t> axes(static_cast<size_t>(half), 0);
+  for (int64_t i = 0; i < half; ++i) {
+    int32_t a = 0;
+    if (interleaved) {
+      if (i % 3 == 1 && i < 3 * section[1]) a = 1;
+      if (i % 3 == 2 && i < 3 * section[2]) a = 2;
+    } else {
+      a = i < section[0] ? 0 : i < section[0] + section[1] ? 1 : 2;
+    }
+    axes[static_cast<size_t>(i)] = a;
+  }
+  return axes;
+}
+
 }  // namespace metrale

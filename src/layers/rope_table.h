@@ -5,6 +5,7 @@
 // float32, then cos/sin times the attention scaling. Only half of each row is stored,
 // because HF's emb = cat(freqs, freqs) repeats it.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"         // RopeCache
@@ -57,6 +58,12 @@ class RopeTable {
   std::vector<float> cos_;  // [max_positions, rotary_dim / 2]
   std::vector<float> sin_;
 };
+
+// Multimodal rope: the axis (0 = t, 1 = h, 2 = w) each of the `half` frequencies follows.
+// Sectioned (Qwen2-VL): the first section[0] frequencies follow t, the next section[1] h, the
+// rest w. Interleaved (Qwen3-VL, Qwen3.5: transformers' apply_interleaved_mrope): frequency i
+// follows h when i % 3 == 1 and i < 3 section[1], w when i % 3 == 2 and i < 3 section[2], else t.
+std::vector<int32_t> mrope_axes(std::span<const int64_t> section, bool interleaved, int64_t half);
 
 // RopeTable inputs from a model's config.
 RopeTableConfig rope_table_config(const ModelConfig& config);

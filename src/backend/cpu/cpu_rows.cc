@@ -3,15 +3,45 @@
 // (the rows of slots that saved embed_tokens / lm_head or train tokens), so they run on the
 // calling thread.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/thread_pool.h"
 
 namespace metrale {
 
 void CpuBackend::do_gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out) {
   for (size_t i = 0; i < rows.size(); ++i)
     std::copy_n(x.row(rows[i]), x.n_cols, out.row(static_cast<int64_t>(i)));
+}
+
+void CpuBackend::do_scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const float* src = x.row(static_cast<int64_t>(i));
+    float* dst = out.row(rows[i]);
+    if (add) {
+      for (int64_t c = 0; c < x.n_cols; ++c) dst[c] += src[c];
+    } else {
+      std::copy_n(src, x.n_cols, dst);
+    }
+  }
+}
+
+void CpuBackend::do_rope_rows(const RopeRowsArgs& a) {
+  // RopeTable::build's arithmetic, per row: float product, then cos / sin in double.
+  pool_->parallel_for(static_cast<size_t>(a.cos.n_rows), [&](size_t b, size_t e, int) {
+    for (auto r = static_cast<int64_t>(b); r < static_cast<int64_t>(e); ++r) {
+      const int32_t* pos = a.positions.data() + 3 * r;
+      float* c = a.cos.row(r);
+      float* s = a.sin.row(r);
+      for (int64_t i = 0; i < a.half; ++i) {
+        const float freq = static_cast<float>(pos[a.axes[i]]) * a.inv_freq[i];
+        c[i] = static_cast<float>(std::cos(static_cast<double>(freq))) * a.scaling;
+        s[i] = static_cast<float>(std::sin(static_cast<double>(freq))) * a.scaling;
+      }
+    }
+  });
 }
 
 void CpuBackend::do_token_overlay(const TokenOverlayArgs& a) {
@@ -36,7 +66,8 @@ void CpuBackend::do_head_overlay(const HeadOverlayArgs& a) {
     const ConstRows xr{a.x.row(r), 1, a.x.n_cols, a.x.stride};
     // One row through the saved head, as linear() computes it (a row's result never depends
     // on its company).
-    if (o.head != nullptr) do_linear(xr, *o.head, Rows{a.logits.row(r), 1, a.logits.n_cols, a.logits.stride});
+    if (o.head != nullptr)
+      do_linear(xr, *o.head, Rows{a.logits.row(r), 1, a.logits.n_cols, a.logits.stride});
     if (!o.tied_tokens) continue;
     // The tied head's rows of the trainable tokens are their new rows too.
     for (int64_t k = 0; k < o.n_tokens; ++k) {

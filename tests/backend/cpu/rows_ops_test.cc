@@ -2,6 +2,7 @@
 // the loops they replaced in the engine, with their validation.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -149,6 +150,56 @@ TEST(MemoryOps, UploadDownloadCopyZero) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(f.data()) % 64, 0u);
   EXPECT_EQ(f.data()[1], -2.0f);
   EXPECT_TRUE(DeviceFloats().empty());
+}
+
+TEST(RowOps, ScatterRowsReplacesOrAddsTheNamedRows) {
+  ThreadPool pool(1);
+  CpuBackend be(pool);
+  const int64_t cols = 6;
+  const std::vector<float> x = random_vector(static_cast<size_t>(2 * cols), 7);
+  std::vector<float> out(static_cast<size_t>(4 * cols), 1.0f);
+  const std::vector<int32_t> rows = {1, 3};
+  be.scatter_rows({x.data(), 2, cols, cols}, rows, {out.data(), 4, cols, cols}, false);
+  be.scatter_rows({x.data(), 2, cols, cols}, rows, {out.data(), 4, cols, cols}, true);
+  for (int64_t c = 0; c < cols; ++c) {
+    EXPECT_EQ(out[static_cast<size_t>(c)], 1.0f);
+    EXPECT_EQ(out[static_cast<size_t>(cols + c)],
+              x[static_cast<size_t>(c)] + x[static_cast<size_t>(c)]);
+    EXPECT_EQ(out[static_cast<size_t>(3 * cols + c)], x[static_cast<size_t>(cols + c)] * 2);
+  }
+  const std::vector<int32_t> bad = {3, 1};
+  EXPECT_EQ(error_of([&] {
+              be.scatter_rows({x.data(), 2, cols, cols}, bad, {out.data(), 4, cols, cols}, false);
+            }),
+            "scatter_rows: rows must be ascending (row 1 names 1 after 3)");
+}
+
+TEST(RowOps, RopeRowsEqualTheTableForEqualAxesAndFollowEachFrequencysAxis) {
+  ThreadPool pool(2);
+  CpuBackend be(pool);
+  const int64_t half = 6;
+  const std::vector<float> inv_freq = {1.0f, 0.5f, 0.25f, 0.1f, 0.05f, 0.01f};
+  const std::vector<int32_t> axes = {0, 1, 2, 0, 1, 0};
+  const std::vector<int32_t> pos = {3, 3, 3, 4, 9, 2};  // row 0: equal axes; row 1: a grid point
+  std::vector<float> c(static_cast<size_t>(2 * half)), s(c.size());
+  be.rope_rows({.positions = pos,
+                .inv_freq = inv_freq.data(),
+                .axes = axes.data(),
+                .half = half,
+                .scaling = 0.75f,
+                .cos = {c.data(), 2, half, half},
+                .sin = {s.data(), 2, half, half}});
+  for (int64_t i = 0; i < half; ++i) {
+    for (int64_t r = 0; r < 2; ++r) {
+      const float freq =
+          static_cast<float>(pos[static_cast<size_t>(3 * r + axes[static_cast<size_t>(i)])]) *
+          inv_freq[static_cast<size_t>(i)];
+      EXPECT_EQ(c[static_cast<size_t>(r * half + i)],
+                static_cast<float>(std::cos(static_cast<double>(freq))) * 0.75f);
+      EXPECT_EQ(s[static_cast<size_t>(r * half + i)],
+                static_cast<float>(std::sin(static_cast<double>(freq))) * 0.75f);
+    }
+  }
 }
 
 }  // namespace
