@@ -12,6 +12,7 @@
 #include "backend/op_profiler.h"
 #include "cli/command.h"
 #include "cli/options.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "engine/bandwidth.h"
 
@@ -27,6 +28,7 @@ struct BenchFlags {
   std::string prefill = "128,512";
   std::string batch = "1,4,16";
   int64_t decode_tokens = 64;
+  int64_t depth = 16;  // tokens of context each decoding sequence is prefilled with
   int reps = 3;
   bool json = false;
   bool skip_bandwidth = false;
@@ -68,7 +70,7 @@ double bench_prefill(Model& m, int64_t n, int reps) {
 }
 
 // adapters: each row's adapter ("" = base), cycled over the batch; empty: all base.
-double bench_decode(Model& m, int64_t batch, int64_t steps, int reps,
+double bench_decode(Model& m, int64_t batch, int64_t depth, int64_t steps, int reps,
                     const std::vector<std::string>& adapters = {}) {
   const auto B = static_cast<size_t>(batch);
   std::vector<float> logits(B * static_cast<size_t>(m.vocab_size()));
@@ -77,7 +79,7 @@ double bench_decode(Model& m, int64_t batch, int64_t steps, int reps,
     std::vector<Sequence> seqs(B);
     std::vector<Sequence*> ptrs;
     for (size_t i = 0; i < B; ++i) {
-      const auto prompt = random_ids(16, m.vocab_size(), static_cast<uint32_t>(i + 7));
+      const auto prompt = random_ids(depth, m.vocab_size(), static_cast<uint32_t>(i + 7));
       if (!adapters.empty()) m.set_adapter(seqs[i], adapters[i % adapters.size()]);
       m.prefill(seqs[i], prompt, std::span(logits).first(static_cast<size_t>(m.vocab_size())));
       ptrs.push_back(&seqs[i]);
@@ -119,7 +121,7 @@ void print_profile_table(const OpProfiler& prof, const char* title, const char* 
 
 // Where the time of a decode step of `batch` sequences and of one prefill of `prompt` tokens
 // goes, per op (and weight), measured by an OpProfiler watching the backend.
-void print_profile(Model& m, int64_t steps, int64_t prompt, int64_t batch) {
+void print_profile(Model& m, int64_t depth, int64_t steps, int64_t prompt, int64_t batch) {
   OpProfiler prof;
   const auto V = static_cast<size_t>(m.vocab_size());
   const auto B = static_cast<size_t>(batch);
@@ -127,7 +129,7 @@ void print_profile(Model& m, int64_t steps, int64_t prompt, int64_t batch) {
   std::vector<Sequence> seqs(B);
   std::vector<Sequence*> ptrs;
   for (size_t i = 0; i < B; ++i) {
-    m.prefill(seqs[i], random_ids(16, m.vocab_size(), static_cast<uint32_t>(3 + i)),
+    m.prefill(seqs[i], random_ids(depth, m.vocab_size(), static_cast<uint32_t>(3 + i)),
               std::span(logits).first(V));
     ptrs.push_back(&seqs[i]);
   }
@@ -174,7 +176,7 @@ void run_bench(const BenchFlags& f) {
   // The profile's decode takes one warm-up step more, and each of its sequences starts pages
   // of its own (rounded up to 64 tokens, a multiple of any page size).
   const int64_t tokens_per_seq =
-      f.profile ? (16 + f.decode_tokens + 1 + 63) / 64 * 64 : 16 + f.decode_tokens;
+      f.profile ? (f.depth + f.decode_tokens + 1 + 63) / 64 * 64 : f.depth + f.decode_tokens;
   if (mf.kv_tokens == 0) mf.kv_tokens = std::max(longest, widest_all * tokens_per_seq) + 64;
   std::unique_ptr<Model> model = load_model(mf);
   Model& m = *model;
@@ -192,7 +194,8 @@ void run_bench(const BenchFlags& f) {
 
   std::vector<double> prefill_tps, decode_tps;
   for (int64_t n : prefills) prefill_tps.push_back(bench_prefill(m, n, f.reps));
-  for (int64_t b : batches) decode_tps.push_back(bench_decode(m, b, f.decode_tokens, f.reps));
+  for (int64_t b : batches)
+    decode_tps.push_back(bench_decode(m, b, f.depth, f.decode_tokens, f.reps));
   // [mix][batch]
   std::vector<std::vector<double>> lora_tps;
   for (int64_t n : mixes) {
@@ -204,7 +207,7 @@ void run_bench(const BenchFlags& f) {
     if (names.empty()) names.push_back("");
     lora_tps.emplace_back();
     for (int64_t b : batches)
-      lora_tps.back().push_back(bench_decode(m, b, f.decode_tokens, f.reps, names));
+      lora_tps.back().push_back(bench_decode(m, b, f.depth, f.decode_tokens, f.reps, names));
   }
   // Peak RSS of the model's work, read before the probe's 1 GiB buffer raises the mark.
   rusage ru{};
@@ -238,19 +241,24 @@ void run_bench(const BenchFlags& f) {
     std::printf(
         "}, \"lora_pool_bytes\": %llu, \"weight_bytes\": %.0f, \"active_weight_bytes\": %.0f, "
         "\"peak_rss_bytes\": %llu, "
-        "\"bandwidth_gbs\": %.3f, \"kv_bytes_per_token\": %lld, \"kv_dtype\": \"f32\", "
+        "\"bandwidth_gbs\": %.3f, \"kv_bytes_per_token\": %lld, \"kv_dtype\": \"%s\", \"depth\": "
+        "%lld, "
         "\"decode1_roofline_fraction\": %.4f}\n",
         static_cast<unsigned long long>(m.lora_pool() ? m.lora_pool()->bytes() : 0),
         static_cast<double>(m.weight_bytes()), bytes, static_cast<unsigned long long>(rss), gbs,
         static_cast<long long>(m.kv_pool().bytes_per_token()),
+        std::string(dtype_name(m.kv_pool().layout().dtype)).c_str(),
+        static_cast<long long>(f.depth),
         batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]));
     return;
   }
   std::printf("model: %s, %d thread(s), weights %.1f MB (%s), %.1f MB read per decoded token\n",
               m.dir().string().c_str(), m.pool().size(),
               static_cast<double>(m.weight_bytes()) / 1e6, f.model.placement.c_str(), bytes / 1e6);
-  std::printf("KV cache: %lld bytes per token over all layers (f32)\n",
-              static_cast<long long>(m.kv_pool().bytes_per_token()));
+  std::printf("KV cache: %lld bytes per token over all layers (%s); decode after %lld tokens\n",
+              static_cast<long long>(m.kv_pool().bytes_per_token()),
+              std::string(dtype_name(m.kv_pool().layout().dtype)).c_str(),
+              static_cast<long long>(f.depth));
   if (gbs > 0) std::printf("read bandwidth (measured now): %.1f GB/s\n", gbs);
   for (size_t i = 0; i < prefills.size(); ++i)
     std::printf("prefill %5lld tokens: %9.1f tokens/s\n", static_cast<long long>(prefills[i]),
@@ -272,7 +280,7 @@ void run_bench(const BenchFlags& f) {
     }
   }
   std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);
-  if (f.profile) print_profile(m, f.decode_tokens, longest, f.profile_batch);
+  if (f.profile) print_profile(m, f.depth, f.decode_tokens, longest, f.profile_batch);
 }
 
 void setup(CLI::App& app) {
@@ -290,6 +298,8 @@ void setup(CLI::App& app) {
                   "adapters (0 = base model rows), comma-separated");
   cmd->add_option("--prefill", f->prefill, "prompt lengths to time, comma-separated");
   cmd->add_option("--batch", f->batch, "decode batch widths to time, comma-separated");
+  cmd->add_option("--depth", f->depth, "tokens of context before the timed decode steps")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--decode-tokens", f->decode_tokens, "decode steps per timing")
       ->check(CLI::Range(int64_t{1}, int64_t{100000}));
   cmd->add_option("--reps", f->reps, "timed repetitions (median reported)")

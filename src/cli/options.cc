@@ -62,6 +62,10 @@ void ModelFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--kv-tokens", kv_tokens,
                  "KV cache capacity in tokens (default: min(context, 4096))")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd.add_option("--kv-dtype", kv_dtype,
+                 "KV cache storage: f32 (exact), f16 or bf16 (half the bytes; attention "
+                 "computes in f32)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd.add_option("--max-rows", max_rows, "largest prefill chunk / decode batch")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   cmd.add_option("--weights", placement,
@@ -94,6 +98,7 @@ LoadOptions ModelFlags::load_options() const {
                                   : Compute::kF32;
   o.max_seqs = max_seqs;
   o.state_dtype = state_dtype == "f16" ? DType::kF16 : DType::kF32;
+  o.kv_dtype = kv_dtype == "f16" ? DType::kF16 : kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   if (!state_budget.empty()) o.state_budget = parse_byte_size(state_budget, "--state-budget");
   // Progress only where a person watches and the load takes a moment.
   if (isatty(STDERR_FILENO)) o.progress = draw_progress;

@@ -27,6 +27,7 @@ struct ModelFlags {
   std::string compute = "f32";
   int64_t max_seqs = 8;             // hybrid models: sequences holding a recurrent state at once
   std::string state_dtype = "f32";  // hybrid models: recurrent-state storage
+  std::string kv_dtype = "f32";     // KV cache storage
   std::string state_budget;         // hybrid models: bytes for the state pool ("" = no limit)
 
   void add_to(CLI::App& cmd);

@@ -39,11 +39,11 @@ struct ServeFlags {
 };
 
 // --kv-budget BYTES -> KV capacity in tokens: the budget over what one token keeps in every
-// layer's cache (kv_shapes, f32 storage), read from config.json before the load.
-int64_t kv_tokens_for_budget(const std::string& dir, const std::string& budget) {
+// layer's cache (kv_shapes, stored as --kv-dtype), read from config.json before the load.
+int64_t kv_tokens_for_budget(const std::string& dir, const std::string& budget, DType dtype) {
   const uint64_t bytes = parse_byte_size(budget, "--kv-budget");
   int64_t per_token = 0;
-  for (const KvShape& s : kv_shapes(load_model_config(dir))) per_token += s.bytes_per_token();
+  for (const KvShape& s : kv_shapes(load_model_config(dir))) per_token += s.bytes_per_token(dtype);
   METRALE_CHECK(per_token > 0, dir, ": this model keeps no KV cache; --kv-budget does not apply");
   const auto tokens = static_cast<int64_t>(bytes / static_cast<uint64_t>(per_token));
   METRALE_CHECK(tokens >= 16, "--kv-budget ", budget, " holds ", tokens, " tokens at ", per_token,
@@ -120,7 +120,7 @@ void run_serve(ServeFlags f) {
       f.state_snapshots >= 0 ? f.state_snapshots : (f.no_prefix_cache ? 0 : 2 * f.model.max_seqs);
   if (!f.kv_budget.empty()) {
     METRALE_CHECK(f.model.kv_tokens == 0, "give only one of --kv-budget and --kv-tokens");
-    load.kv_tokens = kv_tokens_for_budget(f.model.dir, f.kv_budget);
+    load.kv_tokens = kv_tokens_for_budget(f.model.dir, f.kv_budget, load.kv_dtype);
   }
   std::unique_ptr<Model> model = Model::load(f.model.dir, load);
   // LoRA adapters, pinned in the slot pool: a request whose "model" is NAME runs with it

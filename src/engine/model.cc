@@ -63,7 +63,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
                     i < kv.size() ? kv[i].elems_per_token() : 0);
     }
     m->kv_ = std::make_unique<KvPool>(*m->backend_, (kv_tokens + o.page_size - 1) / o.page_size,
-                                      o.page_size, kv);
+                                      o.page_size, kv, o.kv_dtype);
     std::vector<LayerStateShape> shapes;
     bool any_state = false;
     for (const DecoderLayer& layer : m->arch_->layers) {

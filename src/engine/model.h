@@ -40,10 +40,11 @@ struct LoadOptions {
   Compute compute = Compute::kF32;
   bool load_tokenizer = true;  // read tokenizer.json when the directory has one
   // Hybrid models (Gated DeltaNet layers): the recurrent-state pool (engine/state_pool.h).
-  int64_t max_seqs = 8;                     // sequences holding a state slot at once
-  DType state_dtype = DType::kF32;          // state storage: kF32 or kF16
-  int64_t state_snapshots = 0;              // snapshot blocks for prefix caching
-  std::optional<uint64_t> state_budget;     // bytes for the pool; none: the deepest ring
+  int64_t max_seqs = 8;                  // sequences holding a state slot at once
+  DType state_dtype = DType::kF32;       // state storage: kF32 or kF16
+  DType kv_dtype = DType::kF32;          // KV cache storage: kF32, kF16 or kBF16 (attention in f32)
+  int64_t state_snapshots = 0;           // snapshot blocks for prefix caching
+  std::optional<uint64_t> state_budget;  // bytes for the pool; none: the deepest ring
   std::optional<int64_t> state_ring_depth;  // force a rollback depth (must fit the budget)
   void (*progress)(uint64_t done_bytes, uint64_t total_bytes) = nullptr;
 };
