@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
 #include "serve/prefix_cache.h"
@@ -74,14 +75,6 @@ enum class FinishReason : uint8_t {
   kError,      // the engine refused it (ServeEvent::error says why)
 };
 std::string_view finish_reason_name(FinishReason r);  // "stop", "length", ...
-
-struct TokenLogprob {
-  int32_t id = 0;
-  // log-softmax of the model's logits (before the penalties, logit_bias and sampling's
-  // processors: a bias does not change reported logprobs, as vLLM's default)
-  float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top;  // the top_logprobs most likely, best first
-};
 
 struct ServeUsage {
   int64_t prompt_tokens = 0;
