@@ -143,13 +143,18 @@ void Speculator::plan(std::span<DecodeStream* const> streams, int64_t max_draft_
                   " (expected every accepted token but the last)");
     s->ids.assign(1, s->gen->input().back());
     s->proposed = 0;
+    // A plan whose step never ran (a failed or rebuilt step) verified nothing.
+    abandon(*s);
   }
   if (!on()) return;
   speculative::DraftProposer& p = *options_.proposer;
+  const int64_t H = model_.config().hidden_size;
+  // Streams without a drafter (not begun, or not speculating) decode their one row.
   args_.clear();
+  drafting_.clear();
   for (DecodeStream* s : streams) {
-    METRALE_CHECK(s->drafter != nullptr, "speculative: plan: the stream was not started");
-    const int64_t H = model_.config().hidden_size;
+    if (s->drafter == nullptr) continue;
+    drafting_.push_back(s);
     args_.push_back(
         {.state = s->drafter.get(),
          .last = s->ids[0],
@@ -157,27 +162,29 @@ void Speculator::plan(std::span<DecodeStream* const> streams, int64_t max_draft_
          .position = static_cast<int64_t>(s->seq->tokens.size()),
          .n = draft_limit(*s, active)});
   }
-  proposed_.resize(streams.size());
-  p.propose_batch(args_, std::span(proposed_).first(streams.size()));
-  counts_.resize(streams.size());
-  for (size_t i = 0; i < streams.size(); ++i) {
-    streams[i]->proposed = static_cast<int64_t>(proposed_[i].size());
-    counts_[i] = streams[i]->proposed;
+  if (drafting_.empty()) return;
+  const size_t n = drafting_.size();
+  proposed_.resize(n);
+  p.propose_batch(args_, std::span(proposed_).first(n));
+  counts_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    drafting_[i]->proposed = static_cast<int64_t>(proposed_[i].size());
+    counts_[i] = drafting_[i]->proposed;
   }
   speculative::fit_dispatch_cap(
-      std::span(counts_).first(streams.size()),
+      std::span(counts_).first(n),
       std::max<int64_t>(std::min(options_.dispatch_cap, max_draft_rows), 0));
-  // The pages the drafts take must be free beside what the streams' own rows need.
+  // The pages the drafts take must be free beside what every stream's own row needs.
   const KvPool& kv = model_.kv_pool();
   int64_t spare = kv.free_pages();
   for (DecodeStream* s : streams) spare -= pages_needed(kv, *s->seq, 1);
-  for (size_t i = 0; i < streams.size(); ++i) {
-    const Sequence& seq = *streams[i]->seq;
-    const int64_t base = pages_needed(kv, seq, 1);
-    int64_t& n = counts_[i];
-    while (n > 0 && pages_needed(kv, seq, 1 + n) - base > spare) --n;
-    spare -= pages_needed(kv, seq, 1 + n) - base;
-    streams[i]->ids.insert(streams[i]->ids.end(), proposed_[i].begin(), proposed_[i].begin() + n);
+  for (size_t i = 0; i < n; ++i) {
+    DecodeStream& s = *drafting_[i];
+    const int64_t base = pages_needed(kv, *s.seq, 1);
+    int64_t& k = counts_[i];
+    while (k > 0 && pages_needed(kv, *s.seq, 1 + k) - base > spare) --k;
+    spare -= pages_needed(kv, *s.seq, 1 + k) - base;
+    s.ids.insert(s.ids.end(), proposed_[i].begin(), proposed_[i].begin() + k);
   }
 }
 

@@ -127,7 +127,9 @@ class Speculator {
   // The pieces of step(), for a caller that builds its own ragged step (the server mixes
   // prefill chunks in): plan() proposes and caps the drafts of `streams` decoding together
   // (`max_draft_rows`: the rows the step has room for beyond one per stream) and sets each
-  // stream's ids (its last token, then its drafts), to run with LogitRows::kAll; finish(s)
+  // stream's ids (its last token, then its drafts; a stream without a drafter — not begun,
+  // or not speculating — has no drafts), to run with LogitRows::kAll; a stream's plan whose
+  // step never ran is abandoned by the next plan(); finish(s)
   // verifies the step's `logits` of those rows ([ids.size(), V], rewritten by the picks) and
   // rolls back; `hidden`: the stream's final-norm hidden rows of the step for a
   // hidden-reading proposer (hidden_sink()), else 0 rows. A step that failed: abandon(s).
@@ -151,6 +153,7 @@ class Speculator {
   std::vector<float> prompt_hidden_;  // prefill()'s, for start()
   std::vector<int32_t> prompt_ids_;
   std::vector<speculative::ProposeArgs> args_;
+  std::vector<DecodeStream*> drafting_;  // plan()'s streams with a drafter
   std::vector<std::vector<int32_t>> proposed_;
   std::vector<int64_t> counts_;
   std::vector<StepItem> items_;
