@@ -1,6 +1,9 @@
 // `metrale bench --model DIR`: prefill and decode tokens/s, peak RSS, and the fraction of
 // the memory-bandwidth roofline, with the bandwidth measured in the same run.
 // Decode roofline: tokens/s x weight bytes read per token / bandwidth.
+// With --speculative KIND: greedy generation of --spec-prompt at each --batch width, with and
+// without speculation in the same run — tokens/s of both, the acceptance (mean accepted drafts
+// per verify step, and the share of drafts accepted), and whether the outputs are identical.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "engine/bandwidth.h"
+#include "engine/session.h"
 
 namespace metrale::cli {
 namespace {
@@ -22,6 +26,8 @@ namespace {
 struct BenchFlags {
   ModelFlags model;
   LoraFlags lora;
+  SpeculativeFlags spec;
+  std::string spec_prompt;  // "": kDefaultSpecPrompt (random ids without a tokenizer)
   // Decode with LoRA: for each count N, rows cycle through the first N adapters given
   // (0: the base model, through the same pool).
   std::string lora_mix;
@@ -35,6 +41,12 @@ struct BenchFlags {
   bool profile = false;
   int64_t profile_batch = 1;
 };
+
+// Text whose continuation a prompt-lookup drafter can partly copy (repeated phrases).
+constexpr const char* kDefaultSpecPrompt =
+    "And God said, Let there be light: and there was light. And God saw the light, that it was "
+    "good: and God divided the light from the darkness. And God called the light Day, and the "
+    "darkness he called Night. And the evening and the morning were the first day. And God said,";
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -97,6 +109,54 @@ double bench_decode(Model& m, int64_t batch, int64_t depth, int64_t steps, int r
     if (r > 0) tps.push_back(static_cast<double>(batch * steps) / dt);
   }
   return median(tps);
+}
+
+struct SpecRun {
+  int64_t batch = 0;
+  double off_tps = 0, on_tps = 0;
+  SpeculationCounts counts;  // of the last timed run, summed over the batch's streams
+  bool identical = true;
+};
+
+// Greedy generation of `prompt` by `batch` streams (the same prompt each), `tokens` new tokens
+// each, without and with speculation; tokens/s are the median over `reps` timed runs after one
+// warm-up.
+SpecRun bench_speculative(Model& m, const std::vector<int32_t>& prompt, int64_t batch,
+                          int64_t tokens, int reps, const SpeculationOptions& spec) {
+  const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch), prompt);
+  GenerateOptions o;
+  o.max_new_tokens = tokens;
+  o.ignore_eos = true;
+  SpecRun r{.batch = batch};
+  std::vector<std::vector<int32_t>> reference;
+  for (const bool on : {false, true}) {
+    o.speculation = on ? spec : SpeculationOptions{};
+    std::vector<double> tps;
+    for (int rep = 0; rep < reps + 1; ++rep) {
+      const std::vector<GenerateResult> out = generate_batch(m, prompts, o);
+      double generated = 0;
+      SpeculationCounts counts;
+      for (size_t i = 0; i < out.size(); ++i) {
+        generated += static_cast<double>(out[i].tokens.size());
+        counts += out[i].speculation;
+        if (!on && rep == 0) reference.push_back(out[i].tokens);
+        if (on) r.identical = r.identical && out[i].tokens == reference[i];
+      }
+      if (on) r.counts = counts;
+      // One decode clock for the whole batch: the first stream's.
+      if (rep > 0 && out[0].decode_seconds > 0) tps.push_back(generated / out[0].decode_seconds);
+    }
+    (on ? r.on_tps : r.off_tps) = tps.empty() ? 0.0 : median(tps);
+  }
+  return r;
+}
+
+double per_step(const SpeculationCounts& c) {
+  return c.verify_steps > 0 ? static_cast<double>(c.accepted) / static_cast<double>(c.verify_steps)
+                            : 0.0;
+}
+double share(const SpeculationCounts& c) {
+  return c.drafted > 0 ? static_cast<double>(c.accepted) / static_cast<double>(c.drafted) : 0.0;
 }
 
 // Prints `prof`'s tallies as a table sorted by time: per op (and weight) time per `unit`
@@ -167,6 +227,8 @@ void print_profile(Model& m, int64_t depth, int64_t steps, int64_t prompt, int64
 void run_bench(const BenchFlags& f) {
   const std::vector<int64_t> prefills = parse_count_list(f.prefill, "--prefill");
   const std::vector<int64_t> batches = parse_count_list(f.batch, "--batch");
+  f.spec.check();
+  const std::string spec_text = f.spec_prompt.empty() ? kDefaultSpecPrompt : f.spec_prompt;
   ModelFlags mf = f.model;
   const int64_t longest = *std::max_element(prefills.begin(), prefills.end());
   const int64_t widest = *std::max_element(batches.begin(), batches.end());
@@ -175,8 +237,13 @@ void run_bench(const BenchFlags& f) {
   mf.max_seqs = std::max(mf.max_seqs, widest_all);
   // The profile's decode takes one warm-up step more, and each of its sequences starts pages
   // of its own (rounded up to 64 tokens, a multiple of any page size).
-  const int64_t tokens_per_seq =
+  int64_t tokens_per_seq =
       f.profile ? (f.depth + f.decode_tokens + 1 + 63) / 64 * 64 : f.depth + f.decode_tokens;
+  // The speculative runs' prompt (at most a token per byte, and special tokens) and drafts.
+  if (f.spec.on()) {
+    tokens_per_seq = std::max(tokens_per_seq, static_cast<int64_t>(spec_text.size()) + 16 +
+                                                  f.decode_tokens + f.spec.draft_tokens + 1);
+  }
   if (mf.kv_tokens == 0) mf.kv_tokens = std::max(longest, widest_all * tokens_per_seq) + 64;
   std::unique_ptr<Model> model = load_model(mf);
   Model& m = *model;
@@ -191,6 +258,16 @@ void run_bench(const BenchFlags& f) {
   }
   METRALE_CHECK(longest <= m.context_limit(), "--prefill ", longest, " exceeds the context of ",
                 m.context_limit());
+  const SpeculationOptions spec = f.spec.options(m);
+  std::vector<int32_t> spec_prompt;
+  if (f.spec.on()) {
+    spec_prompt =
+        m.tokenizer() != nullptr ? m.tokenizer()->encode(spec_text, true) : std::vector<int32_t>();
+    if (spec_prompt.empty()) {  // no tokenizer: a random block, three times
+      const std::vector<int32_t> block = random_ids(24, m.vocab_size(), 5);
+      for (int i = 0; i < 3; ++i) spec_prompt.insert(spec_prompt.end(), block.begin(), block.end());
+    }
+  }
 
   std::vector<double> prefill_tps, decode_tps;
   for (int64_t n : prefills) prefill_tps.push_back(bench_prefill(m, n, f.reps));
@@ -208,6 +285,11 @@ void run_bench(const BenchFlags& f) {
     lora_tps.emplace_back();
     for (int64_t b : batches)
       lora_tps.back().push_back(bench_decode(m, b, f.depth, f.decode_tokens, f.reps, names));
+  }
+  std::vector<SpecRun> spec_runs;
+  if (f.spec.on()) {
+    for (int64_t b : batches)
+      spec_runs.push_back(bench_speculative(m, spec_prompt, b, f.decode_tokens, f.reps, spec));
   }
   // Peak RSS of the model's work, read before the probe's 1 GiB buffer raises the mark.
   rusage ru{};
@@ -236,6 +318,25 @@ void run_bench(const BenchFlags& f) {
       for (size_t i = 0; i < batches.size(); ++i)
         std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(batches[i]),
                     lora_tps[j][i]);
+      std::printf("}");
+    }
+    if (f.spec.on()) {
+      std::printf(
+          "}, \"speculative\": {\"kind\": \"%s\", \"draft_tokens\": %lld, "
+          "\"prompt_tokens\": %zu, \"new_tokens\": %lld, \"batches\": {",
+          f.spec.kind.c_str(), static_cast<long long>(f.spec.draft_tokens), spec_prompt.size(),
+          static_cast<long long>(f.decode_tokens));
+      for (size_t i = 0; i < spec_runs.size(); ++i) {
+        const SpecRun& r = spec_runs[i];
+        std::printf(
+            "%s\"%lld\": {\"off_tps\": %.3f, \"on_tps\": %.3f, \"verify_steps\": %lld, "
+            "\"drafted\": %lld, \"accepted\": %lld, \"accepted_per_step\": %.4f, "
+            "\"identical\": %s}",
+            i ? ", " : "", static_cast<long long>(r.batch), r.off_tps, r.on_tps,
+            static_cast<long long>(r.counts.verify_steps), static_cast<long long>(r.counts.drafted),
+            static_cast<long long>(r.counts.accepted), per_step(r.counts),
+            r.identical ? "true" : "false");
+      }
       std::printf("}");
     }
     std::printf(
@@ -279,6 +380,20 @@ void run_bench(const BenchFlags& f) {
           100.0 * lora_tps[j][i] / decode_tps[i]);
     }
   }
+  if (f.spec.on()) {
+    std::printf(
+        "speculative (%s, K = %lld): greedy, %zu-token prompt, %lld new tokens per stream\n",
+        f.spec.kind.c_str(), static_cast<long long>(f.spec.draft_tokens), spec_prompt.size(),
+        static_cast<long long>(f.decode_tokens));
+    for (const SpecRun& r : spec_runs) {
+      std::printf(
+          "  batch %3lld: off %9.1f tokens/s | %s %9.1f tokens/s (%.2fx) | %.2f accepted per "
+          "verify step, %.0f%% of %lld drafts | output %s\n",
+          static_cast<long long>(r.batch), r.off_tps, f.spec.kind.c_str(), r.on_tps,
+          r.off_tps > 0 ? r.on_tps / r.off_tps : 0.0, per_step(r.counts), 100.0 * share(r.counts),
+          static_cast<long long>(r.counts.drafted), r.identical ? "identical" : "DIFFERS");
+    }
+  }
   std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);
   if (f.profile) print_profile(m, f.depth, f.decode_tokens, longest, f.profile_batch);
 }
@@ -293,6 +408,10 @@ void setup(CLI::App& app) {
   f->model.max_rows = 512;
   f->model.add_to(*cmd);
   f->lora.add_to(*cmd);
+  f->spec.add_to(*cmd);
+  cmd->add_option("--spec-prompt", f->spec_prompt,
+                  "with --speculative: the prompt the speculative runs generate from (default: "
+                  "a short text with repeated phrases)");
   cmd->add_option("--lora-mix", f->lora_mix,
                   "decode also with LoRA: per count N, rows cycle through the first N --lora "
                   "adapters (0 = base model rows), comma-separated");

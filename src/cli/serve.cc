@@ -25,6 +25,7 @@ namespace {
 struct ServeFlags {
   ModelFlags model;
   LoraFlags lora;  // each --lora NAME=DIR is served as the model NAME
+  SpeculativeFlags spec;
   http::HttpServerOptions http;
   std::string kv_budget;
   std::string chat_template;
@@ -112,6 +113,7 @@ void run_serve(ServeFlags f) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  f.spec.check();
   LoadOptions load = f.model.load_options();
   // Hybrid models resume a cached prefix only from a recurrent-state snapshot taken at its
   // page boundary (serve/prefix_cache.h), so the prefix cache needs snapshot blocks in the
@@ -144,19 +146,21 @@ void run_serve(ServeFlags f) {
   so.prefill_chunk = f.prefill_chunk;
   so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.request_timeout_s * 1000));
   so.cache.enabled = !f.no_prefix_cache;
+  so.speculation = f.spec.options(*model);
   Scheduler scheduler(*model, so);
 
   http::HttpServer server(scheduler, std::move(tmpl), f.http);
   const int port = server.bind();
   std::printf(
       "metrale serve: %s on http://%s:%d/v1 (KV %lld tokens, %lld streams, tool calls: %s, "
-      "reasoning: %s)\n",
+      "reasoning: %s, speculative: %s)\n",
       server.model_name().c_str(), f.http.host.c_str(), port,
       static_cast<long long>(model->kv_pool().layout().n_pages *
                              model->kv_pool().layout().page_size),
       static_cast<long long>(so.max_seqs),
       std::string(chat::tool_call_format_name(f.http.tool_call_format)).c_str(),
-      std::string(chat::reasoning_format_name(f.http.reasoning_format)).c_str());
+      std::string(chat::reasoning_format_name(f.http.reasoning_format)).c_str(),
+      f.spec.kind.c_str());
   std::fflush(stdout);
 
   std::thread signal_thread([&] {
@@ -187,6 +191,7 @@ void setup(CLI::App& app) {
                   "address to listen on (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", f->http.port, "TCP port (0: any free one)")
       ->check(CLI::Range(0, 65535));
+  f->spec.add_to(*cmd);
   cmd->add_option("--api-key", f->http.api_key,
                   "require 'Authorization: Bearer KEY' on every endpoint but /health");
   cmd->add_option("--model-name", f->http.model_name,

@@ -68,7 +68,8 @@ struct Sequence {
 };
 
 // Receives the residual stream after the embedding (index 0) and after each layer (1..L;
-// the last one after the final norm, as HF's output_hidden_states). Rows are the step's.
+// the last one after the final norm, as HF's output_hidden_states). Rows are the step's, item
+// by item; the last index has the rows that want logits only (the head runs on those).
 using HiddenSink = std::function<void(int64_t index, ConstRows h)>;
 
 // Which logits rows a step item wants.
@@ -143,7 +144,7 @@ class Model {
   // Keeps the first n tokens of `seq` (rollback of rejected draft tokens); pages no longer
   // needed go back to the pool. A later step recomputes whatever follows. Hybrid models:
   // n >= seq.state_floor (the ring keeps the state after each of the last ring_depth tokens
-  // of steps of at most ring_depth tokens; a longer step keeps only its final state).
+  // of steps of at most ring_depth + 1 tokens; a longer step keeps only its final state).
   void truncate(Sequence& seq, int64_t n);
   // Returns the sequence's pages to the pool and empties it (and drops its adapter).
   void release(Sequence& seq);

@@ -69,23 +69,31 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   std::vector<int32_t> context = seq_.tokens;
   context.insert(context.end(), prompt.begin(), prompt.end());
   Generation gen(params_of(model_, o, o.seed), std::move(context), model_.tokenizer());
-  PickScratch scratch(model_.vocab_size());
+  Speculator spec(model_, o.speculation);
   std::vector<float> logits(static_cast<size_t>(model_.vocab_size()));
   const auto t0 = Clock::now();
-  model_.prefill(seq_, prompt, logits);
+  spec.prefill(seq_, prompt, logits);
   r.prefill_seconds = seconds_since(t0);
   const auto t1 = Clock::now();
-  while (!gen.ended()) {
-    const int32_t next = gen.pick(logits, scratch);
-    gen.accept(next);
-    // Taken after every token (with or without a callback), so nothing stays undoable.
-    report(gen.take(Release::kCertain).text, on_text);
-    if (gen.ended()) break;
-    Sequence* one = &seq_;
-    model_.decode({&one, 1}, {&next, 1}, logits);
+  gen.accept(gen.pick(logits, spec.scratch()));
+  // Taken after every step (with or without a callback), so nothing stays undoable.
+  report(gen.take(Release::kCertain).text, on_text);
+  DecodeStream stream{.seq = &seq_, .gen = &gen};
+  try {
+    if (!gen.ended()) spec.start(stream);
+    DecodeStream* const one = &stream;
+    while (!gen.ended()) {
+      spec.step({&one, 1});
+      report(gen.take(Release::kCertain).text, on_text);
+    }
+  } catch (...) {
+    spec.stop(stream);
+    throw;
   }
+  spec.stop(stream);
   report(gen.take(Release::kAll).text, on_text);
   r.decode_seconds = seconds_since(t1);
+  r.speculation = stream.counts;
   return result_of(gen, std::move(r));
 }
 
@@ -100,60 +108,51 @@ std::vector<GenerateResult> generate_batch(Model& model,
   const auto V = static_cast<size_t>(model.vocab_size());
   std::vector<Sequence> seqs(n);
   std::vector<Generation> gens;
+  std::vector<DecodeStream> streams(n);
   std::vector<GenerateResult> results(n);
-  std::vector<float> logits(n * V);
-  PickScratch scratch(model.vocab_size());
+  std::vector<float> logits(V);
+  Speculator spec(model, o.speculation);
   gens.reserve(n);
   try {
     for (size_t i = 0; i < n; ++i) {
       gens.emplace_back(params_of(model, o, o.seed + i), prompts[i], model.tokenizer());
       results[i].prompt_tokens = static_cast<int64_t>(prompts[i].size());
       const auto t0 = Clock::now();
-      std::span<float> row(logits.data() + i * V, V);
       if (!adapters.empty()) model.set_adapter(seqs[i], adapters[i]);
-      model.prefill(seqs[i], prompts[i], row);
+      spec.prefill(seqs[i], prompts[i], logits);
       results[i].prefill_seconds = seconds_since(t0);
+      streams[i] = {.seq = &seqs[i], .gen = &gens[i]};
       if (!gens[i].ended()) {
-        gens[i].accept(gens[i].pick(row, scratch));
+        gens[i].accept(gens[i].pick(logits, spec.scratch()));
         gens[i].take(Release::kCertain);
       }
+      if (!gens[i].ended()) spec.start(streams[i]);
     }
     const auto t1 = Clock::now();
-    std::vector<Sequence*> step;
-    std::vector<int32_t> step_tokens;
-    std::vector<size_t> which;
+    std::vector<DecodeStream*> step;
     for (;;) {
-      // One decode row per unfinished sequence: the token it accepted last.
+      // Every unfinished stream decodes in the step: the token it accepted last, and its
+      // drafts.
       step.clear();
-      step_tokens.clear();
-      which.clear();
-      for (size_t i = 0; i < n; ++i) {
-        if (gens[i].ended()) continue;
-        step.push_back(&seqs[i]);
-        step_tokens.push_back(gens[i].input().back());
-        which.push_back(i);
+      for (DecodeStream& s : streams) {
+        if (!s.gen->ended()) step.push_back(&s);
       }
       if (step.empty()) break;
-      for (size_t b = 0; b < step.size(); b += static_cast<size_t>(model.max_rows())) {
-        const size_t m = std::min(step.size() - b, static_cast<size_t>(model.max_rows()));
-        model.decode(std::span(step).subspan(b, m), std::span(step_tokens).subspan(b, m),
-                     std::span(logits).first(m * V));
-        for (size_t j = 0; j < m; ++j) {
-          Generation& gen = gens[which[b + j]];
-          gen.accept(gen.pick(std::span(logits.data() + j * V, V), scratch));
-          gen.take(Release::kCertain);  // nothing to stream; keeps nothing undoable
-        }
-      }
+      spec.step(step);
+      for (DecodeStream* s : step) s->gen->take(Release::kCertain);  // keeps nothing undoable
     }
     for (size_t i = 0; i < n; ++i) {
       results[i].decode_seconds = seconds_since(t1);
+      results[i].speculation = streams[i].counts;
       gens[i].take(Release::kAll);
       results[i] = result_of(gens[i], std::move(results[i]));
     }
   } catch (...) {
+    for (DecodeStream& s : streams) spec.stop(s);
     for (Sequence& s : seqs) model.release(s);
     throw;
   }
+  for (DecodeStream& s : streams) spec.stop(s);
   for (Sequence& s : seqs) model.release(s);
   return results;
 }

@@ -2,7 +2,8 @@
 // Generation on top of Model: prompt -> prefill -> sample -> decode ... until a stop
 // condition, for one sequence (Session) or several decoded together in one step
 // (generate_batch). What to pick, when to stop and which text is final is the per-stream
-// Generation's (engine/generation.h); these run the steps. Text streams out as it becomes
+// Generation's (engine/generation.h); the decode steps, with or without speculative drafts,
+// are the Speculator's (engine/speculation.h); these drive them. Text streams out as it becomes
 // whole UTF-8, held back while it may still start a stop string.
 #include <chrono>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
+#include "engine/speculation.h"
 
 namespace metrale {
 
@@ -27,6 +29,10 @@ struct GenerateOptions {
   std::vector<std::string> stop_strings;
   SamplingParams sampling{.temperature = 0.0f};  // greedy unless temperature > 0
   uint64_t seed = 0;
+  // Speculative decoding (engine/speculation.h); no proposer: off. The output is the same
+  // either way (greedy: token for token; sampled: for a seed, as the verify draws exactly the
+  // plain picks' draws).
+  SpeculationOptions speculation;
 };
 
 struct GenerateResult {
@@ -37,7 +43,8 @@ struct GenerateResult {
   StopReason stop = StopReason::kMaxTokens;
   int64_t prompt_tokens = 0;
   double prefill_seconds = 0;
-  double decode_seconds = 0;  // from the first decode step to the end
+  double decode_seconds = 0;      // from the first decode step to the end
+  SpeculationCounts speculation;  // drafts fed and accepted (zeros without speculation)
 };
 
 // Called with each piece of text that became final (whole characters, not held back for a

@@ -92,9 +92,16 @@ struct Scheduler::Active {
   Generation gen;
   // Hybrid models: token counts where prefill chunks end so the prefix cache can snapshot.
   std::vector<int64_t> snapshot_points;
+  // Speculative decoding: whether this request drafts, and its decode stream (the drafter's
+  // state, begun once the prompt is prefilled, ended at a preemption; the counts survive it).
+  bool speculative = false;
+  DecodeStream ds;
 
   Active(GenerationParams params, std::vector<int32_t> prompt, const Tokenizer* tok)
-      : gen(std::move(params), std::move(prompt), tok) {}
+      : gen(std::move(params), std::move(prompt), tok) {
+    ds.seq = &seq;
+    ds.gen = &gen;
+  }
 
   int64_t input_size() const { return static_cast<int64_t>(gen.input().size()); }
 };
@@ -103,7 +110,7 @@ struct Scheduler::Active {
 // Scheduler
 
 Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
-    : model_(model), options_(options), scratch_(model.vocab_size()) {
+    : model_(model), options_(options), spec_(model, options.speculation) {
   METRALE_CHECK(options_.max_seqs >= 1, "scheduler: max_seqs must be >= 1, found ",
                 options_.max_seqs);
   METRALE_CHECK(options_.max_queue >= 0, "scheduler: max_queue must be >= 0, found ",
@@ -112,6 +119,10 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
                 options_.prefill_chunk);
   METRALE_CHECK(options_.request_timeout.count() > 0,
                 "scheduler: request_timeout must be positive");
+  METRALE_CHECK(!spec_.needs_hidden(), "scheduler: the ",
+                spec_.on() ? spec_.options().proposer->name() : "",
+                " drafter reads the target's "
+                "hidden states, which the scheduler does not record yet");
   if (options_.prefill_chunk == 0 || options_.prefill_chunk > model_.max_rows())
     options_.prefill_chunk = model_.max_rows();
   if (const StatePool* states = model_.state_pool()) {
@@ -212,6 +223,7 @@ std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
                           .end_shows_partial_char = false};
   auto a = std::make_unique<Active>(std::move(params), std::move(r.prompt), model_.tokenizer());
   a->adapter = std::move(r.adapter);
+  a->speculative = r.speculative && spec_.on();
   a->submitted = Clock::now();
   a->deadline = a->submitted + (r.timeout.count() > 0 ? r.timeout : options_.request_timeout);
   std::shared_ptr<ServeStream> stream;
@@ -262,8 +274,13 @@ void Scheduler::loop() {
   shutdown();
 }
 
-int64_t Scheduler::decode_width(const Active&) const {
-  return 1;  // no speculation yet: one new token per decoding stream per step
+int64_t Scheduler::decode_width(const Active& a) const {
+  if (!a.speculative) return 1;
+  int64_t drafts = spec_.options().ladder.num_drafts();
+  if (const StatePool* state = model_.state_pool(); state != nullptr) {
+    drafts = std::min(drafts, state->plan().ring_depth);
+  }
+  return 1 + drafts;
 }
 
 void Scheduler::publish() {
@@ -280,6 +297,11 @@ void Scheduler::publish() {
   stats_.preemptions = counts_.preemptions;
   stats_.kv_pages_free = model_.kv_pool().free_pages();
   stats_.cache = cache_->stats();
+  stats_.speculation = counts_.speculation;
+  std::copy(std::begin(counts_.acceptance_le), std::end(counts_.acceptance_le),
+            std::begin(stats_.acceptance_le));
+  stats_.acceptance_count = counts_.acceptance_count;
+  stats_.acceptance_sum = counts_.acceptance_sum;
 }
 
 bool Scheduler::wait_for_work(std::vector<ActivePtr>& expired) {
@@ -376,55 +398,83 @@ void Scheduler::refuse_unfittable_head() {
 bool Scheduler::build_step() {
   items_.clear();
   step_rows_.clear();
+  decoding_.clear();
+  // Decode rows first, so prefill never starves the streams already decoding: each decoding
+  // stream (one token fed short of its input) adds its last token and the drafts the
+  // Speculator plans for it, wanting logits for all of them.
+  std::vector<Active*> decoders;
+  for (auto& owned : running_) {
+    Active& a = *owned;
+    if (a.input_size() - static_cast<int64_t>(a.seq.tokens.size()) != 1) continue;
+    if (static_cast<int64_t>(decoders.size()) >= model_.max_rows()) break;
+    decoders.push_back(&a);
+    decoding_.push_back(&a.ds);
+  }
   int64_t rows = 0;
-  int64_t prefill_budget = options_.prefill_chunk;
-  // Decode rows first, so prefill never starves the streams already decoding.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (auto& owned : running_) {
-      Active& a = *owned;
-      const auto have = static_cast<int64_t>(a.seq.tokens.size());
-      const int64_t left = a.input_size() - have;
-      const bool decoding = left <= decode_width(a);
-      if ((pass == 0) != decoding) continue;
-      int64_t len = left;
-      if (!decoding) {
-        len = std::min({left, prefill_budget, model_.max_rows() - rows});
-        if (requires_single_chunk_prefill(model_.config()) && len < left) len = 0;
-        if (len <= 0) continue;
-        // Hybrid models: end the chunk where the prefix cache will snapshot the state.
-        for (const int64_t p : a.snapshot_points) {
-          if (p > have && p < have + len) {
-            len = p - have;
-            break;
-          }
-        }
-        prefill_budget -= len;
-      } else if (len <= 0 || rows + len > model_.max_rows()) {
-        continue;
-      }
-      // A chunk that reaches the end of the input wants logits: its last row (a wider decode
-      // would want every row).
-      const bool last = have + len == a.input_size();
-      items_.push_back(
-          {.seq = &a.seq,
-           .ids = a.gen.input().subspan(static_cast<size_t>(have), static_cast<size_t>(len)),
-           .logits = last ? LogitRows::kLast : LogitRows::kNone});
-      step_rows_.push_back({.owner = &a, .decoding = decoding, .wanted = last ? 1 : 0});
+  if (!decoding_.empty()) {
+    spec_.plan(decoding_, model_.max_rows() - static_cast<int64_t>(decoding_.size()));
+    for (Active* a : decoders) {
+      const auto len = static_cast<int64_t>(a->ds.ids.size());
+      items_.push_back({.seq = &a->seq, .ids = a->ds.ids, .logits = LogitRows::kAll});
+      step_rows_.push_back({.owner = a, .decoding = true, .wanted = len});
       rows += len;
     }
+  }
+  int64_t prefill_budget = options_.prefill_chunk;
+  for (auto& owned : running_) {
+    Active& a = *owned;
+    const auto have = static_cast<int64_t>(a.seq.tokens.size());
+    const int64_t left = a.input_size() - have;
+    if (left <= 1) continue;
+    int64_t len = std::min({left, prefill_budget, model_.max_rows() - rows});
+    if (requires_single_chunk_prefill(model_.config()) && len < left) len = 0;
+    if (len <= 0) continue;
+    // Hybrid models: end the chunk where the prefix cache will snapshot the state.
+    for (const int64_t p : a.snapshot_points) {
+      if (p > have && p < have + len) {
+        len = p - have;
+        break;
+      }
+    }
+    prefill_budget -= len;
+    // A chunk that reaches the end of the input wants logits: its last row.
+    const bool last = have + len == a.input_size();
+    items_.push_back(
+        {.seq = &a.seq,
+         .ids = a.gen.input().subspan(static_cast<size_t>(have), static_cast<size_t>(len)),
+         .logits = last ? LogitRows::kLast : LogitRows::kNone});
+    step_rows_.push_back({.owner = &a, .decoding = false, .wanted = last ? 1 : 0});
+    rows += len;
   }
   return !items_.empty();
 }
 
+bool Scheduler::drop_drafts() {
+  bool dropped = false;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (!step_rows_[i].decoding || items_[i].ids.size() <= 1) continue;
+    Active& a = *step_rows_[i].owner;
+    a.ds.ids.resize(1);
+    items_[i].ids = a.ds.ids;
+    step_rows_[i].wanted = 1;
+    dropped = true;
+  }
+  return dropped;
+}
+
 bool Scheduler::reserve_pages() {
   const int64_t page = model_.kv_pool().layout().page_size;
-  int64_t need = 0;
-  for (const StepItem& it : items_) {
-    const auto total = static_cast<int64_t>(it.seq->tokens.size() + it.ids.size());
-    need += std::max<int64_t>(
-        0, (total + page - 1) / page - static_cast<int64_t>(it.seq->block_table.size()));
+  for (;;) {
+    int64_t need = 0;
+    for (const StepItem& it : items_) {
+      const auto total = static_cast<int64_t>(it.seq->tokens.size() + it.ids.size());
+      need += std::max<int64_t>(
+          0, (total + page - 1) / page - static_cast<int64_t>(it.seq->block_table.size()));
+    }
+    if (model_.kv_pool().free_pages() >= need || cache_->make_room(need) >= need) return true;
+    // Drafts go before anything is preempted: plain decode rows need fewer pages.
+    if (!drop_drafts()) break;
   }
-  if (model_.kv_pool().free_pages() >= need || cache_->make_room(need) >= need) return true;
   // Preempt the youngest stream and build the step again without it. Alone and still out of
   // pages, the oldest stream has used the whole KV budget: its context is full.
   if (!preempt_youngest(running_.front().get())) {
@@ -458,22 +508,32 @@ void Scheduler::post_process() {
   for (size_t i = 0; i < items_.size(); ++i) {
     Active& a = *step_rows_[i].owner;
     const auto len = static_cast<int64_t>(items_[i].ids.size());
-    if (!step_rows_[i].decoding) counts_.prefill_tokens += len;
-    // Share the prompt's whole pages while it is still running.
-    if (step_rows_[i].wanted == 0 || len > 1) cache_->insert(a.seq);
-    if (step_rows_[i].wanted == 0) continue;
-    // One pick from each of the stream's rows, in order; its Generation takes them until one
-    // ends it. (Today every item wants one row; a verify would check picks against drafts.)
-    picks_.clear();
-    for (int64_t r = 0; r < step_rows_[i].wanted; ++r) {
-      picks_.push_back(a.gen.pick(std::span(logits_).subspan(w++ * V, V), scratch_));
+    const auto wanted = static_cast<size_t>(step_rows_[i].wanted);
+    const int64_t before = a.gen.completion_tokens();
+    if (step_rows_[i].decoding) {
+      // The stream's rows (its last token, its drafts) are verified, accepted and rolled back
+      // in one place, the same as Session's.
+      const SpeculationCounts was = a.ds.counts;
+      spec_.finish(a.ds, std::span(logits_).subspan(w * V, wanted * V), {});
+      counts_.speculation.verify_steps += a.ds.counts.verify_steps - was.verify_steps;
+      counts_.speculation.drafted += a.ds.counts.drafted - was.drafted;
+      counts_.speculation.accepted += a.ds.counts.accepted - was.accepted;
+    } else {
+      counts_.prefill_tokens += len;
+      // Share the prompt's whole pages while it is still running.
+      if (wanted == 0 || len > 1) cache_->insert(a.seq);
+      if (wanted == 0) continue;
+      a.gen.accept(a.gen.pick(std::span(logits_).subspan(w * V, V), spec_.scratch()));
     }
-    counts_.generated_tokens += static_cast<int64_t>(a.gen.accept(picks_));
+    w += wanted;
+    counts_.generated_tokens += a.gen.completion_tokens() - before;
     if (a.gen.ended()) {
       retire(a, finish_of(*a.gen.end()));
-    } else {
-      report(a, std::nullopt);
+      continue;
     }
+    // The prompt is in the cache and the first token picked: the drafter starts.
+    if (a.speculative && a.ds.drafter == nullptr) spec_.start(a.ds);
+    report(a, std::nullopt);
   }
   std::erase_if(running_, [](const auto& a) { return !a->admitted; });
 }
@@ -525,7 +585,10 @@ void Scheduler::report(Active& a, std::optional<FinishReason> finish, std::strin
     e.error = std::move(error);
     e.usage = {.prompt_tokens = static_cast<int64_t>(a.gen.context_size()),
                .completion_tokens = a.gen.completion_tokens(),
-               .cached_tokens = a.cached_tokens};
+               .cached_tokens = a.cached_tokens,
+               .speculative = a.speculative,
+               .draft_tokens = a.ds.counts.drafted,
+               .accepted_draft_tokens = a.ds.counts.accepted};
   } else if (e.tokens.empty()) {
     return;
   }
@@ -535,7 +598,17 @@ void Scheduler::report(Active& a, std::optional<FinishReason> finish, std::strin
 void Scheduler::retire(Active& a, FinishReason why, std::string error) {
   if (a.done) return;
   a.done = true;
+  spec_.stop(a.ds);
   report(a, why, std::move(error));
+  if (a.speculative && a.ds.counts.drafted > 0) {
+    const double rate =
+        static_cast<double>(a.ds.counts.accepted) / static_cast<double>(a.ds.counts.drafted);
+    for (size_t b = 0; b < std::size(SchedulerStats::kAcceptanceBuckets); ++b) {
+      if (rate <= SchedulerStats::kAcceptanceBuckets[b]) ++counts_.acceptance_le[b];
+    }
+    ++counts_.acceptance_count;
+    counts_.acceptance_sum += rate;
+  }
   if (a.admitted) {
     if (why != FinishReason::kError) cache_->insert(a.seq);
     model_.release(a.seq);
@@ -563,6 +636,7 @@ bool Scheduler::preempt_youngest(const Active* keep) {
     if (it->get() == keep) continue;
     Active& a = **it;
     cache_->insert(a.seq);
+    spec_.stop(a.ds);  // begun again once it is prefilled anew
     model_.release(a.seq);
     a.admitted = false;
     a.preempted_at_step = counts_.steps;

@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,6 +40,7 @@
 #include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
+#include "engine/speculation.h"
 #include "serve/prefix_cache.h"
 
 namespace metrale {
@@ -68,6 +70,9 @@ struct ServeRequest {
   int top_logprobs = -1;                 // -1: no logprobs; k >= 0: the token's and k alternatives
   std::string adapter;                   // a LoRA adapter loaded in the model ("" = base)
   std::chrono::milliseconds timeout{0};  // 0: SchedulerOptions::request_timeout
+  // false: this request decodes without drafts even when the server speculates (its output
+  // is the same either way).
+  bool speculative = true;
 };
 
 enum class FinishReason : uint8_t {
@@ -83,6 +88,11 @@ struct ServeUsage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens the prefix cache supplied
+  // Speculative decoding: whether the request decoded with drafts, how many draft tokens the
+  // target verified and how many of them it accepted (OpenAI's accepted / rejected
+  // prediction tokens).
+  bool speculative = false;
+  int64_t draft_tokens = 0, accepted_draft_tokens = 0;
 };
 
 // What a stream reports, in order. A token may add no text (a partial UTF-8 character, or
@@ -129,6 +139,9 @@ struct SchedulerOptions {
   int64_t prefill_chunk = 0;  // prefill tokens per step; 0: the model's max_rows
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
   PrefixCacheOptions cache;
+  // Speculative decoding for every request that does not turn it off (engine/speculation.h);
+  // no proposer: off. Proposers that read the target's hidden states are not wired here yet.
+  SpeculationOptions speculation;
 };
 
 // submit() when the queue is full (HTTP 429) or the scheduler is stopping (HTTP 503).
@@ -148,6 +161,13 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0, prefill_tokens = 0, generated_tokens = 0, steps = 0;
   int64_t kv_pages_total = 0, kv_pages_free = 0;
   PrefixCacheStats cache;
+  // Speculative decoding: totals over all requests, and each finished speculative request's
+  // acceptance (accepted / drafted, of those that drafted) as a histogram.
+  SpeculationCounts speculation;
+  static constexpr double kAcceptanceBuckets[] = {0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
+  int64_t acceptance_le[std::size(kAcceptanceBuckets)] = {};  // cumulative, as Prometheus's
+  int64_t acceptance_count = 0;
+  double acceptance_sum = 0;
 };
 
 class Scheduler {
@@ -196,9 +216,12 @@ class Scheduler {
   // Stopping: every request still here ends with an error event.
   void shutdown();
 
-  // The rows a decoding stream adds to a step, each wanting logits. Today one per stream per
-  // step (the token it accepted last); a speculative verify is 1 + its drafts.
+  // The most rows a decoding stream adds to a step, each wanting logits: the token it accepted
+  // last, and as many drafts as speculation may give it (what admission keeps room for; a
+  // step's own drafts are the Speculator's plan).
   int64_t decode_width(const Active& a) const;
+  // Drops the drafts of the step being built (out of pages: plain decode rows first).
+  bool drop_drafts();
   // Reports a's new tokens and text (and its end when `finish` is set).
   void report(Active& a, std::optional<FinishReason> finish, std::string error = {});
   // Ends `a` (admitted or not): its last event, its pages to the prefix cache and the pool.
@@ -224,14 +247,19 @@ class Scheduler {
     int64_t wanted;  // logits rows it asked for
   };
   std::vector<ActivePtr> running_;
-  std::vector<StepItem> items_;      // the step being built
-  std::vector<StepRows> step_rows_;  // per item
-  std::vector<int32_t> picks_;       // one stream's picks from its rows
+  std::vector<StepItem> items_;          // the step being built
+  std::vector<StepRows> step_rows_;      // per item
+  std::vector<int32_t> picks_;           // one stream's picks from its rows
+  std::vector<DecodeStream*> decoding_;  // the step's decoding streams
   std::vector<float> logits_;
-  PickScratch scratch_;
+  Speculator spec_;  // every decode row goes through it (without a proposer: plain decoding)
   struct Counts {
     int64_t steps = 0, prefill_tokens = 0, generated_tokens = 0, prompt_tokens = 0;
     int64_t finished = 0, cancelled = 0, timed_out = 0, failed = 0, preemptions = 0;
+    SpeculationCounts speculation;
+    int64_t acceptance_le[std::size(SchedulerStats::kAcceptanceBuckets)] = {};
+    int64_t acceptance_count = 0;
+    double acceptance_sum = 0;
   } counts_;
   std::thread thread_;
 };
