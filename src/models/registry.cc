@@ -18,8 +18,8 @@ std::span<const ArchitectureEntry> architectures() {
       {"qwen3_5_text", &build_qwen3_next},
       {"qwen3_5_moe", &build_qwen3_next},
       {"qwen3_5_moe_text", &build_qwen3_next},
-      {"deepseek_v3", &build_deepseek_v3},
-      {"glm4_moe", &build_glm4_moe},
+      {"deepseek_v3", &build_deepseek_v3, &build_deepseek_v3_mtp},
+      {"glm4_moe", &build_glm4_moe, &build_glm4_moe_mtp},
   }};
   return kFamilies;
 }

@@ -1,0 +1,68 @@
+#pragma once
+// A multi-token-prediction layer, as DeepSeek-V3 / GLM-4.5 checkpoints ship it after their
+// decoder layers (model.layers.<num_hidden_layers + i>.*) and as vLLM runs it for speculative
+// decoding (vllm/model_executor/models/deepseek_mtp.py, glm4_moe_mtp.py; the fixture script
+// tools/fixtures/models/mtp_fixtures.py cites the lines). One drafter row of key k reads the
+// token t_{k+1} and a hidden row h_k (the target's after its final norm, or the drafter's own
+// previous output when drafts chain):
+//   e = embed(t_{k+1})                       (the target's embedding; zero for key 0)
+//   x = eh_proj([enorm(e) | hnorm(h_k)])      [2H] -> [H], the embedding half first
+//   y = layer(x)                              one decoder layer of the family's kind, with its
+//                                             own KV (layer index 0 of the drafter's pool)
+//   logits = head(shared_head.norm(y))        head: shared_head.head, or the target's lm_head
+// y itself (the layer's residual stream, before any norm) is what the next chained draft reads
+// as its hidden.
+//
+// record() writes that pass as a Graph over the caller's embedding table and head, so the
+// drafter engine (engine/mtp_proposer.h) runs it like the target's pass: ragged rows of many
+// sequences, their KV pages, the wanted rows' logits.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "layers/decoder_layer.h"
+#include "layers/linear.h"
+#include "layers/norm.h"
+
+namespace metrale {
+
+// The external buffers of a recorded MTP pass (Executor::bind per pass).
+struct MtpIo {
+  BufferId hidden_in = -1;  // [rows, H] each row's hidden h_k
+  BufferId h = -1;          // [rows, H] the residual stream; after the pass each row's output y
+  BufferId delta = -1;      // [rows, H]
+  BufferId zeros = -1;      // [injected, H] zero rows for the key-0 rows' embeddings
+  BufferId logits = -1;     // [wanted, V]
+};
+
+struct MtpLayerParts {
+  std::string prefix;  // "model.layers.3."
+  Norm embed_norm;     // [H] enorm
+  Norm hidden_norm;    // [H] hnorm
+  Linear eh_proj;      // [H, 2H]
+  std::unique_ptr<DecoderLayer> layer;
+  Norm head_norm;  // [H] shared_head.norm
+  Linear head;     // [V, H] shared_head.head; empty: the target's lm_head
+};
+
+class MtpLayer {
+ public:
+  explicit MtpLayer(MtpLayerParts parts);
+
+  // Records one drafter pass into `g` (empty) over the target's embedding table `embed` [V, H]
+  // and, when the layer has no head of its own, the target's `lm_head` (both outlive the graph).
+  MtpIo record(Graph& g, const WeightTensor& embed, const Linear& lm_head) const;
+
+  const std::string& prefix() const { return parts_.prefix; }
+  const DecoderLayer& layer() const { return *parts_.layer; }
+  bool own_head() const { return !parts_.head.empty(); }
+  // One line for `metrale inspect` and logs.
+  std::string describe() const;
+  // Weight bytes one drafter row reads (the layer's active bytes, eh_proj and the head).
+  uint64_t active_bytes_per_token(const Linear& lm_head) const;
+
+ private:
+  MtpLayerParts parts_;
+};
+
+}  // namespace metrale
