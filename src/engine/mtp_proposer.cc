@@ -90,19 +90,21 @@ std::unique_ptr<MtpProposer> MtpProposer::load(Model& target, const MtpOptions& 
 
     const int64_t R = p->max_rows_, H = p->hidden_, stride = padded_cols(H);
     const auto block = static_cast<size_t>(R * stride);
-    p->pass_buffer_ = be.allocate(4 * block * sizeof(float));
+    p->pass_buffer_ = be.allocate(5 * block * sizeof(float));
     auto* base = p->pass_buffer_.as<float>();
     p->hidden_in_ = {base, R, H, stride};
     p->h_ = {base + block, R, H, stride};
     p->delta_ = {base + 2 * block, R, H, stride};
     p->zeros_ = {base + 3 * block, R, H, stride};
+    p->normed_ = {base + 4 * block, R, H, stride};
     be.zero(p->zeros_.data, block * sizeof(float));
     p->staging_.resize(block);
     p->logits_.resize(static_cast<size_t>(R * p->vocab_));
     p->executor_->bind(p->io_.hidden_in, p->hidden_in_.data, stride);
     p->executor_->bind(p->io_.h, p->h_.data, stride);
     p->executor_->bind(p->io_.delta, p->delta_.data, stride);
-    p->executor_->bind(p->io_.zeros, p->zeros_.data, stride);
+    if (p->io_.zeros >= 0) p->executor_->bind(p->io_.zeros, p->zeros_.data, stride);
+    p->executor_->bind(p->io_.normed, p->normed_.data, stride);
     p->executor_->bind(p->io_.logits, p->logits_.data(), p->vocab_);
     const auto ur = static_cast<size_t>(R);
     for (auto* v :
@@ -163,7 +165,8 @@ void MtpProposer::run(std::span<const PassRow> rows) {
     positions_[r] = static_cast<int32_t>(row.key);
     row_seq_[r] = static_cast<int32_t>(seq);
     slots_[r] = tables_[seq].slot(row.key, page);
-    if (row.key == 0) injected_rows_[static_cast<size_t>(n_injected++)] = static_cast<int32_t>(r);
+    if (row.key == 0 && layer_->zero_first_key())
+      injected_rows_[static_cast<size_t>(n_injected++)] = static_cast<int32_t>(r);
     if (row.want || trace_) want_[static_cast<size_t>(n_want++)] = static_cast<int32_t>(r);
     if (row.host != nullptr) {
       std::memcpy(staging_.data() + r * static_cast<size_t>(stride), row.host,
@@ -200,12 +203,16 @@ void MtpProposer::run(std::span<const PassRow> rows) {
       .kv = std::span<const KvLayerView>(&kv_view_, 1)};
   executor_->run(be, in);
   for (size_t i = 0; i < n_seqs; ++i) seqs_[i]->computed = tables_[i].seq_len;
-  if (trace_) {
+  if (trace_) {  // every row wanted: wanted row r is pass row r
     for (size_t r = 0; r < rows.size(); ++r) {
       trace_(*rows[r].state, rows[r].key, logits_.data() + r * static_cast<size_t>(V),
-             h_.row(static_cast<int64_t>(r)));
+             chained(static_cast<int64_t>(r), static_cast<int64_t>(r)));
     }
   }
+}
+
+const float* MtpProposer::chained(int64_t row, int64_t wanted) const {
+  return layer_->chain_normed() ? normed_.row(wanted) : h_.row(row);
 }
 
 void MtpProposer::truncate(State& s, int64_t keys) {
@@ -226,6 +233,7 @@ void MtpProposer::do_prefill(ProposerState& state, std::span<const int32_t> prom
                              ConstRows hidden) {
   State& s = static_cast<State&>(state);
   check_ids(prompt, "prefill_drafter");
+  truncate(s, 0);  // what an earlier prefill that failed part-way computed
   // Keys 0..P-2 read (t_{k+1}, hidden_k); hidden row P - 1 comes back with the first propose.
   const auto P = static_cast<int64_t>(prompt.size());
   std::vector<PassRow> rows;
@@ -300,7 +308,7 @@ void MtpProposer::do_propose_batch(std::span<const ProposeArgs> args,
       if (!rows[r].want) continue;
       const size_t ai = row_active[r];
       drafts[active[ai]].push_back(first_argmax(logits_.data() + logit_row * vocab_, vocab_));
-      be.copy(chain + ai * stride, h_.row(static_cast<int64_t>(r)), H * sizeof(float));
+      be.copy(chain + ai * stride, chained(static_cast<int64_t>(r), logit_row), H * sizeof(float));
     }
     rows.clear();
     row_active.clear();

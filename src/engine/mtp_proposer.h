@@ -1,6 +1,6 @@
 #pragma once
-// MtpProposer: the multi-token-prediction drafter a DeepSeek-V3 / GLM-4.5 checkpoint ships
-// (layers/mtp_layer.h), as a DraftProposer (speculative/draft_proposer.h). It loads the first
+// MtpProposer: the multi-token-prediction drafter a DeepSeek-V3 / GLM-4.5 / Qwen3-Next checkpoint
+// ships (layers/mtp_layer.h), as a DraftProposer (speculative/draft_proposer.h). It loads the first
 // MTP layer from the target's checkpoint (any weight format the target loads), embeds with the
 // target's embedding and, unless the layer ships its own shared_head.head, scores with the
 // target's lm_head; it keeps its own paged KV pool holding only that layer, and runs its pass
@@ -9,14 +9,14 @@
 // Rows follow draft_proposer.h's keys: the row of key k reads (t_{k+1}, the target's hidden at
 // position k after its final norm) and is stored at drafter KV index k; it rotates at RoPE
 // position k + 1 (vLLM places it at k, which rotary attention cannot tell apart: only
-// position differences enter the scores). Key 0's embedding is zeroed, as vLLM's drafter
-// zeroes position 0's.
+// position differences enter the scores). DeepSeek / GLM: key 0's embedding is zeroed, as
+// vLLM's drafter zeroes position 0's.
 //
 // Per sequence:
 //   prefill_drafter  computes keys 0..P-2 from the prompt and the target's prompt hiddens;
 //   propose          adds key position - 1 (last, hidden), whose argmax is the first draft, then
 //                    chains: draft j + 1 is the argmax of the row (draft j, the drafter's own
-//                    output row for draft j's key - 1) — vLLM's "mtp" chaining;
+//                    output for draft j — MtpLayer's chained row) — vLLM's "mtp" chaining;
 //   after_verify     keeps only the row computed from the target's hidden (exact mode:
 //                    speculative::drafter_trim with exact = true), so the rows of accepted
 //                    drafts are recomputed from the target's own hiddens:
@@ -53,8 +53,8 @@ struct MtpOptions {
 };
 
 // Receives every row a drafter pass computes, when set (tests, tools): its sequence's state,
-// its key, its logits [V] and its output row y [H] (host memory on the CPU backend). With a
-// trace set, every pass computes every row's logits.
+// its key, its logits [V] and the row a draft would chain on [H] (MtpLayer: y, or norm(y)),
+// host memory on the CPU backend. With a trace set, every pass computes every row's logits.
 using MtpTrace = std::function<void(const speculative::ProposerState& state, int64_t key,
                                     const float* logits, const float* out)>;
 
@@ -111,6 +111,8 @@ class MtpProposer final : public speculative::DraftProposer {
   // Runs `rows` (at most max_rows, each sequence's rows consecutive and continuing what it
   // holds) as one pass; logits_ then holds the wanted rows', in order, and h_ every row's y.
   void run(std::span<const PassRow> rows);
+  // The row drafts chain on for pass row `row`, wanted row `wanted` (MtpLayer::chain_normed).
+  const float* chained(int64_t row, int64_t wanted) const;
   // Drops the state's rows from key `keys` on (pending first, then its KV).
   void truncate(State& s, int64_t keys);
 
@@ -132,8 +134,8 @@ class MtpProposer final : public speculative::DraftProposer {
   MtpTrace trace_;
 
   // Per-pass memory, sized once for max_rows_.
-  Buffer pass_buffer_;  // hidden_in | h | delta | zeros, [max_rows, padded H] each
-  Rows hidden_in_, h_, delta_, zeros_;
+  Buffer pass_buffer_;  // hidden_in | h | delta | zeros | normed, [max_rows, padded H] each
+  Rows hidden_in_, h_, delta_, zeros_, normed_;
   std::vector<float> staging_;  // [max_rows, padded H] host rows on their way to hidden_in_
   std::vector<float> logits_;   // [max_rows, V]
   std::vector<int32_t> ids_, positions_, row_seq_, row_index_, want_, injected_rows_;

@@ -27,12 +27,14 @@ MtpIo MtpLayer::record(Graph& g, const WeightTensor& embed, const Linear& lm_hea
     const Graph::Scope scope(g, "mtp_input");
     const Tensor e = g.buffer("embed", H);
     g.add(node::Embedding{.table = &embed, .out = e});
-    // vLLM zeroes the embedding of the row at position 0 (deepseek_mtp.py: "masking inputs at
-    // position 0, as not needed by MTP"); its drafter rows sit at the target's positions, so
-    // that is key 0's row. The engine injects a zero row there.
-    const Tensor zeros = g.buffer("zeros", H, RowSpace::kInjected, BufferKind::kExternal);
-    io.zeros = zeros.buf;
-    g.add(node::InjectRows{.x = zeros, .out = e}, When::kInjected);
+    if (parts_.zero_first_key) {
+      // vLLM zeroes the embedding of the row at position 0 (deepseek_mtp.py: "masking inputs at
+      // position 0, as not needed by MTP"); its drafter rows sit at the target's positions, so
+      // that is key 0's row. The engine injects a zero row there.
+      const Tensor zeros = g.buffer("zeros", H, RowSpace::kInjected, BufferKind::kExternal);
+      io.zeros = zeros.buf;
+      g.add(node::InjectRows{.x = zeros, .out = e}, When::kInjected);
+    }
     const Tensor cat = g.buffer("cat", 2 * H);  // [enorm(e) | hnorm(h)]
     parts_.embed_norm.record(g, e, cat.cols(0, H));
     parts_.hidden_norm.record(g, hidden_in, cat.cols(H, H));
@@ -48,7 +50,8 @@ MtpIo MtpLayer::record(Graph& g, const WeightTensor& embed, const Linear& lm_hea
   const Graph::Scope scope(g, "mtp_head");
   const Tensor y = g.buffer("y", H, RowSpace::kWanted);
   g.add(node::GatherWanted{.x = r.h, .out = y});
-  const Tensor x = g.buffer("x", H, RowSpace::kWanted);
+  const Tensor x = g.buffer("x", H, RowSpace::kWanted, BufferKind::kExternal);
+  io.normed = x.buf;
   parts_.head_norm.record(g, y, x);
   const Tensor logits = g.buffer("logits", head.n_out(), RowSpace::kWanted, BufferKind::kExternal);
   io.logits = logits.buf;

@@ -25,6 +25,8 @@ std::unique_ptr<MtpLayer> build_deepseek_v3_mtp(const ModelConfig& config,
                                                 TensorLoader& loader);  // deepseek_v3.cc
 std::unique_ptr<MtpLayer> build_glm4_moe_mtp(const ModelConfig& config,
                                              TensorLoader& loader);  // glm4_moe.cc
+std::unique_ptr<MtpLayer> build_qwen3_next_mtp(const ModelConfig& config,
+                                               TensorLoader& loader);  // qwen3_next.cc
 
 // The multi-token-prediction layers DeepSeek-V3 / GLM-4.5 checkpoints append after their
 // decoder layers: "model.layers.<n_layers + i>." for i < n_mtp_layers (deepseek_v3.cc).

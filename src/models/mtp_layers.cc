@@ -25,10 +25,14 @@ bool same_tensor(const TensorLoader& l, const std::string& a, const std::string&
 
 std::unique_ptr<MtpLayer> build_nextn_mtp(const ModelConfig& c, TensorLoader& l,
                                           const NextnMtpParts& parts) {
+  METRALE_CHECK(c.n_mtp_layers > 0, c.source,
+                ": the MTP drafter needs the checkpoint's multi-token-prediction layers, but the "
+                "config declares none (num_nextn_predict_layers: 0)");
   const int64_t H = c.hidden_size, V = c.vocab_size, index = c.n_layers;
   const std::string p = "model.layers." + std::to_string(index) + ".";
   MtpLayerParts m;
   m.prefix = p;
+  m.subtree = mtp_layer_prefixes(c);
   m.embed_norm = load_norm(l, c, p + "enorm.weight", H);
   m.hidden_norm = load_norm(l, c, p + "hnorm.weight", H);
   m.eh_proj = load_linear(l, p + "eh_proj", H, 2 * H, false);
@@ -57,15 +61,12 @@ std::unique_ptr<MtpLayer> load_mtp_layer(const ModelConfig& c, TensorLoader& l) 
   const ArchitectureEntry* family = find_architecture(c.model_type);
   METRALE_CHECK(family != nullptr && family->build_mtp != nullptr, c.source, ": model_type '",
                 c.model_type, "' has no MTP drafter in this build");
-  METRALE_CHECK(c.n_mtp_layers > 0, c.source,
-                ": the MTP drafter needs the checkpoint's multi-token-prediction layers, but the "
-                "config declares none (num_nextn_predict_layers: 0)");
   std::unique_ptr<MtpLayer> layer = family->build_mtp(c, l);
   // The target's tensors are not the drafter's business; the MTP layers' must all be claimed.
-  const std::vector<std::string> mtp = mtp_layer_prefixes(c);
   for (const CheckpointTensor& t : l.checkpoint().tensors()) {
     bool in_mtp = false;
-    for (const std::string& prefix : mtp) in_mtp = in_mtp || t.name().starts_with(prefix);
+    for (const std::string& prefix : layer->subtree())
+      in_mtp = in_mtp || t.name().starts_with(prefix);
     if (!in_mtp) l.ignore(std::string(t.name()));
   }
   l.check_all_claimed();

@@ -30,9 +30,9 @@ std::unique_ptr<MtpLayer> build_nextn_mtp(const ModelConfig& config, TensorLoade
                                           const NextnMtpParts& parts);
 
 // Loads `config`'s MTP drafter layer through its family's builder: every tensor under the MTP
-// layers' prefixes must be accounted for (others are the target's and left alone). Throws an
-// Error naming the checkpoint when the config declares no MTP layers or the family has no
-// drafter, and the tensor when one is missing or misshapen.
+// layers' prefixes (MtpLayer::subtree) must be accounted for (others are the target's and left
+// alone). Throws an Error naming the checkpoint when the family has no drafter or the config
+// declares no MTP layers, and the tensor when one is missing, misshapen or unexpected.
 std::unique_ptr<MtpLayer> load_mtp_layer(const ModelConfig& config, TensorLoader& loader);
 
 }  // namespace metrale

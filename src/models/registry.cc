@@ -13,7 +13,7 @@ std::span<const ArchitectureEntry> architectures() {
       {"qwen2", &build_dense_decoder},
       {"qwen3", &build_dense_decoder},
       {"qwen3_moe", &build_qwen3_moe},
-      {"qwen3_next", &build_qwen3_next},
+      {"qwen3_next", &build_qwen3_next, &build_qwen3_next_mtp},
       {"qwen3_5", &build_qwen3_next},
       {"qwen3_5_text", &build_qwen3_next},
       {"qwen3_5_moe", &build_qwen3_next},

@@ -32,6 +32,9 @@ TEST(MtpBadInput, ModelsWithoutMtpLayers) {
   // glm4_moe_plain declares one MTP layer and ships none (a checkpoint with it stripped).
   msg = drafter_error(testing::fixture_dir("glm4_moe_plain_bf16"));
   expect_has(msg, "model.layers.2.enorm.weight");
+  // A Qwen3-Next checkpoint without its mtp.* tensors.
+  msg = drafter_error(testing::fixture_dir("qwen3_next_f32"));
+  expect_has(msg, "mtp.pre_fc_norm_embedding.weight");
 }
 
 TEST(MtpBadInput, MissingMisshapenAndStrayMtpTensors) {

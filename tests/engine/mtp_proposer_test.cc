@@ -1,8 +1,10 @@
 // The MTP drafter (engine/mtp_proposer.h) against vLLM's forward of the same MTP layer
 // (tests/data/fixtures/<dir>/mtp_reference.safetensors, tools/fixtures/models/mtp_fixtures.py):
 // its rows after prefill and catch-up, the chained drafts, the exact-mode trim and the
-// rollback, for a DeepSeek-V3 (MLA, its own shared_head.head) and a GLM-4.5 (GQA, the tied
-// head shared) checkpoint. Tolerance (README): 1e-4 absolute on logits and rows, drafts equal.
+// rollback, for a DeepSeek-V3 (MLA, its own shared_head.head), a GLM-4.5 (GQA, the tied head
+// shared) and a Qwen3-Next (mtp.*: gated attention, the target's head, drafts chained on the
+// normed output; a hybrid target) checkpoint. Tolerance (README): 1e-4 absolute on logits and
+// rows, drafts equal; measured 1.6e-5 / 1.0e-5 / 2.4e-5.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -219,7 +221,8 @@ TEST_P(MtpDrafter, DraftsFromTheTargetsOwnHiddens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpDrafter,
-                         ::testing::Values("deepseek_v3_mtp_bf16", "glm4_moe_qknorm_bf16"));
+                         ::testing::Values("deepseek_v3_mtp_bf16", "glm4_moe_qknorm_bf16",
+                                           "qwen3_next_bf16"));
 
 TEST(MtpDrafterLoad, HeadsAndPoolAsTheCheckpointShipsThem) {
   MtpPair ds("deepseek_v3_mtp_bf16");
@@ -230,6 +233,12 @@ TEST(MtpDrafterLoad, HeadsAndPoolAsTheCheckpointShipsThem) {
   MtpPair glm("glm4_moe_qknorm_bf16");
   EXPECT_FALSE(glm.drafter->layer().own_head());  // its shared_head.head equals the tied head
   EXPECT_EQ(glm.drafter->kv_pool().bytes_per_token(), 2 * 2 * 32 * 4);
+  MtpPair qwen("qwen3_next_bf16");  // the target's head; one gated-attention layer, 2 kv x 32
+  EXPECT_FALSE(qwen.drafter->layer().own_head());
+  EXPECT_EQ(qwen.drafter->layer().prefix(), "mtp.");
+  EXPECT_FALSE(qwen.drafter->layer().zero_first_key());
+  EXPECT_TRUE(qwen.drafter->layer().chain_normed());
+  EXPECT_EQ(qwen.drafter->kv_pool().bytes_per_token(), 2 * 2 * 32 * 4);
   EXPECT_EQ(glm.drafter->name(), "mtp");
   EXPECT_TRUE(glm.drafter->needs_hidden());
   EXPECT_EQ(glm.drafter->hidden_size(), 64);
