@@ -220,6 +220,25 @@ TEST_P(MtpDrafter, DraftsFromTheTargetsOwnHiddens) {
   EXPECT_EQ(drafts, ref_.ids("chain_a.ids"));
 }
 
+// Weights read in place from the checkpoint's mmap (one tensor per part instead of fused
+// matrices) draft the same.
+TEST_P(MtpDrafter, WeightsInPlaceDraftTheSame) {
+  MtpPair in_place(GetParam(), {.placement = WeightPlacement::kInPlace});
+  auto s = in_place.drafter->alloc_state();
+  in_place.drafter->prefill_drafter(*s, std::span(ids_).first(static_cast<size_t>(P_)),
+                                    rows_at(hidden_, 0, P_, H_));
+  std::vector<int32_t> drafts;
+  in_place.drafter->propose({.state = s.get(),
+                             .last = ids_[static_cast<size_t>(P_)],
+                             .hidden = rows_at(hidden_, P_ - 1, 1, H_),
+                             .position = P_,
+                             .n = kDrafts},
+                            drafts);
+  EXPECT_EQ(drafts, ref_.ids("chain_a.ids"));
+  for (int64_t k = 0; k + 1 < P_; ++k)
+    EXPECT_LE(max_diff(in_place.logits[k], logits_, k, V_), kTol) << "key " << k;
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpDrafter,
                          ::testing::Values("deepseek_v3_mtp_bf16", "glm4_moe_qknorm_bf16",
                                            "qwen3_next_bf16"));
