@@ -1,7 +1,9 @@
 #pragma once
 // Generation on top of Model: prompt -> prefill -> sample -> decode ... until a stop
 // condition, for one sequence (Session) or several decoded together in one step
-// (generate_batch). Text streams out as it becomes whole UTF-8.
+// (generate_batch). What to pick, when to stop and which text is final is the per-stream
+// Generation's (engine/generation.h); these run the steps. Text streams out as it becomes
+// whole UTF-8, held back while it may still start a stop string.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -9,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
 
@@ -26,20 +29,19 @@ struct GenerateOptions {
   uint64_t seed = 0;
 };
 
-enum class StopReason : uint8_t { kEos, kStopString, kMaxTokens, kContextFull };
-std::string_view stop_reason_name(StopReason r);
-
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated ids (without the eos that stopped it)
-  std::string text;             // their text (empty without a tokenizer), cut at a stop string
+  // Their text (empty without a tokenizer), cut at a stop string; a reply that ends inside a
+  // character ends with U+FFFD, as the tokenizer's decode of the tokens shows it.
+  std::string text;
   StopReason stop = StopReason::kMaxTokens;
   int64_t prompt_tokens = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;  // from the first decode step to the end
 };
 
-// Called with each newly completed piece of text (may be empty for a token that ends
-// mid-character).
+// Called with each piece of text that became final (whole characters, not held back for a
+// stop string; never empty), and at the end with the rest.
 using TextCallback = std::function<void(std::string_view piece)>;
 
 class Session {

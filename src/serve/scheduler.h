@@ -20,12 +20,15 @@
 //
 // Results are those of the same request run alone: the engine's steps are batch-invariant,
 // each stream samples from its own seeded Rng, and prefix-cache hits reuse bit-identical KV.
+// What a stream picks, when it ends and which text is final is its Generation's
+// (engine/generation.h), the same object Session runs; the scheduler only runs the steps.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
 #include "serve/prefix_cache.h"
@@ -74,14 +78,6 @@ enum class FinishReason : uint8_t {
   kError,      // the engine refused it (ServeEvent::error says why)
 };
 std::string_view finish_reason_name(FinishReason r);  // "stop", "length", ...
-
-struct TokenLogprob {
-  int32_t id = 0;
-  // log-softmax of the model's logits (before the penalties, logit_bias and sampling's
-  // processors: a bias does not change reported logprobs, as vLLM's default)
-  float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top;  // the top_logprobs most likely, best first
-};
 
 struct ServeUsage {
   int64_t prompt_tokens = 0;
@@ -173,7 +169,43 @@ class Scheduler {
 
  private:
   struct Active;
+  using ActivePtr = std::unique_ptr<Active>;
+
+  // The engine thread: loop() runs these in order, once per step.
   void loop();
+  // Publishes the last step's figures, waits for work and takes the queued requests that were
+  // cancelled or timed out into `expired`; false when the scheduler stops.
+  bool wait_for_work(std::vector<ActivePtr>& expired);
+  // Ends `expired` and the running streams that were cancelled or timed out.
+  void reap(std::vector<ActivePtr>& expired);
+  // Admission: queued requests join while a stream slot is free and their pages fit.
+  void admit();
+  // With nothing running after admit(), the head request can never fit: it fails.
+  void refuse_unfittable_head();
+  // Step building: the decode rows of decoding streams, then prefill chunks. False: no rows.
+  bool build_step();
+  // Paging / preemption: finds the step's pages (evicting cached prefixes, else preempting the
+  // youngest stream). False when the step must be built again.
+  bool reserve_pages();
+  // Runs the step; false when it failed (its streams preempted or retired).
+  bool run_step();
+  // Post-processing: each stream's rows go to its Generation; events, ends, cache inserts.
+  void post_process();
+  // After a bug (not bad input): fails what was running, keeps serving the rest.
+  void fail_running(const std::exception& e);
+  // Stopping: every request still here ends with an error event.
+  void shutdown();
+
+  // The rows a decoding stream adds to a step, each wanting logits. Today one per stream per
+  // step (the token it accepted last); a speculative verify is 1 + its drafts.
+  int64_t decode_width(const Active& a) const;
+  // Reports a's new tokens and text (and its end when `finish` is set).
+  void report(Active& a, std::optional<FinishReason> finish, std::string error = {});
+  // Ends `a` (admitted or not): its last event, its pages to the prefix cache and the pool.
+  void retire(Active& a, FinishReason why, std::string error = {});
+  // Releases the youngest running stream (not `keep`) back to the head of the queue.
+  bool preempt_youngest(const Active* keep);
+  void publish();  // stats_ from the engine's figures; under mu_
 
   Model& model_;
   SchedulerOptions options_;
@@ -184,6 +216,23 @@ class Scheduler {
   bool stopping_ = false;                      // guarded by mu_
   int64_t next_id_ = 1;                        // guarded by mu_
   SchedulerStats stats_;                       // guarded by mu_
+
+  // The engine thread's own (no lock).
+  struct StepRows {
+    Active* owner;
+    bool decoding;   // decode rows, not a prefill chunk
+    int64_t wanted;  // logits rows it asked for
+  };
+  std::vector<ActivePtr> running_;
+  std::vector<StepItem> items_;      // the step being built
+  std::vector<StepRows> step_rows_;  // per item
+  std::vector<int32_t> picks_;       // one stream's picks from its rows
+  std::vector<float> logits_;
+  PickScratch scratch_;
+  struct Counts {
+    int64_t steps = 0, prefill_tokens = 0, generated_tokens = 0, prompt_tokens = 0;
+    int64_t finished = 0, cancelled = 0, timed_out = 0, failed = 0, preemptions = 0;
+  } counts_;
   std::thread thread_;
 };
 
