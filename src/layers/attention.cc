@@ -8,6 +8,21 @@ namespace metrale {
 
 std::unique_ptr<GqaAttention> GqaAttention::load(const ModelConfig& c, int64_t layer,
                                                  TensorLoader& l, const std::string& p) {
+  const LayerKind kind = c.layer_kind(layer);
+  METRALE_CHECK(kind == LayerKind::kSlidingAttention || kind == LayerKind::kFullAttention, c.source,
+                ": layer ", layer, " is ", layer_kind_name(kind),
+                ", not a softmax attention layer");
+  METRALE_CHECK(kind != LayerKind::kSlidingAttention || c.sliding_window.has_value(), c.source,
+                ": layer ", layer, " uses sliding attention but sliding_window is not set");
+  return load(c, kind, l, p);
+}
+
+std::unique_ptr<GqaAttention> GqaAttention::load(const ModelConfig& c, LayerKind kind,
+                                                 TensorLoader& l, const std::string& p) {
+  METRALE_CHECK(kind == LayerKind::kFullAttention ||
+                    (kind == LayerKind::kSlidingAttention && c.sliding_window.has_value()),
+                c.source, ": ", p, ": ", layer_kind_name(kind),
+                " is not a softmax attention layer kind this config supports");
   auto a = std::make_unique<GqaAttention>();
   const int64_t H = c.hidden_size, D = c.head_dim;
   const int64_t Q = c.n_heads * D, KV = c.n_kv_heads * D;
@@ -47,14 +62,7 @@ std::unique_ptr<GqaAttention> GqaAttention::load(const ModelConfig& c, int64_t l
                              .n_kv_heads = c.n_kv_heads,
                              .head_dim = D,
                              .scale = static_cast<float>(c.attention_scale)};
-  if (c.layer_kind(layer) == LayerKind::kSlidingAttention) {
-    METRALE_CHECK(c.sliding_window.has_value(), c.source, ": layer ", layer,
-                  " uses sliding attention but sliding_window is not set");
-    a->shape_.sliding_window = *c.sliding_window;
-  } else {
-    METRALE_CHECK(c.layer_kind(layer) == LayerKind::kFullAttention, c.source, ": layer ", layer,
-                  " is ", layer_kind_name(c.layer_kind(layer)), ", not a softmax attention layer");
-  }
+  if (kind == LayerKind::kSlidingAttention) a->shape_.sliding_window = *c.sliding_window;
   return a;
 }
 

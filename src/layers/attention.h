@@ -23,6 +23,9 @@ class GqaAttention final : public Mixer {
   // rows then its gate rows; they are regrouped at load into all queries, then all gates.
   static std::unique_ptr<GqaAttention> load(const ModelConfig& config, int64_t layer,
                                             TensorLoader& loader, const std::string& prefix);
+  // The same for a layer outside the decoder stack (an MTP layer), whose kind is given.
+  static std::unique_ptr<GqaAttention> load(const ModelConfig& config, LayerKind kind,
+                                            TensorLoader& loader, const std::string& prefix);
 
   void record(Graph& g, const BlockIo& io) const override;
   std::string describe() const override;

@@ -16,13 +16,19 @@
 // what runs here; image and video positions would come with the vision tower, not loaded.
 //
 // Recognised and not loaded: the vision tower of a vision-language checkpoint
-// (model.visual.*) and the multi-token-prediction layers (mtp.*), which HF also drops.
+// (model.visual.*) and the multi-token-prediction layers (mtp.*), which HF also drops. The
+// speculative drafter loads Qwen3-Next's first MTP layer (build_qwen3_next_mtp, as vLLM's
+// qwen3_next_mtp.py builds it): mtp.{pre_fc_norm_embedding, pre_fc_norm_hidden, fc,
+// layers.0 (a gated full-attention layer whose FFN follows the rule at index 0, the number
+// vLLM reads from its prefix), norm}, embedding and head the target's; its drafts chain on the
+// normed output, and no row's embedding is zeroed.
 #include "core/error.h"
 #include "layers/attention.h"
 #include "layers/ffn.h"
 #include "layers/gated_delta_net.h"
 #include "models/decoder_stack.h"
 #include "models/families.h"
+#include "models/mtp_layers.h"
 
 namespace metrale {
 
@@ -46,6 +52,35 @@ std::unique_ptr<Architecture> build_qwen3_next(const ModelConfig& c, TensorLoade
          if (c.is_moe_layer(i)) return MoeFfn::load(c, l, p + "mlp.");
          return DenseFfn::load(c, l, p + "mlp.", c.intermediate_size);
        }});
+}
+
+std::unique_ptr<MtpLayer> build_qwen3_next_mtp(const ModelConfig& c, TensorLoader& l) {
+  const int64_t H = c.hidden_size;
+  // vLLM: num_mtp_layers = getattr(config, "num_nextn_predict_layers", 1); the Hub's Qwen3-Next
+  // config does not say.
+  const int64_t n_mtp = c.n_mtp_layers > 0 ? c.n_mtp_layers : 1;
+  const std::string p = "mtp.", layer = p + "layers.0.";
+  MtpLayerParts m;
+  m.prefix = p;
+  m.subtree = {p};
+  m.embed_norm = load_norm(l, c, p + "pre_fc_norm_embedding.weight", H);
+  m.hidden_norm = load_norm(l, c, p + "pre_fc_norm_hidden.weight", H);
+  m.eh_proj = load_linear(l, p + "fc", H, 2 * H, false);
+  Norm input_norm = load_norm(l, c, layer + "input_layernorm.weight", H);
+  std::unique_ptr<Mixer> mixer =
+      GqaAttention::load(c, LayerKind::kFullAttention, l, layer + "self_attn.");
+  Norm post_norm = load_norm(l, c, layer + "post_attention_layernorm.weight", H);
+  std::unique_ptr<Ffn> ffn = c.is_moe_layer(0)
+                                 ? std::unique_ptr<Ffn>(MoeFfn::load(c, l, layer + "mlp."))
+                                 : DenseFfn::load(c, l, layer + "mlp.", c.intermediate_size);
+  m.layer = std::make_unique<DecoderLayer>(std::move(input_norm), std::move(mixer),
+                                           std::move(post_norm), std::move(ffn));
+  l.ignore(layer + "self_attn.rotary_emb.inv_freq");
+  m.head_norm = load_norm(l, c, p + "norm.weight", H);
+  m.zero_first_key = false;
+  m.chain_normed = true;
+  for (int64_t i = 1; i < n_mtp; ++i) l.ignore_prefix(p + "layers." + std::to_string(i) + ".");
+  return std::make_unique<MtpLayer>(std::move(m));
 }
 
 }  // namespace metrale

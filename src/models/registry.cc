@@ -13,13 +13,13 @@ std::span<const ArchitectureEntry> architectures() {
       {"qwen2", &build_dense_decoder},
       {"qwen3", &build_dense_decoder},
       {"qwen3_moe", &build_qwen3_moe},
-      {"qwen3_next", &build_qwen3_next},
+      {"qwen3_next", &build_qwen3_next, &build_qwen3_next_mtp},
       {"qwen3_5", &build_qwen3_next},
       {"qwen3_5_text", &build_qwen3_next},
       {"qwen3_5_moe", &build_qwen3_next},
       {"qwen3_5_moe_text", &build_qwen3_next},
-      {"deepseek_v3", &build_deepseek_v3},
-      {"glm4_moe", &build_glm4_moe},
+      {"deepseek_v3", &build_deepseek_v3, &build_deepseek_v3_mtp},
+      {"glm4_moe", &build_glm4_moe, &build_glm4_moe_mtp},
   }};
   return kFamilies;
 }

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "layers/architecture.h"
+#include "layers/mtp_layer.h"
 
 namespace metrale {
 
@@ -13,10 +14,13 @@ namespace metrale {
 // tensor against the shape the config implies and that none is left unclaimed).
 using ArchitectureBuilder = std::unique_ptr<Architecture> (*)(const ModelConfig& config,
                                                               TensorLoader& loader);
+// Builds the family's MTP drafter layer (models/mtp_layers.h) from the same checkpoint.
+using MtpBuilder = std::unique_ptr<MtpLayer> (*)(const ModelConfig& config, TensorLoader& loader);
 
 struct ArchitectureEntry {
   std::string_view model_type;
   ArchitectureBuilder build;
+  MtpBuilder build_mtp = nullptr;  // nullptr: the family has no MTP drafter
 };
 
 std::span<const ArchitectureEntry> architectures();

@@ -196,7 +196,7 @@ TEST(Inspect, KvBytesPerTokenAndMtpLayers) {
   const CliRun r = inspect({"tests/data/fixtures/deepseek_v3_mtp_bf16"});
   EXPECT_EQ(0, r.status) << r.out;
   EXPECT_TRUE(has(r.out,
-                  "\nMTP layers: 42 tensors (model.layers.<num_hidden_layers + i>.*) "
+                  "\nMTP layers: 44 tensors (model.layers.<num_hidden_layers + i>.*) "
                   "recognised, not loaded\n"))
       << r.out;
   // 3 layers of (kv_lora_rank 24 + rope 8) f32 = 128 B; HF: 4 heads x (16 + 8 + 12) x 4 = 576.

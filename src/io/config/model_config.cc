@@ -51,8 +51,10 @@ LayerKind ModelConfig::layer_kind(int64_t layer) const {
 }
 
 bool ModelConfig::is_moe_layer(int64_t layer) const {
-  METRALE_CHECK(layer >= 0 && layer < n_layers, source, ": layer ", layer, " is out of range [0, ",
-                n_layers, ")");
+  // The MTP layers DeepSeek-V3 / GLM-4.5 number after the decoder stack follow the same rule
+  // (vLLM builds each as a decoder layer of its index).
+  METRALE_CHECK(layer >= 0 && layer < n_layers + n_mtp_layers, source, ": layer ", layer,
+                " is out of range [0, ", n_layers + n_mtp_layers, ")");
   if (moe.n_experts == 0 || layer < moe.first_k_dense_replace) return false;
   if ((layer + 1) % moe.decoder_sparse_step != 0) return false;
   return std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), layer) ==

@@ -151,6 +151,8 @@ struct ModelConfig {
   std::string vision_config_json;        // raw JSON text; empty when absent
 
   LayerKind layer_kind(int64_t layer) const;
+  // Decoder layers [0, n_layers), and the MTP layers numbered after them
+  // [n_layers, n_layers + n_mtp_layers).
   bool is_moe_layer(int64_t layer) const;
   bool is_mla() const { return mla.kv_lora_rank > 0; }
   bool has_linear_attention() const { return linear.n_key_heads > 0; }

@@ -1,0 +1,67 @@
+#pragma once
+// The MTP drafter references (tests/data/fixtures/<dir>/mtp_reference.safetensors, made by
+// tools/fixtures/models/mtp_fixtures.py; README.md "MTP drafter references") and a target +
+// drafter pair loaded from a fixture.
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/mtp_proposer.h"
+#include "fixture_util.h"
+#include "io/safetensors/file.h"
+
+namespace metrale::testing {
+
+class MtpReference {
+ public:
+  explicit MtpReference(const std::string& dir)
+      : file_(SafetensorsFile::open(fixture_dir(dir) + "/mtp_reference.safetensors")) {}
+
+  std::vector<float> floats(const std::string& key) const {
+    const auto& t = file_.at(key);
+    std::vector<float> out(static_cast<size_t>(t.shape.numel()));
+    std::memcpy(out.data(), file_.bytes(t).data(), out.size() * sizeof(float));
+    return out;
+  }
+  std::vector<int32_t> ids(const std::string& key) const {
+    const auto& t = file_.at(key);
+    std::vector<int64_t> wide(static_cast<size_t>(t.shape.numel()));
+    std::memcpy(wide.data(), file_.bytes(t).data(), wide.size() * sizeof(int64_t));
+    return {wide.begin(), wide.end()};
+  }
+
+ private:
+  SafetensorsFile file_;
+};
+
+// A fixture's target and its MTP drafter, and the rows the drafter's passes computed by key
+// (MtpProposer::set_trace).
+struct MtpPair {
+  std::unique_ptr<Model> target;
+  std::unique_ptr<MtpProposer> drafter;
+  std::map<int64_t, std::vector<float>> logits, out;  // by key: the last row computed
+
+  explicit MtpPair(const std::string& dir, MtpOptions options = {}, int n_threads = 1) {
+    LoadOptions o;
+    o.n_threads = n_threads;
+    o.kv_tokens = 128;
+    target = Model::load(fixture_dir(dir), o);
+    drafter = MtpProposer::load(*target, options);
+    const int64_t V = target->vocab_size(), H = target->config().hidden_size;
+    drafter->set_trace([this, V, H](const speculative::ProposerState&, int64_t key, const float* l,
+                                    const float* y) {
+      logits[key].assign(l, l + V);
+      out[key].assign(y, y + H);
+    });
+  }
+};
+
+// Rows [first, first + n) of a row-major [*, cols] matrix.
+inline ConstRows rows_at(const std::vector<float>& m, int64_t first, int64_t n, int64_t cols) {
+  return {m.data() + first * cols, n, cols, cols};
+}
+
+}  // namespace metrale::testing
