@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "engine/mtp_proposer.h"
 #include "speculative/ngram_proposer.h"
 
 namespace metrale::cli {
@@ -192,7 +193,7 @@ void SpeculativeFlags::check() const {
                 ", found ", ngram_max);
 }
 
-SpeculationOptions SpeculativeFlags::options(const Model& model) const {
+SpeculationOptions SpeculativeFlags::options(Model& model) const {
   check();
   SpeculationOptions o;
   if (!on()) return o;
@@ -200,13 +201,11 @@ SpeculationOptions SpeculativeFlags::options(const Model& model) const {
     METRALE_CHECK(model.config().n_mtp_layers > 0, "--speculative mtp: ", model.dir().string(),
                   " has no MTP layers (config.json: num_nextn_predict_layers / "
                   "mtp_num_hidden_layers is 0 or absent); use --speculative ngram");
-    throw make_error("--speculative mtp: ", model.dir().string(), " has ",
-                     model.config().n_mtp_layers,
-                     " MTP layer(s), but this build has no MTP drafter yet; use --speculative "
-                     "ngram");
+    o.proposer = MtpProposer::load(model, {.kv_dtype = model.kv_pool().layout().dtype});
+  } else {
+    o.proposer = std::make_shared<speculative::NgramProposer>(
+        speculative::NgramOptions{.min_n = ngram_min, .max_n = ngram_max});
   }
-  o.proposer = std::make_shared<speculative::NgramProposer>(
-      speculative::NgramOptions{.min_n = ngram_min, .max_n = ngram_max});
   o.ladder = ladder.empty()
                  ? speculative::DraftLadder::constant(draft_tokens)
                  : speculative::DraftLadder::parse(ladder, draft_tokens, "--draft-ladder");

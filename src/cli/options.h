@@ -67,7 +67,7 @@ struct SpeculativeFlags {
   void check() const;
   // The engine's options for `model` (off: no proposer). Throws an Error naming the flag for a
   // drafter the model cannot have (mtp without MTP layers).
-  SpeculationOptions options(const Model& model) const;
+  SpeculationOptions options(Model& model) const;
 };
 
 // Loads the model, drawing a progress line on stderr while weights stream in.

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "engine/mtp_proposer.h"
 #include "engine/session.h"
 #include "fixture_util.h"
 #include "speculative/ngram_proposer.h"
@@ -424,6 +425,34 @@ TEST(Speculation, BadOptionsAreClearErrors) {
                                .dispatch_cap = 4}),
                Error);
 }
+
+// The checkpoint's MTP layer as the drafter (engine/mtp_proposer.h): greedy output unchanged
+// token for token, the drafter fed the target's hidden rows through prefill, verify and
+// catch-up, and every page (the target's and the drafter's) back after.
+class MtpGreedyIdentity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MtpGreedyIdentity, MtpDraftsChangeNoToken) {
+  auto m = load(GetParam());
+  const std::vector<int32_t> prompt = {5, 9, 5, 9, 5, 9, 5, 11, 3};
+  constexpr int64_t kTokens = 40;
+  const GenerateResult plain = run(*m, prompt, greedy(kTokens));
+  GenerateOptions o = greedy(kTokens);
+  auto drafter = MtpProposer::load(*m);
+  const MtpProposer* d = drafter.get();
+  o.speculation = {.proposer = std::move(drafter), .ladder = speculative::DraftLadder::constant(3)};
+  const GenerateResult spec = run(*m, prompt, o);
+  ASSERT_EQ(plain.tokens.size(), static_cast<size_t>(kTokens));
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_EQ(spec.stop, plain.stop);
+  EXPECT_GT(spec.speculation.drafted, 0);
+  EXPECT_GE(spec.speculation.drafted, spec.speculation.accepted);
+  EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages()) << "target pages leaked";
+  EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << "drafter pages leaked";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MtpGreedyIdentity,
+                         ::testing::Values("deepseek_v3_mtp_bf16", "glm4_moe_qknorm_bf16",
+                                           "qwen3_next_bf16"));
 
 }  // namespace
 }  // namespace metrale
