@@ -133,13 +133,29 @@ Session::~Session() { model_.release(seq_); }
 
 GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
                                  const TextCallback& on_text) {
+  return run(
+      static_cast<int64_t>(prompt.size()),
+      [&](std::span<float> logits) { model_.prefill(seq_, prompt, logits); }, o, on_text);
+}
+
+GenerateResult Session::generate(const MultimodalPrompt& prompt, const GenerateOptions& o,
+                                 const TextCallback& on_text) {
+  return run(
+      static_cast<int64_t>(prompt.ids.size()),
+      [&](std::span<float> logits) { prefill_multimodal(model_, seq_, prompt, logits); }, o,
+      on_text);
+}
+
+GenerateResult Session::run(int64_t prompt_tokens,
+                            const std::function<void(std::span<float>)>& prefill,
+                            const GenerateOptions& o, const TextCallback& on_text) {
   check_options(o);
   GenerateResult r;
-  r.prompt_tokens = static_cast<int64_t>(prompt.size());
+  r.prompt_tokens = prompt_tokens;
   Generation gen(model_, o, resolve_eos(model_, o), o.seed);
   std::vector<float> logits(static_cast<size_t>(model_.vocab_size()));
   const auto t0 = Clock::now();
-  model_.prefill(seq_, prompt, logits);
+  prefill(logits);
   r.prefill_seconds = seconds_since(t0);
   const auto t1 = Clock::now();
   if (o.max_new_tokens > 0) {

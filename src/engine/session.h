@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "engine/multimodal.h"
 #include "engine/sampling.h"
 
 namespace metrale {
@@ -55,8 +56,15 @@ class Session {
   // continues the conversation from the cache.
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                           const TextCallback& on_text = nullptr);
+  // The same for a prompt with images / videos (engine/multimodal.h); the sequence must be
+  // empty (its rope delta belongs to this prompt).
+  GenerateResult generate(const MultimodalPrompt& prompt, const GenerateOptions& options,
+                          const TextCallback& on_text = nullptr);
 
  private:
+  GenerateResult run(int64_t prompt_tokens, const std::function<void(std::span<float>)>& prefill,
+                     const GenerateOptions& options, const TextCallback& on_text);
+
   Model& model_;
   Sequence seq_;
 };

@@ -148,5 +148,49 @@ TEST(VisionConfig, BadFieldsAreRefused) {
   EXPECT_NE(err(d).find("has no deepstack mergers"), std::string::npos);
 }
 
+// The language model of Qwen2-VL: Qwen2's decoder with a sectioned multimodal rope.
+TEST(Qwen2VlLanguageModel, NestedFixtureAndFlatPublishedLayout) {
+  const ModelConfig f = load_model_config("tests/data/fixtures/qwen2_vl_f32");
+  EXPECT_EQ(f.text_model_type, "qwen2_vl_text");
+  EXPECT_EQ(f.hidden_size, 32);
+  EXPECT_TRUE(f.attention_qkv_bias);
+  EXPECT_FALSE(f.attention_out_bias);
+  EXPECT_EQ(f.rope.mrope_section, (std::vector<int64_t>{2, 3, 3}));
+  EXPECT_FALSE(f.rope.mrope_interleaved);
+  EXPECT_FALSE(f.vision_config_json.empty());
+  // Qwen/Qwen2-VL-2B-Instruct's config.json layout (transformers 4.41): flat text fields and a
+  // rope_scaling of type "mrope".
+  json flat = json::parse(R"({"model_type": "qwen2_vl", "hidden_size": 1536,
+    "intermediate_size": 8960, "num_attention_heads": 12, "num_hidden_layers": 28,
+    "num_key_value_heads": 2, "max_position_embeddings": 32768, "max_window_layers": 28,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "use_sliding_window": false, "tie_word_embeddings": true, "vocab_size": 151936,
+    "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16,
+      "in_chans": 3, "hidden_size": 1536, "patch_size": 14, "spatial_merge_size": 2,
+      "spatial_patch_size": 14, "temporal_patch_size": 2}})");
+  const ModelConfig c = parse_model_config(flat.dump(), "c.json");
+  EXPECT_EQ(c.text_model_type, "qwen2_vl");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rope.type, RopeType::kDefault);
+  EXPECT_EQ(c.rope.theta, 1e6);
+  EXPECT_EQ(c.rope.mrope_section, (std::vector<int64_t>{16, 24, 24}));
+  EXPECT_EQ(c.layer_kinds[27], LayerKind::kFullAttention);
+  const VisionConfig v = parse_vision_config(flat.dump(), "c.json");
+  EXPECT_EQ(v.width, 1280);
+  EXPECT_EQ(v.mlp_width, 5120);
+  EXPECT_EQ(v.hidden_act, "quick_gelu");  // Qwen2VLVisionConfig's default
+  // Without rope_theta: Qwen2VLTextConfig's default_theta 1e6; a section not covering the
+  // rotary dim is refused.
+  flat.erase("rope_theta");
+  EXPECT_EQ(parse_model_config(flat.dump(), "c.json").rope.theta, 1e6);
+  flat["rope_scaling"]["mrope_section"] = json::array({16, 24, 16});
+  EXPECT_NE(test::error_of([&] {
+              parse_model_config(flat.dump(), "c.json");
+            }).find("entries sum to 56 frequency slots, but the rotary dim 128 has 64"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace metrale
