@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "checkpoint_copy.h"
 #include "engine/multimodal.h"
 #include "fixture_util.h"
 #include "io/safetensors/file.h"
@@ -158,6 +159,30 @@ TEST(VisionParity, BadMediaAreRefused) {
               make_multimodal_prompt(*text, ids, first);
             }).find("has no vision tower metrale runs"),
             std::string::npos);
+}
+
+// A tower config that disagrees with its tensors, a missing and a stray tower tensor: each a load
+// error naming the tensor.
+TEST(VisionParity, BadTowerCheckpointsAreRefused) {
+  {
+    testing::CheckpointCopy c(kFixture);
+    c.replace_in_config("\"embed_dim\": 32", "\"embed_dim\": 64");
+    testing::expect_has(testing::load_error(c), "visual.patch_embed.proj.weight");
+  }
+  {
+    testing::CheckpointCopy c(kFixture);
+    c.replace_in_config("\"depth\": 2", "\"depth\": 1");
+    testing::expect_has(testing::load_error(c), "visual.blocks.1.");
+  }
+  {
+    testing::CheckpointCopy c(kFixture);
+    c.rewrite([](const std::string& name) {
+      const bool checkpoint =
+          name.starts_with("visual.") || name.starts_with("model.") || name == "lm_head.weight";
+      return checkpoint && name != "visual.blocks.1.mlp.fc2.bias";
+    });
+    testing::expect_has(testing::load_error(c), "visual.blocks.1.mlp.fc2.bias");
+  }
 }
 
 }  // namespace

@@ -62,6 +62,12 @@ std::vector<int64_t> block_indexes(const JsonFields& v, const char* key,
 
 bool has_vision_tower(std::string_view model_type) { return find_tower(model_type) != nullptr; }
 
+std::optional<VisionTowerKind> vision_tower_kind(std::string_view model_type) {
+  const TowerTraits* t = find_tower(model_type);
+  if (t == nullptr) return std::nullopt;
+  return t->tower;
+}
+
 VisionConfig parse_vision_config(std::string_view config_json, std::string_view source) {
   const nlohmann::json doc = parse_json(config_json, source);
   const JsonFields top(doc, std::string(source));

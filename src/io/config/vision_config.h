@@ -9,6 +9,7 @@
 // merger's output equal to the language model's hidden_size, block indexes inside the depth,
 // media token ids inside the vocabulary.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,8 @@ struct VisionConfig {
 
 // Whether a config.json model_type has a vision tower this parser reads.
 bool has_vision_tower(std::string_view model_type);
+// Its tower's kind, without reading the config (nullopt: no tower).
+std::optional<VisionTowerKind> vision_tower_kind(std::string_view model_type);
 
 // Parses the vision tower of config.json's text (`source` names the file). Error naming the
 // field on a model_type without a tower, a missing or bad field, or a failed cross-check.
