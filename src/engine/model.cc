@@ -49,7 +49,8 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
       m->linear_report_ = loader.module_report();
       // The towers built so far; the others' tensors stay recognised and unloaded (and their
       // vision_config unread, so a language model that loaded before still loads).
-      if (vision_tower_kind(c.model_type) == VisionTowerKind::kQwen2Vl) {
+      const std::optional<VisionTowerKind> kind = vision_tower_kind(c.model_type);
+      if (kind == VisionTowerKind::kQwen2Vl || kind == VisionTowerKind::kQwen2_5Vl) {
         const VisionConfig vc = load_vision_config(dir.string());
         const std::string prefix = m->checkpoint_->find("visual.patch_embed.proj.weight") != nullptr
                                        ? "visual."

@@ -76,6 +76,11 @@ MultimodalPrompt make_multimodal_prompt(Model& model, std::span<const int32_t> i
                   "media item ", i, ": patches of ", it.patch_dim, " values merged by ",
                   it.merge_size, "; the vision tower takes ", vc.patch_dim(), " merged by ",
                   vc.spatial_merge_size);
+    // Qwen2.5-VL's video time step needs the processor's second_per_grid_ts (temporal patch /
+    // the sampled fps), which VisionItem does not carry yet.
+    METRALE_CHECK(it.kind == vision::VisionKind::kImage || vc.tower != VisionTowerKind::kQwen2_5Vl,
+                  "media item ", i, ": videos for ", model.config().model_type,
+                  " are not supported yet (second_per_grid_ts)");
     (it.kind == vision::VisionKind::kImage ? images : videos).push_back(it.grid_thw);
     all.push_back(it.grid_thw);
     patches += it.n_patches();

@@ -29,7 +29,7 @@ void VisionEncoder::encode(std::span<const std::array<int64_t, 3>> grids, ConstR
                            Rows out) {
   const VisionConfig& c = config();
   METRALE_CHECK(!grids.empty(), "vision encoder: no items");
-  const VisionPassLayout layout = vision_pass_layout(grids, c.spatial_merge_size);
+  const VisionPassLayout layout = vision_pass_layout(grids, c.spatial_merge_size, tower_->window());
   METRALE_CHECK(layout.n_rows <= max_patches(), "vision encoder: ", layout.n_rows,
                 " patches exceed the encoder's max_patches ", max_patches());
   METRALE_CHECK(pixels.n_rows == layout.n_rows && pixels.n_cols == c.patch_dim(),
@@ -48,6 +48,9 @@ void VisionEncoder::encode(std::span<const std::array<int64_t, 3>> grids, ConstR
   in.positions3 = layout.positions3;
   in.row_index = layout.row_index;
   in.cu_seqlens = layout.cu_seqlens;
+  in.cu_window_seqlens = layout.cu_window_seqlens;
+  in.window_rows = layout.window_rows;
+  in.merged_inverse = layout.merged_inverse;
   executor_->run(*backend_, in);
 }
 

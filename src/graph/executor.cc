@@ -291,12 +291,18 @@ void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {
                                  .k = rows(n.k),
                                  .v = rows(n.v),
                                  .out = rows(n.out),
-                                 .cu_seqlens = in.cu_seqlens,
+                                 .cu_seqlens = n.windows ? in.cu_window_seqlens : in.cu_seqlens,
                                  .n_heads = n.n_heads,
                                  .head_dim = n.head_dim,
                                  .scale = n.scale});
           },
           [&](const node::MergeRows& n) { be.merge_rows(rows(n.x), rows(n.out)); },
+          [&](const node::GatherRows& n) {
+            be.gather_rows(
+                rows(n.x),
+                n.list == node::RowList::kWindowRows ? in.window_rows : in.merged_inverse,
+                rows(n.out));
+          },
           [&](const node::Observe& n) {
             METRALE_CHECK(in.observer != nullptr, "executor: an Observe node without an observer");
             (*in.observer)(n.index, rows(n.x));

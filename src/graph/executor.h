@@ -41,8 +41,14 @@ struct PassInputs {
   // [n_segments + 1] from 0 to n_rows (one image, or one frame of a video, each).
   int64_t n_merged = 0;
   std::span<const int32_t> cu_seqlens;
-  std::span<const int32_t> row_seq;  // [n_rows] index of each row's sequence in `seqs`
-  std::span<const int64_t> slots;    // [n_rows] KV slot each row's K/V is stored to
+  // Qwen2.5-VL's window attention: the windows' segments (over rows in window order), the
+  // patch row each window-ordered row takes, and the window-ordered merged row each merged row
+  // takes back.
+  std::span<const int32_t> cu_window_seqlens;
+  std::span<const int32_t> window_rows;     // [n_rows]
+  std::span<const int32_t> merged_inverse;  // [n_merged]
+  std::span<const int32_t> row_seq;         // [n_rows] index of each row's sequence in `seqs`
+  std::span<const int64_t> slots;           // [n_rows] KV slot each row's K/V is stored to
   // [n_rows] LoRA slot of each row (-1: base weights); empty when no row has one.
   std::span<const int32_t> lora_slots;
   std::span<const int32_t> wanted;             // [n_wanted] rows that want logits, ascending

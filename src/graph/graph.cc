@@ -97,6 +97,7 @@ Op node_op(const NodeArgs& args) {
                         [](const node::Activate&) { return Op::kActivation; },
                         [](const node::VarlenAttention&) { return Op::kVarlenAttention; },
                         [](const node::MergeRows&) { return Op::kMergeRows; },
+                        [](const node::GatherRows&) { return Op::kGatherRows; },
                     },
                     args);
 }
@@ -177,6 +178,9 @@ void node_tensors(const NodeArgs& args, std::vector<Tensor>& out) {
                    add({n.q, n.k, n.v, n.out});
                  },
                  [&](const node::MergeRows& n) {
+                   add({n.x, n.out});
+                 },
+                 [&](const node::GatherRows& n) {
                    add({n.x, n.out});
                  },
              },

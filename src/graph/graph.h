@@ -226,12 +226,24 @@ struct Activate {  // Backend::activation
   Tensor x, out;
   Activation act = Activation::kGelu;
 };
-// Non-causal attention within the pass's segments (PassInputs::cu_seqlens).
+// Non-causal attention within the pass's segments (PassInputs::cu_seqlens, or its windows'
+// cu_window_seqlens: Qwen2.5-VL's window attention).
 struct VarlenAttention {
   Tensor q, k, v, out;
   int64_t n_heads = 0;
   int64_t head_dim = 0;
   float scale = 0.0f;
+  bool windows = false;
+};
+// out[i] = x[list[i]] over one of the pass's row lists (Backend::gather_rows): a vision tower's
+// window order (Qwen2.5-VL) and its inverse on the merged rows.
+enum class RowList : uint8_t {
+  kWindowRows,     // PassInputs::window_rows
+  kMergedInverse,  // PassInputs::merged_inverse
+};
+struct GatherRows {
+  Tensor x, out;
+  RowList list = RowList::kWindowRows;
 };
 // out (kMerged rows) = groups of x's consecutive rows side by side (Backend::merge_rows).
 struct MergeRows {
@@ -246,13 +258,12 @@ struct Observe {
 
 }  // namespace node
 
-using NodeArgs =
-    std::variant<node::Linear, node::Linears, node::Embedding, node::RmsNorm, node::Rope,
-                 node::KvStore, node::Attention, node::LatentAttention, node::GatedActivation,
-                 node::Route, node::Moe, node::Add, node::CausalConv, node::DeltaRule,
-                 node::SigmoidMul, node::Lora, node::GatherWanted, node::TokenOverlay,
-                 node::HeadOverlay, node::Observe, node::RopeRows, node::InjectRows,
-                 node::LayerNorm, node::Activate, node::VarlenAttention, node::MergeRows>;
+using NodeArgs = std::variant<
+    node::Linear, node::Linears, node::Embedding, node::RmsNorm, node::Rope, node::KvStore,
+    node::Attention, node::LatentAttention, node::GatedActivation, node::Route, node::Moe,
+    node::Add, node::CausalConv, node::DeltaRule, node::SigmoidMul, node::Lora, node::GatherWanted,
+    node::TokenOverlay, node::HeadOverlay, node::Observe, node::RopeRows, node::InjectRows,
+    node::LayerNorm, node::Activate, node::VarlenAttention, node::MergeRows, node::GatherRows>;
 
 struct Node {
   NodeArgs args;

@@ -1,5 +1,6 @@
 #include "layers/vision_tower.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -20,8 +21,9 @@ constexpr float kLayerNormEps = 1e-6f;
 
 }  // namespace
 
-VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grids, int64_t merge) {
-  METRALE_CHECK(merge >= 1, "vision pass: merge size ", merge);
+VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grids, int64_t merge,
+                                    int64_t window) {
+  METRALE_CHECK(merge >= 1 && window >= 0, "vision pass: merge size ", merge, ", window ", window);
   VisionPassLayout p;
   p.cu_seqlens.push_back(0);
   for (size_t i = 0; i < grids.size(); ++i) {
@@ -47,17 +49,73 @@ VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grid
       p.cu_seqlens.push_back(static_cast<int32_t>(p.n_rows));
     }
   }
-  p.n_merged = p.n_rows / (merge * merge);
+  const int64_t unit = merge * merge;
+  p.n_merged = p.n_rows / unit;
   p.row_index.resize(static_cast<size_t>(p.n_rows));
   for (int64_t r = 0; r < p.n_rows; ++r)
     p.row_index[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+  if (window == 0) return p;
+  // get_vision_window_index: per item and temporal patch, the merged grid padded up to whole
+  // windows (a full window more when it divides, as transformers pads), windows in row-major
+  // order, merged patches row-major inside; empty windows dropped (unique_consecutive).
+  std::vector<int32_t> order;  // window-ordered merged patch -> its merged index
+  order.reserve(static_cast<size_t>(p.n_merged));
+  p.cu_window_seqlens.push_back(0);
+  int64_t base = 0;
+  for (const auto& [t, h, w] : grids) {
+    const int64_t lh = h / merge, lw = w / merge;
+    const int64_t nwh = (lh + window - lh % window) / window;
+    const int64_t nww = (lw + window - lw % window) / window;
+    for (int64_t f = 0; f < t; ++f)
+      for (int64_t wy = 0; wy < nwh; ++wy)
+        for (int64_t wx = 0; wx < nww; ++wx) {
+          int64_t count = 0;
+          for (int64_t y = wy * window; y < std::min(lh, (wy + 1) * window); ++y)
+            for (int64_t x = wx * window; x < std::min(lw, (wx + 1) * window); ++x, ++count)
+              order.push_back(static_cast<int32_t>(base + f * lh * lw + y * lw + x));
+          if (count > 0)
+            p.cu_window_seqlens.push_back(p.cu_window_seqlens.back() +
+                                          static_cast<int32_t>(count * unit));
+        }
+    base += t * lh * lw;
+  }
+  p.merged_inverse.resize(order.size());
+  p.window_rows.resize(static_cast<size_t>(p.n_rows));
+  std::vector<int32_t> positions(p.positions3.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    p.merged_inverse[static_cast<size_t>(order[k])] = static_cast<int32_t>(k);
+    for (int64_t j = 0; j < unit; ++j) {
+      const int64_t row = static_cast<int64_t>(k) * unit + j;
+      const int64_t src = int64_t{order[k]} * unit + j;
+      p.window_rows[static_cast<size_t>(row)] = static_cast<int32_t>(src);
+      std::copy_n(p.positions3.begin() + src * 3, 3, positions.begin() + row * 3);
+    }
+  }
+  p.positions3 = std::move(positions);
   return p;
+}
+
+int64_t VisionTower::window() const {
+  if (config_.tower != VisionTowerKind::kQwen2_5Vl) return 0;
+  return config_.window_size / config_.spatial_merge_size / config_.patch_size;
+}
+
+void VisionTower::norm(Graph& g, Tensor x, Tensor out, const DeviceFloats& w,
+                       const DeviceFloats& b) const {
+  if (config_.tower == VisionTowerKind::kQwen2_5Vl) {  // Qwen2RMSNorm(eps=1e-6)
+    g.add(node::RmsNorm{.x = x, .out = out, .weight = w.data(), .eps = kLayerNormEps});
+  } else {
+    g.add(node::LayerNorm{
+        .x = x, .out = out, .weight = w.data(), .bias = b.data(), .eps = kLayerNormEps});
+  }
 }
 
 std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoader& l,
                                                const std::string& p) {
-  METRALE_CHECK(c.tower == VisionTowerKind::kQwen2Vl, c.source, ": the ", c.model_type,
-                " vision tower is not supported yet (only qwen2_vl's)");
+  METRALE_CHECK(c.tower == VisionTowerKind::kQwen2Vl || c.tower == VisionTowerKind::kQwen2_5Vl,
+                c.source, ": the ", c.model_type,
+                " vision tower is not supported yet (only qwen2_vl's and qwen2_5_vl's)");
+  const bool rms = c.tower == VisionTowerKind::kQwen2_5Vl;
   auto t = std::unique_ptr<VisionTower>(new VisionTower());
   t->config_ = c;
   t->act_ = activation_of(c);
@@ -71,18 +129,28 @@ std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoad
     const std::string b = p + "blocks." + std::to_string(i) + ".";
     Block blk;
     blk.norm1_w = l.norm(b + "norm1.weight", W);
-    blk.norm1_b = l.norm(b + "norm1.bias", W);
     blk.norm2_w = l.norm(b + "norm2.weight", W);
-    blk.norm2_b = l.norm(b + "norm2.bias", W);
+    if (!rms) {
+      blk.norm1_b = l.norm(b + "norm1.bias", W);
+      blk.norm2_b = l.norm(b + "norm2.bias", W);
+    }
     blk.qkv = l.linear(b + "attn.qkv", 3 * W, W, true);
     blk.proj = l.linear(b + "attn.proj", W, W, true);
-    blk.fc1 = l.linear(b + "mlp.fc1", c.mlp_width, W, true);
-    blk.fc2 = l.linear(b + "mlp.fc2", W, c.mlp_width, true);
+    if (rms) {
+      blk.fc1 = l.linear(b + "mlp.gate_proj", c.mlp_width, W, true);
+      blk.up = l.linear(b + "mlp.up_proj", c.mlp_width, W, true);
+      blk.fc2 = l.linear(b + "mlp.down_proj", W, c.mlp_width, true);
+      blk.full_attention = std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
+                                     i) != c.fullatt_block_indexes.end();
+    } else {
+      blk.fc1 = l.linear(b + "mlp.fc1", c.mlp_width, W, true);
+      blk.fc2 = l.linear(b + "mlp.fc2", W, c.mlp_width, true);
+    }
     t->blocks_.push_back(std::move(blk));
   }
   const int64_t M = c.merge_rows() * W;
   t->ln_q_w_ = l.norm(p + "merger.ln_q.weight", W);
-  t->ln_q_b_ = l.norm(p + "merger.ln_q.bias", W);
+  if (!rms) t->ln_q_b_ = l.norm(p + "merger.ln_q.bias", W);
   t->merger_fc1_ = l.linear(p + "merger.mlp.0", M, M, true);
   t->merger_fc2_ = l.linear(p + "merger.mlp.2", c.out_width, M, true);
   // Qwen2VLVisionRotaryEmbedding: inv_freq = 1 / theta^(arange(0, d, 2) / d), d = head_dim / 2,
@@ -107,7 +175,14 @@ void VisionTower::record(Graph& g, Tensor pixels, Tensor out) const {
   const VisionConfig& c = config_;
   const int64_t W = c.width, D = c.head_dim, H = c.n_heads;
   const Tensor h = g.buffer("h", W);
-  g.add(node::Linear{.x = pixels, .w = &patch_embed_, .y = h});
+  const bool windows = window() > 0;
+  if (windows) {  // the pixel rows in window order (the patch embedding is row by row)
+    const Tensor ordered = g.buffer("pixels_windowed", c.patch_dim());
+    g.add(node::GatherRows{.x = pixels, .out = ordered, .list = node::RowList::kWindowRows});
+    g.add(node::Linear{.x = ordered, .w = &patch_embed_, .y = h});
+  } else {
+    g.add(node::Linear{.x = pixels, .w = &patch_embed_, .y = h});
+  }
   {
     const Graph::Scope scope(g, "rotary");
     const Tensor cos = g.buffer("cos", D / 2, RowSpace::kRows, BufferKind::kPackedF32);
@@ -128,27 +203,31 @@ void VisionTower::record(Graph& g, Tensor pixels, Tensor out) const {
     const Tensor qkv = g.buffer("qkv", 3 * W);
     const Tensor attn = g.buffer("attn", W);
     const Tensor delta = g.buffer("delta", W);
-    g.add(node::LayerNorm{.x = h,
-                          .out = x,
-                          .weight = b.norm1_w.data(),
-                          .bias = b.norm1_b.data(),
-                          .eps = kLayerNormEps});
+    norm(g, h, x, b.norm1_w, b.norm1_b);
     g.add(node::Linear{.x = x, .w = &b.qkv, .y = qkv});
     const Tensor q = qkv.cols(0, W), k = qkv.cols(W, W), v = qkv.cols(2 * W, W);
     g.add(node::Rope{.x = q, .n_heads = H, .head_dim = D});
     g.add(node::Rope{.x = k, .n_heads = H, .head_dim = D});
-    g.add(node::VarlenAttention{
-        .q = q, .k = k, .v = v, .out = attn, .n_heads = H, .head_dim = D, .scale = scale});
+    g.add(node::VarlenAttention{.q = q,
+                                .k = k,
+                                .v = v,
+                                .out = attn,
+                                .n_heads = H,
+                                .head_dim = D,
+                                .scale = scale,
+                                .windows = windows && !b.full_attention});
     g.add(node::Linear{.x = attn, .w = &b.proj, .y = delta});
     g.add(node::Add{.x = delta, .y = h});
     const Tensor mlp = g.buffer("mlp", c.mlp_width);
-    g.add(node::LayerNorm{.x = h,
-                          .out = x,
-                          .weight = b.norm2_w.data(),
-                          .bias = b.norm2_b.data(),
-                          .eps = kLayerNormEps});
+    norm(g, h, x, b.norm2_w, b.norm2_b);
     g.add(node::Linear{.x = x, .w = &b.fc1, .y = mlp});
-    g.add(node::Activate{.x = mlp, .out = mlp, .act = act_});
+    if (b.up.data != nullptr) {  // SwiGLU: act(gate) * up
+      const Tensor up = g.buffer("up", c.mlp_width);
+      g.add(node::Linear{.x = x, .w = &b.up, .y = up});
+      g.add(node::GatedActivation{.gate = mlp, .up = up, .out = mlp, .act = act_});
+    } else {
+      g.add(node::Activate{.x = mlp, .out = mlp, .act = act_});
+    }
     g.add(node::Linear{.x = mlp, .w = &b.fc2, .y = delta});
     g.add(node::Add{.x = delta, .y = h});
   }
@@ -157,12 +236,17 @@ void VisionTower::record(Graph& g, Tensor pixels, Tensor out) const {
   const Tensor x = g.buffer("x", W);
   const Tensor merged = g.buffer("merged", M, RowSpace::kMerged);
   const Tensor hidden = g.buffer("hidden", M, RowSpace::kMerged);
-  g.add(node::LayerNorm{
-      .x = h, .out = x, .weight = ln_q_w_.data(), .bias = ln_q_b_.data(), .eps = kLayerNormEps});
+  norm(g, h, x, ln_q_w_, ln_q_b_);
   g.add(node::MergeRows{.x = x, .out = merged});
   g.add(node::Linear{.x = merged, .w = &merger_fc1_, .y = hidden});
   g.add(node::Activate{.x = hidden, .out = hidden, .act = Activation::kGelu});  // nn.GELU()
-  g.add(node::Linear{.x = hidden, .w = &merger_fc2_, .y = out});
+  if (windows) {  // back to the original order
+    const Tensor ordered = g.buffer("out_windowed", c.out_width, RowSpace::kMerged);
+    g.add(node::Linear{.x = hidden, .w = &merger_fc2_, .y = ordered});
+    g.add(node::GatherRows{.x = ordered, .out = out, .list = node::RowList::kMergedInverse});
+  } else {
+    g.add(node::Linear{.x = hidden, .w = &merger_fc2_, .y = out});
+  }
 }
 
 }  // namespace metrale

@@ -1,4 +1,5 @@
-// qwen2_vl (transformers' modeling_qwen2_vl): the language model of Qwen2-VL is Qwen2's decoder
+// qwen2_vl and qwen2_5_vl (transformers' modeling_qwen2_vl / _qwen2_5_vl): the language model
+// of Qwen2-VL and Qwen2.5-VL is Qwen2's decoder
 // (q/k/v with bias, o_proj without, a dense SwiGLU MLP) with a sectioned multimodal rope
 // (mrope_section: the first frequencies follow t, the next h, the rest w). Checkpoints ship it
 // as transformers writes them: the language model under model.* (model.language_model.* in

@@ -1,8 +1,8 @@
-// The Qwen2-VL vision tower against transformers (tests/data/fixtures/qwen2_vl_f32/
-// tower.safetensors, from tools/fixtures/models/vision_tower_fixtures.py): two images of
-// different sizes and a two-frame video in one pass, the merged output within 1e-4 absolute
-// (f32; the values reach 6). Items alone equal their rows of the batched pass, bit for bit; bad
-// calls are refused.
+// The Qwen2-VL and Qwen2.5-VL vision towers against transformers (tests/data/fixtures/
+// qwen2_vl_f32 and qwen2_5_vl_f32 /tower.safetensors, from tools/fixtures/models/
+// vision_tower_fixtures.py): two images of different sizes and a two-frame video in one pass,
+// the merged output within 1e-4 absolute (f32; the values reach 6). Items alone equal their rows
+// of the batched pass, bit for bit; bad calls are refused.
 #include "engine/vision_encoder.h"
 
 #include <gtest/gtest.h>
@@ -21,10 +21,10 @@
 namespace metrale {
 namespace {
 
-constexpr const char* kDir = "tests/data/fixtures/qwen2_vl_f32";
-
 struct TowerRef {
-  SafetensorsFile file = SafetensorsFile::open(std::string(kDir) + "/tower.safetensors");
+  explicit TowerRef(const std::string& dir)
+      : file(SafetensorsFile::open(dir + "/tower.safetensors")) {}
+  SafetensorsFile file;
   std::vector<float> floats(const std::string& key) const {
     const auto& t = file.at(key);
     std::vector<float> out(static_cast<size_t>(t.shape.numel()));
@@ -41,14 +41,16 @@ struct TowerRef {
   }
 };
 
-class VisionTowerTest : public ::testing::Test {
+class VisionTowerTest : public ::testing::TestWithParam<const char*> {
  protected:
   VisionTowerTest()
-      : pool_(2),
+      : dir_(std::string("tests/data/fixtures/") + GetParam()),
+        pool_(2),
         backend_(pool_),
-        checkpoint_(Checkpoint::open(kDir)),
+        checkpoint_(Checkpoint::open(dir_)),
         loader_(checkpoint_, backend_, WeightPlacement::kCopy, nullptr),
-        config_(load_vision_config(kDir)) {
+        config_(load_vision_config(dir_)),
+        ref_(dir_) {
     encoder_ = VisionEncoder::load(config_, loader_, backend_, "visual.", 256);
   }
 
@@ -60,6 +62,7 @@ class VisionTowerTest : public ::testing::Test {
     return out;
   }
 
+  std::string dir_;
   ThreadPool pool_;
   CpuBackend backend_;
   Checkpoint checkpoint_;
@@ -69,7 +72,7 @@ class VisionTowerTest : public ::testing::Test {
   TowerRef ref_;
 };
 
-TEST_F(VisionTowerTest, EqualsTransformersWithin1e4) {
+TEST_P(VisionTowerTest, EqualsTransformersWithin1e4) {
   // Every tower tensor is claimed; what is left is the language model's.
   loader_.ignore_prefix("model.");
   loader_.ignore("lm_head.weight");
@@ -88,7 +91,7 @@ TEST_F(VisionTowerTest, EqualsTransformersWithin1e4) {
   EXPECT_GT(scale, 1.0f);  // O(1) outputs: a wrong op moves them by O(1)
 }
 
-TEST_F(VisionTowerTest, AnItemAloneEqualsItsRowsOfTheBatch) {
+TEST_P(VisionTowerTest, AnItemAloneEqualsItsRowsOfTheBatch) {
   const auto grids = ref_.grids();
   const std::vector<float> pixels = ref_.floats("pixel_values");
   const std::vector<float> all = encode(grids, pixels.data(), 128);
@@ -102,7 +105,7 @@ TEST_F(VisionTowerTest, AnItemAloneEqualsItsRowsOfTheBatch) {
   EXPECT_EQ(v, std::vector<float>(all.begin() + 24 * 32, all.end()));
 }
 
-TEST_F(VisionTowerTest, BadCallsAreRefused) {
+TEST_P(VisionTowerTest, BadCallsAreRefused) {
   const std::vector<float> pixels(static_cast<size_t>(300 * config_.patch_dim()));
   std::vector<float> out(300 * 32);
   const std::vector<std::array<int64_t, 3>> g = {{1, 4, 6}};
@@ -123,6 +126,23 @@ TEST_F(VisionTowerTest, BadCallsAreRefused) {
         encoder_->encode(big, ConstRows{pixels.data(), 288, 96, 96}, Rows{out.data(), 72, 32, 32});
       }),
       "vision encoder: 288 patches exceed the encoder's max_patches 256");
+}
+
+INSTANTIATE_TEST_SUITE_P(Towers, VisionTowerTest,
+                         ::testing::Values("qwen2_vl_f32", "qwen2_5_vl_f32"));
+
+// Qwen2.5-VL's windows (get_vision_window_index): a 2 x 3 merged grid in 2 x 2 windows is one
+// full window and one of 2 merged patches; the padded windows below are empty and dropped.
+TEST(VisionPassLayout, WindowsReorderTheMergedPatches) {
+  const std::vector<std::array<int64_t, 3>> g = {{1, 4, 6}};
+  const VisionPassLayout p = vision_pass_layout(g, 2, 2);
+  EXPECT_EQ(p.cu_window_seqlens, (std::vector<int32_t>{0, 16, 24}));
+  EXPECT_EQ(p.merged_inverse, (std::vector<int32_t>{0, 1, 4, 2, 3, 5}));
+  // Row 8 (window order) is merged patch 3's first row: patch row 12, at (h, w) = (2, 0).
+  EXPECT_EQ(p.window_rows[8], 12);
+  EXPECT_EQ(std::vector<int32_t>(p.positions3.begin() + 24, p.positions3.begin() + 27),
+            (std::vector<int32_t>{0, 2, 0}));
+  EXPECT_EQ(p.cu_seqlens, (std::vector<int32_t>{0, 24}));
 }
 
 TEST(VisionPassLayout, PositionsFollowTheMergeBlocksAndSegmentsTheFrames) {

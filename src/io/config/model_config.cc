@@ -231,7 +231,7 @@ ModelConfig parse_model_config(std::string_view config_json, std::string_view so
   if (traits.nested_text_config) {
     nested = top.opt_object("text_config");
     // Qwen2VLConfig still reads a pre-v5 checkpoint's flat config (the text fields at the top).
-    if (!nested && model_type != "qwen2_vl")
+    if (!nested && model_type != "qwen2_vl" && model_type != "qwen2_5_vl")
       throw top.missing("text_config", "an object, for model_type \"" + model_type + "\"");
     if (nested) {
       std::string want = model_type + "_text";

@@ -146,8 +146,10 @@ RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int
     kind = *t;
   }
   const char* kind_key = d.has("rope_type") ? "rope_type" : "type";
-  // Qwen2VLTextConfig: a 4.x rope_scaling of type "mrope" is the default rope, sectioned.
-  if (kind == "mrope" && traits.model_type == "qwen2_vl") kind = "default";
+  // Qwen2VLTextConfig / Qwen2_5_VLTextConfig: a 4.x rope_scaling of type "mrope" is the
+  // default rope, sectioned.
+  const bool qwen2_vl = traits.model_type == "qwen2_vl" || traits.model_type == "qwen2_5_vl";
+  if (kind == "mrope" && qwen2_vl) kind = "default";
 
   bool scaled = kind == "llama3" || kind == "yarn";
   if (scaled) {
@@ -188,7 +190,7 @@ RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int
   }
 
   if (traits.model_type.starts_with("qwen3_5")) parse_mrope(d, traits, rope);
-  if (traits.model_type == "qwen2_vl") parse_sectioned_mrope(d, rope);
+  if (qwen2_vl) parse_sectioned_mrope(d, rope);
   // DeepseekV3Config.rope_interleave (default True): apply_rotary_pos_emb_interleave.
   if (traits.model_type == "deepseek_v3")
     rope.pairs_interleaved = text.bool_or("rope_interleave", true);

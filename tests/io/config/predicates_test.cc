@@ -63,9 +63,10 @@ const char* const kTextOnly[][2] = {{"qwen3_5_text", "qwen3_5"},
                                     {"qwen3_5_moe_text", "qwen3_5_moe"}};
 
 // Vision-language types whose language model is an existing decoder, checked on their tiny
-// fixture's config: qwen2_vl (Qwen2VLRMSNorm returns weight * x; softmax attention continues
-// across chunks).
-const char* const kVisionLanguage[][2] = {{"qwen2_vl", "tests/data/fixtures/qwen2_vl_f32"}};
+// fixture's config: qwen2_vl, qwen2_5_vl (Qwen2VLRMSNorm / Qwen2_5_VLRMSNorm return weight * x;
+// softmax attention continues across chunks).
+const char* const kVisionLanguage[][2] = {{"qwen2_vl", "tests/data/fixtures/qwen2_vl_f32"},
+                                          {"qwen2_5_vl", "tests/data/fixtures/qwen2_5_vl_f32"}};
 
 TEST(Predicates, EveryListedTypeIsCovered) {
   EXPECT_EQ(std::size(kCases) + std::size(kTextOnly) + std::size(kVisionLanguage),
