@@ -57,8 +57,30 @@ std::string_view op_name(Op op) {
       return "rope_rows";
     case Op::kScatterRows:
       return "scatter_rows";
+    case Op::kLayerNorm:
+      return "layer_norm";
+    case Op::kActivation:
+      return "activation";
+    case Op::kVarlenAttention:
+      return "varlen_attention";
+    case Op::kMergeRows:
+      return "merge_rows";
   }
   return "unknown-op";
+}
+
+std::string_view activation_name(Activation act) {
+  switch (act) {
+    case Activation::kSilu:
+      return "silu";
+    case Activation::kGeluTanh:
+      return "gelu_pytorch_tanh";
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kQuickGelu:
+      return "quick_gelu";
+  }
+  return "?";
 }
 
 void Backend::require(Op op, WeightFormat format, DType dtype, std::string_view needed_by) const {
@@ -682,6 +704,69 @@ void Backend::rope_rows(const RopeRowsArgs& a) {
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kRopeRows, nullptr);
   do_rope_rows(a);
+}
+
+void Backend::layer_norm(const LayerNormArgs& a) {
+  const int64_t n = a.x.n_cols;
+  METRALE_CHECK(n > 0, "layer_norm: empty rows");
+  METRALE_CHECK(a.weight != nullptr, "layer_norm: no weight");
+  METRALE_CHECK(a.eps >= 0.0f, "layer_norm: negative eps ", a.eps);
+  check_rows({"layer_norm", "", "input"}, a.x, a.x.n_rows, n);
+  check_rows({"layer_norm", "", "output"}, a.out, a.x.n_rows, n);
+  if (a.x.n_rows == 0) return;
+  const ObservedOp observe(*this, Op::kLayerNorm, nullptr);
+  do_layer_norm(a);
+}
+
+void Backend::activation(const ActivationArgs& a) {
+  check_rows({"activation", "", "input"}, a.x, a.x.n_rows, a.x.n_cols);
+  check_rows({"activation", "", "output"}, a.out, a.x.n_rows, a.x.n_cols);
+  if (a.x.n_rows == 0) return;
+  const ObservedOp observe(*this, Op::kActivation, nullptr);
+  do_activation(a);
+}
+
+void Backend::varlen_attention(const VarlenAttentionArgs& a) {
+  METRALE_CHECK(a.n_heads > 0 && a.head_dim > 0 && a.head_dim <= max_head_dim(),
+                "varlen_attention: ", a.n_heads, " heads of ", a.head_dim,
+                ": expected positive sizes, head_dim at most ", max_head_dim());
+  METRALE_CHECK(std::isfinite(a.scale) && a.scale >= 0.0f, "varlen_attention: bad scale ", a.scale);
+  const int64_t n = a.q.n_rows, width = a.n_heads * a.head_dim;
+  if (n == 0 && a.cu_seqlens.size() <= 1) return;
+  check_rows({"varlen_attention", "", "q"}, a.q, n, width);
+  check_rows({"varlen_attention", "", "k"}, a.k, n, width);
+  check_rows({"varlen_attention", "", "v"}, a.v, n, width);
+  check_rows({"varlen_attention", "", "out"}, a.out, n, width);
+  const std::span<const int32_t> cu = a.cu_seqlens;
+  METRALE_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == n,
+                "varlen_attention: ", "cu_seqlens must run from 0 to the ", n, " rows; found ",
+                cu.size(), " values from ", cu.empty() ? -1 : cu.front(), " to ",
+                cu.empty() ? -1 : cu.back());
+  for (size_t s = 1; s < cu.size(); ++s) {
+    METRALE_CHECK(cu[s] > cu[s - 1], "varlen_attention: cu_seqlens[", s, "] = ", cu[s],
+                  " does not exceed cu_seqlens[", s - 1, "] = ", cu[s - 1], " (empty segment)");
+  }
+  for (ConstRows in : {a.q, a.k, a.v}) {
+    const float* lo = in.data;
+    const float* hi = in.data + (n - 1) * in.stride + in.n_cols;
+    const float* olo = a.out.data;
+    const float* ohi = a.out.data + (n - 1) * a.out.stride + a.out.n_cols;
+    METRALE_CHECK(ohi <= lo || hi <= olo, "varlen_attention: out overlaps an input");
+  }
+  const ObservedOp observe(*this, Op::kVarlenAttention, nullptr);
+  do_varlen_attention(a);
+}
+
+void Backend::merge_rows(ConstRows x, Rows out) {
+  if (x.n_rows == 0 && out.n_rows == 0) return;
+  METRALE_CHECK(out.n_rows > 0 && x.n_rows % out.n_rows == 0 &&
+                    out.n_cols == x.n_rows / out.n_rows * x.n_cols,
+                "merge_rows: [", x.n_rows, ", ", x.n_cols, "] does not regroup into [", out.n_rows,
+                ", ", out.n_cols, "]");
+  check_rows({"merge_rows", "", "x"}, x, x.n_rows, x.n_cols);
+  check_rows({"merge_rows", "", "out"}, out, out.n_rows, out.n_cols);
+  const ObservedOp observe(*this, Op::kMergeRows, nullptr);
+  do_merge_rows(x, out);
 }
 
 }  // namespace metrale

@@ -55,8 +55,12 @@ enum class Op : uint8_t {
   kMemory,           // upload / download / copy / zero of backend memory
   kRopeRows,         // per-row cos/sin of multimodal (t, h, w) positions (M-RoPE)
   kScatterRows,      // out[rows[i]] (+)= x[i] (embeddings injected into a pass's rows)
+  kLayerNorm,        // (x - mean) / sqrt(var + eps) * w (+ b) (vision towers)
+  kActivation,       // y = act(x) (a vision MLP's GELU / quick GELU)
+  kVarlenAttention,  // non-causal attention within each segment of rows (no KV cache)
+  kMergeRows,        // out[i] = x[g i] | x[g i + 1] | ... | x[g i + g - 1] (a patch merger)
 };
-inline constexpr int kOpCount = 21;
+inline constexpr int kOpCount = 25;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -229,8 +233,44 @@ struct LatentAttentionArgs {
 };
 
 enum class Activation : uint8_t {
-  kSilu,      // x * sigmoid(x)                        (HF "silu")
-  kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))  (HF "gelu_pytorch_tanh")
+  kSilu,       // x * sigmoid(x)                        (HF "silu")
+  kGeluTanh,   // 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))  (HF "gelu_pytorch_tanh")
+  kGelu,       // 0.5 x (1 + erf(x / sqrt(2)))          (HF "gelu", torch's nn.GELU())
+  kQuickGelu,  // x * sigmoid(1.702 x)                  (HF "quick_gelu")
+};
+std::string_view activation_name(Activation act);  // HF's spelling ("silu", "gelu", ...)
+
+// y = act(x), element by element (a vision MLP's fc1 output). out may alias x.
+struct ActivationArgs {
+  ConstRows x;
+  Rows out;  // same shape as x
+  Activation act = Activation::kGelu;
+};
+
+// torch's LayerNorm over each row: (x - mean) / sqrt(var + eps) * weight (+ bias), mean and the
+// biased variance over the row's n_cols values, in f32.
+struct LayerNormArgs {
+  ConstRows x;
+  Rows out;                       // same shape as x; may alias x
+  const float* weight = nullptr;  // [n_cols]
+  const float* bias = nullptr;    // [n_cols] or null
+  float eps = 1e-5f;
+};
+
+// Non-causal attention within segments of rows, without a KV cache (a vision tower's attention
+// over the patches of each image or frame): rows [cu_seqlens[s], cu_seqlens[s + 1]) form segment
+// s, and row r of segment s, head h attends to every row of s: out = softmax(scale q k^T) v, all
+// heads full (no GQA). Softmax in f32: the max, the sum of exp(score - max) in key order, the
+// weighted values in key order, so a row's result depends only on its segment.
+struct VarlenAttentionArgs {
+  ConstRows q;                          // [n_rows, n_heads * head_dim]
+  ConstRows k;                          // [n_rows, n_heads * head_dim]
+  ConstRows v;                          // [n_rows, n_heads * head_dim]
+  Rows out;                             // [n_rows, n_heads * head_dim]; must not alias q, k or v
+  std::span<const int32_t> cu_seqlens;  // [n_segments + 1] 0, ..., n_rows, ascending
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
 };
 
 struct GatedActivationArgs {
@@ -505,6 +545,12 @@ class Backend {
   // out[rows[i]] = x[i], or += x[i] when add (no row named twice).
   void scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add);
   void rope_rows(const RopeRowsArgs& a);
+  void layer_norm(const LayerNormArgs& a);
+  void activation(const ActivationArgs& a);
+  void varlen_attention(const VarlenAttentionArgs& a);
+  // out[i] = x[g i] | x[g i + 1] | ... | x[g i + g - 1], g = x.n_rows / out.n_rows: groups of g
+  // consecutive rows side by side (torch's view(-1, g * C) of contiguous rows).
+  void merge_rows(ConstRows x, Rows out);
   void token_overlay(const TokenOverlayArgs& a);
   void head_overlay(const HeadOverlayArgs& a);
 
@@ -533,6 +579,10 @@ class Backend {
   virtual void do_gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out) = 0;
   virtual void do_scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add) = 0;
   virtual void do_rope_rows(const RopeRowsArgs& a) = 0;
+  virtual void do_layer_norm(const LayerNormArgs& a) = 0;
+  virtual void do_activation(const ActivationArgs& a) = 0;
+  virtual void do_varlen_attention(const VarlenAttentionArgs& a) = 0;
+  virtual void do_merge_rows(ConstRows x, Rows out) = 0;
   virtual void do_token_overlay(const TokenOverlayArgs& a) = 0;
   virtual void do_head_overlay(const HeadOverlayArgs& a) = 0;
   virtual void do_upload(void* dst, const void* host_src, size_t bytes) = 0;

@@ -1,11 +1,13 @@
 // `metrale generate --model DIR --prompt TEXT`: streams the continuation to stdout, then
 // prints prompt and decode speed on stderr. With --json, prints one JSON line instead of the
 // text: the prompt ids, the generated ids, why it stopped (for comparing engines), and the
-// speculative drafts fed and accepted. --speculative ngram decodes with drafts (the output is
-// the same).
+// speculative drafts fed and accepted. --speculative ngram | mtp decodes with drafts (the output
+// is the same). With --image / --video (vision-language checkpoints) the media go where the
+// prompt's pad tokens are (or before the prompt), expanded as the processor expands them.
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/media.h"
 #include "cli/options.h"
 #include "core/error.h"
 #include "engine/session.h"
@@ -17,6 +19,7 @@ struct GenerateFlags {
   ModelFlags model;
   LoraFlags lora;
   SpeculativeFlags spec;
+  MediaFlags media;
   std::string prompt;
   std::string ids;
   GenerateOptions gen;
@@ -52,11 +55,19 @@ void run_generate(const GenerateFlags& f) {
   o.speculation = f.spec.options(*model);
   Session session(*model, adapter);
   if (!f.prompt.empty() && !f.json) std::fputs(f.prompt.c_str(), stdout);
-  const GenerateResult r = session.generate(prompt, o, [&f](std::string_view piece) {
+  const TextCallback on_text = [&f](std::string_view piece) {
     if (f.json) return;
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
-  });
+  };
+  GenerateResult r;
+  if (f.media.empty()) {
+    r = session.generate(prompt, o, on_text);
+  } else {
+    const MultimodalPrompt mm = f.media.prompt(*model, prompt);
+    prompt = mm.ids;
+    r = session.generate(mm, o, on_text);
+  }
   if (f.json) {
     std::printf("{");
     print_ids("prompt_ids", prompt);
@@ -101,6 +112,7 @@ void setup(CLI::App& app) {
   f->model.add_to(*cmd);
   f->lora.add_to(*cmd);
   f->spec.add_to(*cmd);
+  f->media.add_to(*cmd);
   cmd->add_option("--prompt,-p", f->prompt, "prompt text (encoded with the model's tokenizer)");
   cmd->add_option("--ids", f->ids, "prompt as comma-separated token ids instead of text");
   cmd->add_flag("--no-special", f->no_special, "do not add the tokenizer's special tokens (bos)");

@@ -1,5 +1,7 @@
 #include "engine/model.h"
 
+#include "io/config/vision_config.h"
+
 #include <algorithm>
 
 #include "backend/factory/backend_factory.h"
@@ -45,6 +47,23 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
       m->arch_ = family->build(c, loader);
       m->quant_method_ = quant.method();
       m->linear_report_ = loader.module_report();
+      // The towers built so far; the others' tensors stay recognised and unloaded (and their
+      // vision_config unread, so a language model that loaded before still loads).
+      const std::optional<VisionTowerKind> kind = vision_tower_kind(c.model_type);
+      if (kind == VisionTowerKind::kQwen2Vl || kind == VisionTowerKind::kQwen2_5Vl) {
+        const VisionConfig vc = load_vision_config(dir.string());
+        const std::string prefix = m->checkpoint_->find("visual.patch_embed.proj.weight") != nullptr
+                                       ? "visual."
+                                       : "model.visual.";
+        TensorLoader tower(*m->checkpoint_, *m->backend_, o.placement, nullptr);
+        tower.set_quant_config(&quant);
+        m->vision_ = VisionEncoder::load(vc, tower, *m->backend_, prefix, o.max_image_patches);
+        // Every tensor of the tower's subtree was read (the rest is the language model's).
+        for (const CheckpointTensor& t : m->checkpoint_->tensors()) {
+          if (!t.name().starts_with(prefix)) tower.ignore(std::string(t.name()));
+        }
+        tower.check_all_claimed();
+      }
     }
     m->weight_bytes_ = m->checkpoint_->total_bytes();
 

@@ -16,6 +16,7 @@
 #include "core/thread_pool.h"
 #include "engine/kv_pool.h"
 #include "engine/state_pool.h"
+#include "engine/vision_encoder.h"
 #include "graph/executor.h"
 #include "graph/plan.h"
 #include "io/config/model_config.h"
@@ -47,6 +48,9 @@ struct LoadOptions {
   std::optional<uint64_t> state_budget;  // bytes for the pool; none: the deepest ring
   std::optional<int64_t> state_ring_depth;  // force a rollback depth (must fit the budget)
   void (*progress)(uint64_t done_bytes, uint64_t total_bytes) = nullptr;
+  // Vision-language checkpoints: the most patches one vision tower pass takes (its arena is
+  // planned for this many).
+  int64_t max_image_patches = 4096;
 };
 
 // One sequence's place in the KV cache (and, for hybrid models, in the state pool).
@@ -104,6 +108,9 @@ class Model {
   ThreadPool& pool() { return *pool_; }
   int64_t max_rows() const { return max_rows_; }
   int64_t vocab_size() const { return config_.vocab_size; }
+  // The checkpoint's vision tower (engine/vision_encoder.h); nullptr for text-only models and
+  // for towers not built yet (whose tensors are then recognised and left unloaded).
+  VisionEncoder* vision() { return vision_.get(); }
   // Whether the rope is multimodal (M-RoPE: StepItem::positions3 and Sequence::rope_delta).
   bool multimodal_rope() const { return !mrope_inv_freq_.empty(); }
   // The most tokens one sequence can hold: the rope table and KV capacity bound it.
@@ -198,6 +205,7 @@ class Model {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Architecture> arch_;
+  std::unique_ptr<VisionEncoder> vision_;
   RopeTable rope_;
   DeviceFloats rope_cos_, rope_sin_;  // rope_'s tables in backend memory
   // Multimodal rope: the frequencies and the axis each follows (empty: 1-D rope).

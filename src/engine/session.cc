@@ -62,6 +62,25 @@ Session::~Session() { model_.release(seq_); }
 
 GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
                                  const TextCallback& on_text) {
+  return run(prompt, nullptr, o, on_text);
+}
+
+GenerateResult Session::generate(const MultimodalPrompt& prompt, const GenerateOptions& o,
+                                 const TextCallback& on_text) {
+  METRALE_CHECK(o.speculation.proposer == nullptr || !o.speculation.proposer->needs_hidden(),
+                "generate: a drafter that reads the target's hidden states (",
+                o.speculation.proposer ? o.speculation.proposer->name() : "",
+                ") does not take "
+                "prompts with images or videos yet; use --speculative ngram or off");
+  return run(
+      prompt.ids,
+      [&](std::span<float> logits) { prefill_multimodal(model_, seq_, prompt, logits); }, o,
+      on_text);
+}
+
+GenerateResult Session::run(std::span<const int32_t> prompt,
+                            const std::function<void(std::span<float>)>& media_prefill,
+                            const GenerateOptions& o, const TextCallback& on_text) {
   check_options(o);
   GenerateResult r;
   r.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -72,7 +91,10 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   Speculator spec(model_, o.speculation);
   std::vector<float> logits(static_cast<size_t>(model_.vocab_size()));
   const auto t0 = Clock::now();
-  spec.prefill(seq_, prompt, logits);
+  if (media_prefill)
+    media_prefill(logits);
+  else
+    spec.prefill(seq_, prompt, logits);
   r.prefill_seconds = seconds_since(t0);
   const auto t1 = Clock::now();
   gen.accept(gen.pick(logits, spec.scratch()));

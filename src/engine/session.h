@@ -14,6 +14,7 @@
 
 #include "engine/generation.h"
 #include "engine/model.h"
+#include "engine/multimodal.h"
 #include "engine/sampling.h"
 #include "engine/speculation.h"
 
@@ -64,8 +65,18 @@ class Session {
   // continues the conversation from the cache.
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                           const TextCallback& on_text = nullptr);
+  // The same for a prompt with images / videos (engine/multimodal.h); the sequence must be
+  // empty (its rope delta belongs to this prompt).
+  GenerateResult generate(const MultimodalPrompt& prompt, const GenerateOptions& options,
+                          const TextCallback& on_text = nullptr);
 
  private:
+  // Prefills `prompt` (through `media_prefill` when set: a prompt with images / videos) and
+  // generates.
+  GenerateResult run(std::span<const int32_t> prompt,
+                     const std::function<void(std::span<float>)>& media_prefill,
+                     const GenerateOptions& options, const TextCallback& on_text);
+
   Model& model_;
   Sequence seq_;
 };

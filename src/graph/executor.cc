@@ -86,10 +86,22 @@ void Executor::run(Backend& be, const PassInputs& in) {
   const std::span<const BufferDecl> decls = graph_->buffers();
   for (size_t b = 0; b < decls.size(); ++b) {
     base_[b] = own_[b];
-    n_rows_[b] = decls[b].rows == RowSpace::kRows     ? in.n_rows
-                 : decls[b].rows == RowSpace::kWanted ? in.n_wanted
-                                                      : in.n_injected;
+    switch (decls[b].rows) {
+      case RowSpace::kRows:
+        n_rows_[b] = in.n_rows;
+        break;
+      case RowSpace::kWanted:
+        n_rows_[b] = in.n_wanted;
+        break;
+      case RowSpace::kInjected:
+        n_rows_[b] = in.n_injected;
+        break;
+      case RowSpace::kMerged:
+        n_rows_[b] = in.n_merged;
+        break;
+    }
   }
+  METRALE_CHECK(in.n_merged <= in.n_rows, "executor: ", in.n_merged, " merged rows of ", in.n_rows);
   METRALE_CHECK(in.n_rows <= plan_->max_rows && in.n_wanted <= in.n_rows, "executor: a pass of ",
                 in.n_rows, " rows (", in.n_wanted, " wanted) exceeds the plan's ", plan_->max_rows);
   for (const Node& node : graph_->nodes()) {
@@ -263,6 +275,33 @@ void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {
                              .slots = in.wanted_lora_slots,
                              .overlays = n.overlays,
                              .logits = rows(n.logits)});
+          },
+          [&](const node::LayerNorm& n) {
+            be.layer_norm({.x = rows(n.x),
+                           .out = rows(n.out),
+                           .weight = n.weight,
+                           .bias = n.bias,
+                           .eps = n.eps});
+          },
+          [&](const node::Activate& n) {
+            be.activation({.x = rows(n.x), .out = rows(n.out), .act = n.act});
+          },
+          [&](const node::VarlenAttention& n) {
+            be.varlen_attention({.q = rows(n.q),
+                                 .k = rows(n.k),
+                                 .v = rows(n.v),
+                                 .out = rows(n.out),
+                                 .cu_seqlens = n.windows ? in.cu_window_seqlens : in.cu_seqlens,
+                                 .n_heads = n.n_heads,
+                                 .head_dim = n.head_dim,
+                                 .scale = n.scale});
+          },
+          [&](const node::MergeRows& n) { be.merge_rows(rows(n.x), rows(n.out)); },
+          [&](const node::GatherRows& n) {
+            be.gather_rows(
+                rows(n.x),
+                n.list == node::RowList::kWindowRows ? in.window_rows : in.merged_inverse,
+                rows(n.out));
           },
           [&](const node::Observe& n) {
             METRALE_CHECK(in.observer != nullptr, "executor: an Observe node without an observer");

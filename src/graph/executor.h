@@ -37,8 +37,18 @@ struct PassInputs {
   std::span<const int32_t> row_index;  // [n_rows] 0, 1, ..., n_rows - 1
   int64_t n_injected = 0;
   std::span<const int32_t> injected_rows;  // [n_injected] ascending rows the caller embeds
-  std::span<const int32_t> row_seq;        // [n_rows] index of each row's sequence in `seqs`
-  std::span<const int64_t> slots;          // [n_rows] KV slot each row's K/V is stored to
+  // Vision towers: the merged rows (kMerged buffers) and the segments attention stays within,
+  // [n_segments + 1] from 0 to n_rows (one image, or one frame of a video, each).
+  int64_t n_merged = 0;
+  std::span<const int32_t> cu_seqlens;
+  // Qwen2.5-VL's window attention: the windows' segments (over rows in window order), the
+  // patch row each window-ordered row takes, and the window-ordered merged row each merged row
+  // takes back.
+  std::span<const int32_t> cu_window_seqlens;
+  std::span<const int32_t> window_rows;     // [n_rows]
+  std::span<const int32_t> merged_inverse;  // [n_merged]
+  std::span<const int32_t> row_seq;         // [n_rows] index of each row's sequence in `seqs`
+  std::span<const int64_t> slots;           // [n_rows] KV slot each row's K/V is stored to
   // [n_rows] LoRA slot of each row (-1: base weights); empty when no row has one.
   std::span<const int32_t> lora_slots;
   std::span<const int32_t> wanted;             // [n_wanted] rows that want logits, ascending

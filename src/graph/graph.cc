@@ -93,6 +93,11 @@ Op node_op(const NodeArgs& args) {
                         [](const node::Observe&) { return Op::kMemory; },
                         [](const node::RopeRows&) { return Op::kRopeRows; },
                         [](const node::InjectRows&) { return Op::kScatterRows; },
+                        [](const node::LayerNorm&) { return Op::kLayerNorm; },
+                        [](const node::Activate&) { return Op::kActivation; },
+                        [](const node::VarlenAttention&) { return Op::kVarlenAttention; },
+                        [](const node::MergeRows&) { return Op::kMergeRows; },
+                        [](const node::GatherRows&) { return Op::kGatherRows; },
                     },
                     args);
 }
@@ -161,6 +166,21 @@ void node_tensors(const NodeArgs& args, std::vector<Tensor>& out) {
                    add({n.cos, n.sin});
                  },
                  [&](const node::InjectRows& n) {
+                   add({n.x, n.out});
+                 },
+                 [&](const node::LayerNorm& n) {
+                   add({n.x, n.out});
+                 },
+                 [&](const node::Activate& n) {
+                   add({n.x, n.out});
+                 },
+                 [&](const node::VarlenAttention& n) {
+                   add({n.q, n.k, n.v, n.out});
+                 },
+                 [&](const node::MergeRows& n) {
+                   add({n.x, n.out});
+                 },
+                 [&](const node::GatherRows& n) {
                    add({n.x, n.out});
                  },
              },

@@ -29,6 +29,7 @@ enum class RowSpace : uint8_t {
   kRows,      // one per row (token) of the pass
   kWanted,    // one per logits row the pass asks for
   kInjected,  // one per row whose input embedding the caller supplies (image features)
+  kMerged,    // one per merged row of a vision tower's pass (merge_size^2 patches each)
 };
 
 enum class BufferKind : uint8_t {
@@ -214,6 +215,40 @@ struct HeadOverlay {
   Tensor x, logits;
   std::span<const LoraSlotOverlay> overlays;
 };
+// The vision towers' ops (a tower's graph: one row per patch).
+struct LayerNorm {
+  Tensor x, out;
+  const float* weight = nullptr;
+  const float* bias = nullptr;
+  float eps = 1e-5f;
+};
+struct Activate {  // Backend::activation
+  Tensor x, out;
+  Activation act = Activation::kGelu;
+};
+// Non-causal attention within the pass's segments (PassInputs::cu_seqlens, or its windows'
+// cu_window_seqlens: Qwen2.5-VL's window attention).
+struct VarlenAttention {
+  Tensor q, k, v, out;
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 0.0f;
+  bool windows = false;
+};
+// out[i] = x[list[i]] over one of the pass's row lists (Backend::gather_rows): a vision tower's
+// window order (Qwen2.5-VL) and its inverse on the merged rows.
+enum class RowList : uint8_t {
+  kWindowRows,     // PassInputs::window_rows
+  kMergedInverse,  // PassInputs::merged_inverse
+};
+struct GatherRows {
+  Tensor x, out;
+  RowList list = RowList::kWindowRows;
+};
+// out (kMerged rows) = groups of x's consecutive rows side by side (Backend::merge_rows).
+struct MergeRows {
+  Tensor x, out;
+};
 // Hands `x` to the pass's observer as hidden state `index` (HiddenSink: 0 after the
 // embedding, i after layer i, L after the final norm).
 struct Observe {
@@ -223,12 +258,12 @@ struct Observe {
 
 }  // namespace node
 
-using NodeArgs =
-    std::variant<node::Linear, node::Linears, node::Embedding, node::RmsNorm, node::Rope,
-                 node::KvStore, node::Attention, node::LatentAttention, node::GatedActivation,
-                 node::Route, node::Moe, node::Add, node::CausalConv, node::DeltaRule,
-                 node::SigmoidMul, node::Lora, node::GatherWanted, node::TokenOverlay,
-                 node::HeadOverlay, node::Observe, node::RopeRows, node::InjectRows>;
+using NodeArgs = std::variant<
+    node::Linear, node::Linears, node::Embedding, node::RmsNorm, node::Rope, node::KvStore,
+    node::Attention, node::LatentAttention, node::GatedActivation, node::Route, node::Moe,
+    node::Add, node::CausalConv, node::DeltaRule, node::SigmoidMul, node::Lora, node::GatherWanted,
+    node::TokenOverlay, node::HeadOverlay, node::Observe, node::RopeRows, node::InjectRows,
+    node::LayerNorm, node::Activate, node::VarlenAttention, node::MergeRows, node::GatherRows>;
 
 struct Node {
   NodeArgs args;

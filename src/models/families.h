@@ -11,6 +11,8 @@ namespace metrale {
 
 std::unique_ptr<Architecture> build_dense_decoder(const ModelConfig& config,
                                                   TensorLoader& loader);  // dense.cc
+std::unique_ptr<Architecture> build_qwen2_vl(const ModelConfig& config,
+                                             TensorLoader& loader);  // qwen2_vl.cc
 std::unique_ptr<Architecture> build_qwen3_moe(const ModelConfig& config,
                                               TensorLoader& loader);  // qwen3_moe.cc
 std::unique_ptr<Architecture> build_qwen3_next(const ModelConfig& config,

@@ -7,10 +7,12 @@
 namespace metrale {
 
 std::span<const ArchitectureEntry> architectures() {
-  static constexpr std::array<ArchitectureEntry, 12> kFamilies = {{
+  static constexpr std::array<ArchitectureEntry, 14> kFamilies = {{
       {"llama", &build_dense_decoder},
       {"mistral", &build_dense_decoder},
       {"qwen2", &build_dense_decoder},
+      {"qwen2_vl", &build_qwen2_vl},
+      {"qwen2_5_vl", &build_qwen2_vl},
       {"qwen3", &build_dense_decoder},
       {"qwen3_moe", &build_qwen3_moe},
       {"qwen3_next", &build_qwen3_next, &build_qwen3_next_mtp},

@@ -2,12 +2,14 @@
 // continuation, equal to HF's on a hybrid fixture (what bench/compare compares engines with).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli_run.h"
 #include "engine/fixture_util.h"
+#include "io/safetensors/file.h"
 
 namespace metrale {
 namespace {
@@ -125,6 +127,33 @@ TEST(GenerateJson, BadSpeculativeFlagsNameTheFlag) {
     EXPECT_NE(r.status, 0) << c.says;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << r.out;
   }
+}
+
+// --image on the tiny Qwen2-VL: the file decoded and preprocessed by the checkpoint's processor
+// config (the PIL resize transformers' reference ran), the one pad in --ids expanded to the
+// image's 12 placeholders, and the 10 greedy tokens transformers' generate gave.
+TEST(GenerateJson, AnImageThroughTheVisionTower) {
+  const std::string dir = testing::fixture_dir("qwen2_vl_f32");
+  const std::string image = "tests/data/vision/images/photo_chelsea.jpg";
+  const CliRun r = run_metrale("generate",
+                               {"--model", dir, "--ids", "1,5,17,252,250,253,33,9,120", "--image",
+                                image, "-n", "10", "--ignore-eos", "--json", "--threads", "2"},
+                               /*with_stderr=*/false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::vector<int32_t> prompt = {1, 5, 17, 252};
+  prompt.insert(prompt.end(), 12, 250);
+  prompt.insert(prompt.end(), {253, 33, 9, 120});
+  EXPECT_EQ(array_of(r.out, "prompt_ids"), prompt);
+  const SafetensorsFile ref = SafetensorsFile::open(dir + "/tower.safetensors");
+  const auto& t = ref.at("one_image.greedy");
+  std::vector<int64_t> greedy(static_cast<size_t>(t.shape.numel()));
+  std::memcpy(greedy.data(), ref.bytes(t).data(), greedy.size() * sizeof(int64_t));
+  EXPECT_EQ(array_of(r.out, "ids"), std::vector<int32_t>(greedy.begin(), greedy.end()));
+  // A text-only model refuses --image, naming it.
+  const CliRun bad = run_metrale("generate", {"--model", testing::fixture_dir("qwen3_f32"), "--ids",
+                                              "1,2", "--image", image, "-n", "1"});
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("cannot be used"), std::string::npos) << bad.out;
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GraphPlans,
                          ::testing::Values("llama_f32", "qwen3_f32", "qwen3_moe_f32",
                                            "qwen3_next_f32", "qwen3_5_moe_f32",
                                            "deepseek_v3_mtp_bf16", "glm4_moe_qknorm_bf16",
-                                           "quant_ct_w4a16"));
+                                           "quant_ct_w4a16", "qwen2_vl_f32"));
 
 }  // namespace
 }  // namespace metrale

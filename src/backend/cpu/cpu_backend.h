@@ -57,6 +57,10 @@ class CpuBackend final : public Backend {
   void do_gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out) override;
   void do_scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add) override;
   void do_rope_rows(const RopeRowsArgs& a) override;
+  void do_layer_norm(const LayerNormArgs& a) override;
+  void do_activation(const ActivationArgs& a) override;
+  void do_varlen_attention(const VarlenAttentionArgs& a) override;
+  void do_merge_rows(ConstRows x, Rows out) override;
   void do_token_overlay(const TokenOverlayArgs& a) override;
   void do_head_overlay(const HeadOverlayArgs& a) override;
   void do_upload(void* dst, const void* host_src, size_t bytes) override;
@@ -78,7 +82,8 @@ class CpuBackend final : public Backend {
   std::vector<uint16_t> x_bf16_;  // input rows rounded to bf16 (Compute::kBF16)
   std::vector<float> x_quant_;    // input rows as a quantized kernel reads them (any bytes)
   std::vector<cpu::AttentionRowSpan> attention_spans_;
-  struct LinearPiece {  // do_linears: outputs [o_begin, o_end) of linear_jobs_[job]
+  std::vector<float> varlen_keys_;  // varlen_attention: the keys transposed per head
+  struct LinearPiece {              // do_linears: outputs [o_begin, o_end) of linear_jobs_[job]
     int32_t job;
     int64_t o_begin, o_end;
   };

@@ -1,4 +1,5 @@
-// CpuBackend's activation ops: rms_norm, rope, kv_store, attention, gated activation. The
+// CpuBackend's activation ops: rms_norm, layer_norm, rope, kv_store, attention, varlen
+// attention, gated and plain activations, merge_rows. The
 // public Backend ops validated the arguments (backend.cc); these split the work over the pool.
 #include <algorithm>
 #include <cmath>
@@ -125,6 +126,48 @@ void CpuBackend::do_add(ConstRows x, Rows y) {
       const float* xs = x.row(r);
       float* ys = y.row(r);
       for (int64_t i = 0; i < x.n_cols; ++i) ys[i] += xs[i];
+    }
+  });
+}
+
+void CpuBackend::do_layer_norm(const LayerNormArgs& a) {
+  pool_->parallel_for(static_cast<size_t>(a.x.n_rows), [&](size_t b, size_t e, int) {
+    cpu::layer_norm_rows(a, static_cast<int64_t>(b), static_cast<int64_t>(e));
+  });
+}
+
+void CpuBackend::do_activation(const ActivationArgs& a) {
+  pool_->parallel_for(static_cast<size_t>(a.x.n_rows), [&](size_t b, size_t e, int) {
+    cpu::activation_rows(a, static_cast<int64_t>(b), static_cast<int64_t>(e));
+  });
+}
+
+void CpuBackend::do_varlen_attention(const VarlenAttentionArgs& a) {
+  const int64_t n = a.q.n_rows;
+  const size_t keys = static_cast<size_t>(a.n_heads * a.head_dim * n);
+  if (varlen_keys_.size() < keys) varlen_keys_.resize(keys);
+  const int64_t blocks = (n + cpu::kVarlenRowBlock - 1) / cpu::kVarlenRowBlock;
+  pool_->parallel_for(static_cast<size_t>(a.n_heads * blocks), [&](size_t b, size_t e, int) {
+    cpu::varlen_transpose_keys(a, varlen_keys_.data(), static_cast<int64_t>(b),
+                               static_cast<int64_t>(e));
+  });
+  int64_t longest = 0;
+  for (size_t s = 1; s < a.cu_seqlens.size(); ++s)
+    longest = std::max<int64_t>(longest, a.cu_seqlens[s] - a.cu_seqlens[s - 1]);
+  const size_t per_thread = (static_cast<size_t>(longest) + 15) / 16 * 16;
+  float* scratch = thread_scratch(per_thread);
+  pool_->parallel_for(static_cast<size_t>(n * a.n_heads), [&](size_t b, size_t e, int t) {
+    cpu::varlen_attention_items(a, varlen_keys_.data(), static_cast<int64_t>(b),
+                                static_cast<int64_t>(e),
+                                scratch + static_cast<size_t>(t) * per_thread);
+  });
+}
+
+void CpuBackend::do_merge_rows(ConstRows x, Rows out) {
+  const int64_t g = x.n_rows / out.n_rows, C = x.n_cols;
+  pool_->parallel_for(static_cast<size_t>(out.n_rows), [&](size_t b, size_t e, int) {
+    for (auto i = static_cast<int64_t>(b); i < static_cast<int64_t>(e); ++i) {
+      for (int64_t j = 0; j < g; ++j) std::copy_n(x.row(g * i + j), C, out.row(i) + j * C);
     }
   });
 }

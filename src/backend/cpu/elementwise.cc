@@ -1,4 +1,5 @@
-// Row-wise kernels: rms_norm (+ fused residual, per-group, silu-gated), RoPE, gated activations and
+// Row-wise kernels: rms_norm (+ fused residual, per-group, silu-gated), layer_norm, RoPE, gated and
+// plain activations and
 // the bf16 -> f32 widening of embedding rows. Full vectors go through SIMD; the last partial vector
 // goes through the same formula in scalar code (or a zero-padded vector where a transcendental is
 // involved), so results never depend on a pointer's alignment. Highway re-includes this file once
@@ -140,14 +141,6 @@ void RopeRows(const RopeArgs& a, int64_t r_begin, int64_t r_end) {
   }
 }
 
-HWY_INLINE VF Activate(DF df, VF g, Activation act) {
-  if (act == Activation::kSilu) return Silu(df, g);  // activation-inl.h
-  // torch's gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-  const VF inner = hn::Mul(hn::Set(df, 0.7978845608028654f),
-                           hn::Add(g, hn::Mul(hn::Set(df, 0.044715f), hn::Mul(g, hn::Mul(g, g)))));
-  return hn::Mul(hn::Mul(hn::Set(df, 0.5f), g), hn::Add(hn::Set(df, 1.0f), hn::Tanh(df, inner)));
-}
-
 void GatedActivationRows(const GatedActivationArgs& a, int64_t r_begin, int64_t r_end) {
   const DF df;
   const auto nl = static_cast<int64_t>(hn::Lanes(df));
@@ -174,6 +167,80 @@ void GatedActivationRows(const GatedActivationArgs& a, int64_t r_begin, int64_t 
   }
 }
 
+void ActivationRows(const ActivationArgs& a, int64_t r_begin, int64_t r_end) {
+  const DF df;
+  const auto nl = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t n = a.x.n_cols;
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const float* x = a.x.row(r);
+    float* y = a.out.row(r);
+    int64_t i = 0;
+    for (; i + nl <= n; i += nl) hn::StoreU(Activate(df, hn::LoadU(df, x + i), a.act), df, y + i);
+    if (i < n) {  // the tail through the same vector formula, zero-padded
+      HWY_ALIGN float xt[kMaxLanes] = {};
+      HWY_ALIGN float yt[kMaxLanes];
+      const auto rest = static_cast<size_t>(n - i);
+      std::memcpy(xt, x + i, rest * sizeof(float));
+      hn::Store(Activate(df, hn::Load(df, xt), a.act), df, yt);
+      std::memcpy(y + i, yt, rest * sizeof(float));
+    }
+  }
+}
+
+// Sum, fixed order: vector lanes over full vectors, then the scalar tail.
+float Sum(const float* x, int64_t n) {
+  const DF df;
+  const auto nl = static_cast<int64_t>(hn::Lanes(df));
+  VF acc = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + nl <= n; i += nl) acc = hn::Add(acc, hn::LoadU(df, x + i));
+  float s = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+// Sum of (x - mean)^2, the same order.
+float SumSquaredDeviations(const float* x, int64_t n, float mean) {
+  const DF df;
+  const auto nl = static_cast<int64_t>(hn::Lanes(df));
+  const VF vm = hn::Set(df, mean);
+  VF acc = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + nl <= n; i += nl) {
+    const VF d = hn::Sub(hn::LoadU(df, x + i), vm);
+    acc = hn::MulAdd(d, d, acc);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) s += (x[i] - mean) * (x[i] - mean);
+  return s;
+}
+
+// Two passes (mean, then the variance about it), then (x - mean) * rstd * w + b.
+void LayerNormRows(const LayerNormArgs& a, int64_t r_begin, int64_t r_end) {
+  const DF df;
+  const auto nl = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t n = a.x.n_cols;
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const float* x = a.x.row(r);
+    float* y = a.out.row(r);
+    const float mean = Sum(x, n) / static_cast<float>(n);
+    const float var = SumSquaredDeviations(x, n, mean) / static_cast<float>(n);
+    const float rstd = 1.0f / std::sqrt(var + a.eps);
+    const VF vm = hn::Set(df, mean), vr = hn::Set(df, rstd);
+    int64_t i = 0;
+    for (; i + nl <= n; i += nl) {
+      VF v = hn::Mul(hn::Mul(hn::Sub(hn::LoadU(df, x + i), vm), vr), hn::LoadU(df, a.weight + i));
+      if (a.bias != nullptr) v = hn::Add(v, hn::LoadU(df, a.bias + i));
+      hn::StoreU(v, df, y + i);
+    }
+    for (; i < n; ++i) {
+      float v = ((x[i] - mean) * rstd) * a.weight[i];
+      if (a.bias != nullptr) v += a.bias[i];
+      y[i] = v;
+    }
+  }
+}
+
 void WidenBf16(const uint16_t* src, int64_t n, float* dst) {
   const DF df;
   const hn::Rebind<hwy::bfloat16_t, DF> dbf;
@@ -196,6 +263,15 @@ HWY_EXPORT(RmsNormRows);
 HWY_EXPORT(RopeRows);
 HWY_EXPORT(GatedActivationRows);
 HWY_EXPORT(WidenBf16);
+HWY_EXPORT(ActivationRows);
+HWY_EXPORT(LayerNormRows);
+
+void activation_rows(const ActivationArgs& a, int64_t b, int64_t e) {
+  HWY_DYNAMIC_DISPATCH(ActivationRows)(a, b, e);
+}
+void layer_norm_rows(const LayerNormArgs& a, int64_t b, int64_t e) {
+  HWY_DYNAMIC_DISPATCH(LayerNormRows)(a, b, e);
+}
 
 void rms_norm_rows(const RmsNormArgs& a, int64_t b, int64_t e) {
   HWY_DYNAMIC_DISPATCH(RmsNormRows)(a, b, e);

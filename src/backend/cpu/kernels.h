@@ -32,6 +32,22 @@ void rms_norm_rows(const RmsNormArgs& a, int64_t r_begin, int64_t r_end);
 void rope_rows(const RopeArgs& a, int64_t r_begin, int64_t r_end);
 void gated_activation_rows(const GatedActivationArgs& a, int64_t r_begin, int64_t r_end);
 void widen_bf16(const uint16_t* src, int64_t n, float* dst);
+void activation_rows(const ActivationArgs& a, int64_t r_begin, int64_t r_end);
+void layer_norm_rows(const LayerNormArgs& a, int64_t r_begin, int64_t r_end);
+
+// Non-causal attention within segments (backend.h VarlenAttentionArgs), in two phases over the
+// same `keys_t` scratch (n_heads * head_dim * n_rows floats): varlen_transpose_keys writes head
+// h's keys transposed, keys_t[(h * head_dim + d) * n_rows + r] = k[r, h * head_dim + d], for
+// items [item_begin, item_end) (item = h * row_blocks + row block of kVarlenRowBlock rows); then
+// varlen_attention_items computes items (item = r * n_heads + h): scores of row r's head h
+// against its segment's keys, lanes over keys (vertical sums over d in order), the max, the sum
+// of exp in key order, the weighted values in key order. `scores`: this thread's scratch of the
+// longest segment's length floats.
+inline constexpr int64_t kVarlenRowBlock = 64;
+void varlen_transpose_keys(const VarlenAttentionArgs& a, float* keys_t, int64_t item_begin,
+                           int64_t item_end);
+void varlen_attention_items(const VarlenAttentionArgs& a, const float* keys_t, int64_t item_begin,
+                            int64_t item_end, float* scores);
 
 // Paged attention over ragged rows (backend.h AttentionArgs): row r is a query of
 // tables[row_seq[r]] at positions[r]; it sees keys [max(0, p - window + 1), p].

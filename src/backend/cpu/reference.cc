@@ -78,18 +78,78 @@ void rope(const RopeArgs& a) {
   }
 }
 
+double activate(double g, Activation act) {
+  switch (act) {
+    case Activation::kSilu:
+      return g / (1.0 + std::exp(-g));
+    case Activation::kGeluTanh:
+      return 0.5 * g *
+             (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
+    case Activation::kGelu:
+      return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
+    case Activation::kQuickGelu:
+      return g / (1.0 + std::exp(-1.702 * g));
+  }
+  return g;
+}
+
 void gated_activation(const GatedActivationArgs& a) {
   for (int64_t r = 0; r < a.gate.n_rows; ++r) {
     for (int64_t i = 0; i < a.gate.n_cols; ++i) {
-      const double g = a.gate.row(r)[i];
-      double act = 0.0;
-      if (a.act == Activation::kSilu) {
-        act = g / (1.0 + std::exp(-g));
-      } else {
-        act = 0.5 * g *
-              (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
+      a.out.row(r)[i] = static_cast<float>(activate(a.gate.row(r)[i], a.act) * a.up.row(r)[i]);
+    }
+  }
+}
+
+void activation(const ActivationArgs& a) {
+  for (int64_t r = 0; r < a.x.n_rows; ++r) {
+    for (int64_t i = 0; i < a.x.n_cols; ++i)
+      a.out.row(r)[i] = static_cast<float>(activate(a.x.row(r)[i], a.act));
+  }
+}
+
+void layer_norm(const LayerNormArgs& a) {
+  const int64_t n = a.x.n_cols;
+  for (int64_t r = 0; r < a.x.n_rows; ++r) {
+    const float* x = a.x.row(r);
+    double mean = 0.0, var = 0.0;
+    for (int64_t i = 0; i < n; ++i) mean += x[i];
+    mean /= static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+    var /= static_cast<double>(n);
+    const double rstd = 1.0 / std::sqrt(var + a.eps);
+    for (int64_t i = 0; i < n; ++i) {
+      a.out.row(r)[i] = static_cast<float>((x[i] - mean) * rstd * a.weight[i] +
+                                           (a.bias != nullptr ? a.bias[i] : 0.0));
+    }
+  }
+}
+
+void varlen_attention(const VarlenAttentionArgs& a) {
+  const int64_t D = a.head_dim;
+  const double scale = a.scale != 0.0f ? a.scale : 1.0 / std::sqrt(static_cast<double>(D));
+  for (size_t s = 0; s + 1 < a.cu_seqlens.size(); ++s) {
+    const int64_t s0 = a.cu_seqlens[s], s1 = a.cu_seqlens[s + 1];
+    std::vector<double> p(static_cast<size_t>(s1 - s0));
+    for (int64_t r = s0; r < s1; ++r) {
+      for (int64_t h = 0; h < a.n_heads; ++h) {
+        const float* q = a.q.row(r) + h * D;
+        double mx = -INFINITY;
+        for (int64_t t = s0; t < s1; ++t) {
+          double d = 0.0;
+          for (int64_t i = 0; i < D; ++i) d += static_cast<double>(q[i]) * a.k.row(t)[h * D + i];
+          p[static_cast<size_t>(t - s0)] = d * scale;
+          mx = std::max(mx, d * scale);
+        }
+        double sum = 0.0;
+        for (double& v : p) sum += (v = std::exp(v - mx));
+        for (int64_t i = 0; i < D; ++i) {
+          double o = 0.0;
+          for (int64_t t = s0; t < s1; ++t)
+            o += p[static_cast<size_t>(t - s0)] * a.v.row(t)[h * D + i];
+          a.out.row(r)[h * D + i] = static_cast<float>(o / sum);
+        }
       }
-      a.out.row(r)[i] = static_cast<float>(act * a.up.row(r)[i]);
     }
   }
 }

@@ -49,4 +49,14 @@ void delta_rule(const DeltaRuleArgs& a);
 // y *= sigmoid(gate) in double (gate per element or one per row).
 void sigmoid_mul(const SigmoidMulArgs& a);
 
+// act(x) in double with std::exp / std::tanh / std::erf.
+double activate(double x, Activation act);
+void activation(const ActivationArgs& a);
+
+// Same contract as Backend::layer_norm: mean and variance in double.
+void layer_norm(const LayerNormArgs& a);
+
+// Same contract as Backend::varlen_attention: scores, softmax and weighted values in double.
+void varlen_attention(const VarlenAttentionArgs& a);
+
 }  // namespace metrale::cpu::reference

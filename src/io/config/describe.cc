@@ -86,7 +86,8 @@ std::string describe(const ModelConfig& c) {
     os << ", original context " << c.rope.original_max_position_embeddings;
   }
   if (!c.rope.mrope_section.empty())
-    os << ", mrope " << join(c.rope.mrope_section) << " interleaved";
+    os << ", mrope " << join(c.rope.mrope_section)
+       << (c.rope.mrope_interleaved ? " interleaved" : " sectioned");
   os << ", max positions " << c.max_position_embeddings << "\n";
 
   if (c.has_linear_attention()) {

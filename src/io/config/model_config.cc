@@ -232,13 +232,16 @@ ModelConfig parse_model_config(std::string_view config_json, std::string_view so
   std::optional<JsonFields> nested;
   if (traits.nested_text_config) {
     nested = top.opt_object("text_config");
-    if (!nested)
+    // Qwen2VLConfig still reads a pre-v5 checkpoint's flat config (the text fields at the top).
+    if (!nested && model_type != "qwen2_vl" && model_type != "qwen2_5_vl")
       throw top.missing("text_config", "an object, for model_type \"" + model_type + "\"");
-    std::string want = model_type + "_text";
-    config.text_model_type = nested->opt_string("model_type").value_or(want);
-    if (config.text_model_type != want) {
-      throw nested->error("model_type", "expected \"", want, "\", found \"", config.text_model_type,
-                          "\"");
+    if (nested) {
+      std::string want = model_type + "_text";
+      config.text_model_type = nested->opt_string("model_type").value_or(want);
+      if (config.text_model_type != want) {
+        throw nested->error("model_type", "expected \"", want, "\", found \"",
+                            config.text_model_type, "\"");
+      }
     }
     if (std::optional<JsonFields> vision = top.opt_object("vision_config")) {
       config.vision_config_json = vision->object().dump();

@@ -44,6 +44,23 @@ constexpr ModelTypeTraits kTypes[] = {
    .max_position_default = 32768, .bos_default = std::nullopt, .eos_default = std::nullopt,
    .sliding = kQwenMaxWindow, .qkv_bias = kAlways, .out_bias = kNever, .qk_norm = false,
    .output_gate = false, .vanilla_norm = true, .has_mlp_bias_field = false},
+  // Qwen2VLTextConfig (text model "qwen2_vl_text"; pre-v5 checkpoints are flat): Qwen2's
+  // decoder with a sectioned multimodal rope, default_theta 1e6.
+  {.model_type = "qwen2_vl", .modeling_class = "Qwen2VLDecoderLayer", .family = kDense,
+   .nested_text_config = true, .moe = false, .head_dim_default = kHiddenOverHeads, .head_dim_fixed = 0,
+   .kv_heads_default_to_heads = true, .partial_rotary_default = 1.0, .rms_norm_eps_default = 1e-5,
+   .max_position_default = 32768, .bos_default = 151643, .eos_default = 151645,
+   .sliding = kQwenMaxWindow, .qkv_bias = kAlways, .out_bias = kNever, .qk_norm = false,
+   .output_gate = false, .vanilla_norm = true, .has_mlp_bias_field = false,
+   .rope_theta_default = 1e6},
+  // Qwen2_5_VLTextConfig: the same decoder and defaults as Qwen2-VL's.
+  {.model_type = "qwen2_5_vl", .modeling_class = "Qwen2_5_VLDecoderLayer", .family = kDense,
+   .nested_text_config = true, .moe = false, .head_dim_default = kHiddenOverHeads, .head_dim_fixed = 0,
+   .kv_heads_default_to_heads = true, .partial_rotary_default = 1.0, .rms_norm_eps_default = 1e-5,
+   .max_position_default = 32768, .bos_default = 151643, .eos_default = 151645,
+   .sliding = kQwenMaxWindow, .qkv_bias = kAlways, .out_bias = kNever, .qk_norm = false,
+   .output_gate = false, .vanilla_norm = true, .has_mlp_bias_field = false,
+   .rope_theta_default = 1e6},
   {.model_type = "qwen3", .modeling_class = "Qwen3DecoderLayer", .family = kDense,
    .nested_text_config = false, .moe = false, .head_dim_default = kFixed, .head_dim_fixed = 128,
    .kv_heads_default_to_heads = false, .partial_rotary_default = 1.0, .rms_norm_eps_default = 1e-6,

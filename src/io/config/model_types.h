@@ -60,6 +60,7 @@ struct ModelTypeTraits {
   bool output_gate;         // q_proj doubled and chunked into [q, gate]
   bool vanilla_norm;        // decoder RMSNorm is x*w (true) or x*(1+w) (false)
   bool has_mlp_bias_field;  // llama's mlp_bias
+  double rope_theta_default = 10000.0;  // the config class's default_theta
 };
 
 // The row for `model_type`, or nullptr when unknown.

@@ -80,6 +80,25 @@ void parse_mrope(const JsonFields& d, const ModelTypeTraits& traits, RopeConfig&
   rope.mrope_interleaved = true;
 }
 
+// Qwen2VLRotaryEmbedding: mrope_section defaults to [16, 24, 24]; the frequencies are split in
+// sections (t, then h, then w), never interleaved.
+void parse_sectioned_mrope(const JsonFields& d, RopeConfig& rope) {
+  rope.mrope_section =
+      d.opt_int_list("mrope_section", 0).value_or(std::vector<int64_t>{16, 24, 24});
+  if (rope.mrope_section.size() != 3) {
+    throw d.error("mrope_section", "expected 3 entries (t, h, w), found ",
+                  rope.mrope_section.size());
+  }
+  const int64_t slots =
+      std::accumulate(rope.mrope_section.begin(), rope.mrope_section.end(), int64_t{0});
+  if (slots * 2 != rope.rotary_dim) {
+    throw d.error("mrope_section", "entries sum to ", slots,
+                  " frequency slots, but the rotary dim ", rope.rotary_dim, " has ",
+                  rope.rotary_dim / 2);
+  }
+  rope.mrope_interleaved = false;
+}
+
 }  // namespace
 
 RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int64_t head_dim,
@@ -97,7 +116,8 @@ RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int
     }
   }
 
-  rope.theta = d.opt_number("rope_theta").value_or(text.number_or("rope_theta", 10000.0));
+  rope.theta =
+      d.opt_number("rope_theta").value_or(text.number_or("rope_theta", traits.rope_theta_default));
   if (!(rope.theta > 1.0)) {
     throw(d.has("rope_theta") ? d : text)
         .error("rope_theta", "expected a number > 1, found ", rope.theta);
@@ -126,6 +146,10 @@ RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int
     kind = *t;
   }
   const char* kind_key = d.has("rope_type") ? "rope_type" : "type";
+  // Qwen2VLTextConfig / Qwen2_5_VLTextConfig: a 4.x rope_scaling of type "mrope" is the
+  // default rope, sectioned.
+  const bool qwen2_vl = traits.model_type == "qwen2_vl" || traits.model_type == "qwen2_5_vl";
+  if (kind == "mrope" && qwen2_vl) kind = "default";
 
   bool scaled = kind == "llama3" || kind == "yarn";
   if (scaled) {
@@ -166,6 +190,7 @@ RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int
   }
 
   if (traits.model_type.starts_with("qwen3_5")) parse_mrope(d, traits, rope);
+  if (qwen2_vl) parse_sectioned_mrope(d, rope);
   // DeepseekV3Config.rope_interleave (default True): apply_rotary_pos_emb_interleave.
   if (traits.model_type == "deepseek_v3")
     rope.pairs_interleaved = text.bool_or("rope_interleave", true);

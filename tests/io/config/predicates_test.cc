@@ -62,8 +62,21 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, PredicateTest, ::testing::ValuesIn(kCases),
 const char* const kTextOnly[][2] = {{"qwen3_5_text", "qwen3_5"},
                                     {"qwen3_5_moe_text", "qwen3_5_moe"}};
 
+// Vision-language types whose language model is an existing decoder, checked on their tiny
+// fixture's config: qwen2_vl, qwen2_5_vl (Qwen2VLRMSNorm / Qwen2_5_VLRMSNorm return weight * x;
+// softmax attention continues across chunks).
+const char* const kVisionLanguage[][2] = {{"qwen2_vl", "tests/data/fixtures/qwen2_vl_f32"},
+                                          {"qwen2_5_vl", "tests/data/fixtures/qwen2_5_vl_f32"}};
+
 TEST(Predicates, EveryListedTypeIsCovered) {
-  EXPECT_EQ(std::size(kCases) + std::size(kTextOnly), supported_model_types().size());
+  EXPECT_EQ(std::size(kCases) + std::size(kTextOnly) + std::size(kVisionLanguage),
+            supported_model_types().size());
+  for (const auto& [type, dir] : kVisionLanguage) {
+    const ModelConfig c = load_model_config(dir);
+    EXPECT_EQ(c.model_type, type);
+    EXPECT_TRUE(ships_vanilla_norm_weights(c)) << type;
+    EXPECT_FALSE(requires_single_chunk_prefill(c)) << type;
+  }
   for (const PredicateCase& p : kCases)
     EXPECT_TRUE(is_supported_model_type(p.model_type)) << p.model_type;
   for (const auto& [text, vlm] : kTextOnly) {

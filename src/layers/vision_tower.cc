@@ -1,0 +1,252 @@
+#include "layers/vision_tower.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace metrale {
+namespace {
+
+Activation activation_of(const VisionConfig& c) {
+  if (c.hidden_act == "silu") return Activation::kSilu;
+  if (c.hidden_act == "gelu") return Activation::kGelu;
+  if (c.hidden_act == "gelu_pytorch_tanh") return Activation::kGeluTanh;
+  if (c.hidden_act == "quick_gelu") return Activation::kQuickGelu;
+  throw make_error(c.source, ": hidden_act '", c.hidden_act, "' is not supported");
+}
+
+// torch's nn.LayerNorm(eps=1e-6) of the blocks and the merger.
+constexpr float kLayerNormEps = 1e-6f;
+
+}  // namespace
+
+VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grids, int64_t merge,
+                                    int64_t window) {
+  METRALE_CHECK(merge >= 1 && window >= 0, "vision pass: merge size ", merge, ", window ", window);
+  VisionPassLayout p;
+  p.cu_seqlens.push_back(0);
+  for (size_t i = 0; i < grids.size(); ++i) {
+    const auto [t, h, w] = grids[i];
+    METRALE_CHECK(t >= 1 && h >= 1 && w >= 1 && h % merge == 0 && w % merge == 0 &&
+                      t * h * w <= (int64_t{1} << 24),
+                  "vision pass: grid ", i, " = [", t, ", ", h, ", ", w,
+                  "]: expected positive sizes (at most 2^24 patches) with h and w multiples of ",
+                  merge);
+    // transformers' get_vision_position_ids: (h, w) of each patch in merge-block order
+    // (h-block, w-block, h-in-block, w-in-block), repeated for every temporal patch.
+    for (int64_t f = 0; f < t; ++f) {
+      for (int64_t hb = 0; hb < h / merge; ++hb)
+        for (int64_t wb = 0; wb < w / merge; ++wb)
+          for (int64_t hi = 0; hi < merge; ++hi)
+            for (int64_t wi = 0; wi < merge; ++wi) {
+              p.positions3.insert(p.positions3.end(), {0, static_cast<int32_t>(hb * merge + hi),
+                                                       static_cast<int32_t>(wb * merge + wi)});
+            }
+      // get_vision_cu_seqlens: one segment per temporal patch.
+      p.n_rows += h * w;
+      METRALE_CHECK(p.n_rows <= (int64_t{1} << 30), "vision pass: more than 2^30 patches");
+      p.cu_seqlens.push_back(static_cast<int32_t>(p.n_rows));
+    }
+  }
+  const int64_t unit = merge * merge;
+  p.n_merged = p.n_rows / unit;
+  p.row_index.resize(static_cast<size_t>(p.n_rows));
+  for (int64_t r = 0; r < p.n_rows; ++r)
+    p.row_index[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+  if (window == 0) return p;
+  // get_vision_window_index: per item and temporal patch, the merged grid padded up to whole
+  // windows (a full window more when it divides, as transformers pads), windows in row-major
+  // order, merged patches row-major inside; empty windows dropped (unique_consecutive).
+  std::vector<int32_t> order;  // window-ordered merged patch -> its merged index
+  order.reserve(static_cast<size_t>(p.n_merged));
+  p.cu_window_seqlens.push_back(0);
+  int64_t base = 0;
+  for (const auto& [t, h, w] : grids) {
+    const int64_t lh = h / merge, lw = w / merge;
+    const int64_t nwh = (lh + window - lh % window) / window;
+    const int64_t nww = (lw + window - lw % window) / window;
+    for (int64_t f = 0; f < t; ++f)
+      for (int64_t wy = 0; wy < nwh; ++wy)
+        for (int64_t wx = 0; wx < nww; ++wx) {
+          int64_t count = 0;
+          for (int64_t y = wy * window; y < std::min(lh, (wy + 1) * window); ++y)
+            for (int64_t x = wx * window; x < std::min(lw, (wx + 1) * window); ++x, ++count)
+              order.push_back(static_cast<int32_t>(base + f * lh * lw + y * lw + x));
+          if (count > 0)
+            p.cu_window_seqlens.push_back(p.cu_window_seqlens.back() +
+                                          static_cast<int32_t>(count * unit));
+        }
+    base += t * lh * lw;
+  }
+  p.merged_inverse.resize(order.size());
+  p.window_rows.resize(static_cast<size_t>(p.n_rows));
+  std::vector<int32_t> positions(p.positions3.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    p.merged_inverse[static_cast<size_t>(order[k])] = static_cast<int32_t>(k);
+    for (int64_t j = 0; j < unit; ++j) {
+      const int64_t row = static_cast<int64_t>(k) * unit + j;
+      const int64_t src = int64_t{order[k]} * unit + j;
+      p.window_rows[static_cast<size_t>(row)] = static_cast<int32_t>(src);
+      std::copy_n(p.positions3.begin() + src * 3, 3, positions.begin() + row * 3);
+    }
+  }
+  p.positions3 = std::move(positions);
+  return p;
+}
+
+int64_t VisionTower::window() const {
+  if (config_.tower != VisionTowerKind::kQwen2_5Vl) return 0;
+  return config_.window_size / config_.spatial_merge_size / config_.patch_size;
+}
+
+void VisionTower::norm(Graph& g, Tensor x, Tensor out, const DeviceFloats& w,
+                       const DeviceFloats& b) const {
+  if (config_.tower == VisionTowerKind::kQwen2_5Vl) {  // Qwen2RMSNorm(eps=1e-6)
+    g.add(node::RmsNorm{.x = x, .out = out, .weight = w.data(), .eps = kLayerNormEps});
+  } else {
+    g.add(node::LayerNorm{
+        .x = x, .out = out, .weight = w.data(), .bias = b.data(), .eps = kLayerNormEps});
+  }
+}
+
+std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoader& l,
+                                               const std::string& p) {
+  METRALE_CHECK(c.tower == VisionTowerKind::kQwen2Vl || c.tower == VisionTowerKind::kQwen2_5Vl,
+                c.source, ": the ", c.model_type,
+                " vision tower is not supported yet (only qwen2_vl's and qwen2_5_vl's)");
+  const bool rms = c.tower == VisionTowerKind::kQwen2_5Vl;
+  auto t = std::unique_ptr<VisionTower>(new VisionTower());
+  t->config_ = c;
+  t->act_ = activation_of(c);
+  const int64_t W = c.width;
+  // Conv3d [width, C, T, P, P], kernel = stride: a linear over the flattened (C, T, P, P) patch.
+  const std::string embed = p + "patch_embed.proj.weight";
+  const std::vector<float> conv =
+      l.floats(embed, {W, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size});
+  t->patch_embed_ = l.derived_matrix(embed, W, c.patch_dim(), conv);
+  for (int64_t i = 0; i < c.depth; ++i) {
+    const std::string b = p + "blocks." + std::to_string(i) + ".";
+    Block blk;
+    blk.norm1_w = l.norm(b + "norm1.weight", W);
+    blk.norm2_w = l.norm(b + "norm2.weight", W);
+    if (!rms) {
+      blk.norm1_b = l.norm(b + "norm1.bias", W);
+      blk.norm2_b = l.norm(b + "norm2.bias", W);
+    }
+    blk.qkv = l.linear(b + "attn.qkv", 3 * W, W, true);
+    blk.proj = l.linear(b + "attn.proj", W, W, true);
+    if (rms) {
+      blk.fc1 = l.linear(b + "mlp.gate_proj", c.mlp_width, W, true);
+      blk.up = l.linear(b + "mlp.up_proj", c.mlp_width, W, true);
+      blk.fc2 = l.linear(b + "mlp.down_proj", W, c.mlp_width, true);
+      blk.full_attention = std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
+                                     i) != c.fullatt_block_indexes.end();
+    } else {
+      blk.fc1 = l.linear(b + "mlp.fc1", c.mlp_width, W, true);
+      blk.fc2 = l.linear(b + "mlp.fc2", W, c.mlp_width, true);
+    }
+    t->blocks_.push_back(std::move(blk));
+  }
+  const int64_t M = c.merge_rows() * W;
+  t->ln_q_w_ = l.norm(p + "merger.ln_q.weight", W);
+  if (!rms) t->ln_q_b_ = l.norm(p + "merger.ln_q.bias", W);
+  t->merger_fc1_ = l.linear(p + "merger.mlp.0", M, M, true);
+  t->merger_fc2_ = l.linear(p + "merger.mlp.2", c.out_width, M, true);
+  // Qwen2VLVisionRotaryEmbedding: inv_freq = 1 / theta^(arange(0, d, 2) / d), d = head_dim / 2,
+  // in float32; the cos/sin rows are [h freqs | w freqs], repeated for rotate_half.
+  const int64_t spatial = c.head_dim / 2, quarter = spatial / 2;
+  std::vector<float> inv(static_cast<size_t>(spatial));
+  std::vector<int32_t> axes(static_cast<size_t>(spatial));
+  for (int64_t i = 0; i < quarter; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(spatial);
+    const auto f = static_cast<float>(
+        std::pow(static_cast<double>(static_cast<float>(c.rope_theta)), static_cast<double>(e)));
+    inv[static_cast<size_t>(i)] = inv[static_cast<size_t>(quarter + i)] = 1.0f / f;
+    axes[static_cast<size_t>(i)] = 1;
+    axes[static_cast<size_t>(quarter + i)] = 2;
+  }
+  t->inv_freq_ = DeviceFloats(l.backend(), inv);
+  t->axes_ = DeviceArray<int32_t>(l.backend(), axes);
+  return t;
+}
+
+void VisionTower::record(Graph& g, Tensor pixels, Tensor out) const {
+  const VisionConfig& c = config_;
+  const int64_t W = c.width, D = c.head_dim, H = c.n_heads;
+  const Tensor h = g.buffer("h", W);
+  const bool windows = window() > 0;
+  if (windows) {  // the pixel rows in window order (the patch embedding is row by row)
+    const Tensor ordered = g.buffer("pixels_windowed", c.patch_dim());
+    g.add(node::GatherRows{.x = pixels, .out = ordered, .list = node::RowList::kWindowRows});
+    g.add(node::Linear{.x = ordered, .w = &patch_embed_, .y = h});
+  } else {
+    g.add(node::Linear{.x = pixels, .w = &patch_embed_, .y = h});
+  }
+  {
+    const Graph::Scope scope(g, "rotary");
+    const Tensor cos = g.buffer("cos", D / 2, RowSpace::kRows, BufferKind::kPackedF32);
+    const Tensor sin = g.buffer("sin", D / 2, RowSpace::kRows, BufferKind::kPackedF32);
+    g.add(node::RopeRows{.cos = cos,
+                         .sin = sin,
+                         .inv_freq = inv_freq_.data(),
+                         .axes = axes_.data(),
+                         .half = D / 2,
+                         .scaling = 1.0f});
+    g.set_rope_rows(cos, sin);
+  }
+  const auto scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const Block& b = blocks_[i];
+    const Graph::Scope scope(g, "blocks." + std::to_string(i));
+    const Tensor x = g.buffer("x", W);
+    const Tensor qkv = g.buffer("qkv", 3 * W);
+    const Tensor attn = g.buffer("attn", W);
+    const Tensor delta = g.buffer("delta", W);
+    norm(g, h, x, b.norm1_w, b.norm1_b);
+    g.add(node::Linear{.x = x, .w = &b.qkv, .y = qkv});
+    const Tensor q = qkv.cols(0, W), k = qkv.cols(W, W), v = qkv.cols(2 * W, W);
+    g.add(node::Rope{.x = q, .n_heads = H, .head_dim = D});
+    g.add(node::Rope{.x = k, .n_heads = H, .head_dim = D});
+    g.add(node::VarlenAttention{.q = q,
+                                .k = k,
+                                .v = v,
+                                .out = attn,
+                                .n_heads = H,
+                                .head_dim = D,
+                                .scale = scale,
+                                .windows = windows && !b.full_attention});
+    g.add(node::Linear{.x = attn, .w = &b.proj, .y = delta});
+    g.add(node::Add{.x = delta, .y = h});
+    const Tensor mlp = g.buffer("mlp", c.mlp_width);
+    norm(g, h, x, b.norm2_w, b.norm2_b);
+    g.add(node::Linear{.x = x, .w = &b.fc1, .y = mlp});
+    if (b.up.data != nullptr) {  // SwiGLU: act(gate) * up
+      const Tensor up = g.buffer("up", c.mlp_width);
+      g.add(node::Linear{.x = x, .w = &b.up, .y = up});
+      g.add(node::GatedActivation{.gate = mlp, .up = up, .out = mlp, .act = act_});
+    } else {
+      g.add(node::Activate{.x = mlp, .out = mlp, .act = act_});
+    }
+    g.add(node::Linear{.x = mlp, .w = &b.fc2, .y = delta});
+    g.add(node::Add{.x = delta, .y = h});
+  }
+  const Graph::Scope scope(g, "merger");
+  const int64_t M = c.merge_rows() * W;
+  const Tensor x = g.buffer("x", W);
+  const Tensor merged = g.buffer("merged", M, RowSpace::kMerged);
+  const Tensor hidden = g.buffer("hidden", M, RowSpace::kMerged);
+  norm(g, h, x, ln_q_w_, ln_q_b_);
+  g.add(node::MergeRows{.x = x, .out = merged});
+  g.add(node::Linear{.x = merged, .w = &merger_fc1_, .y = hidden});
+  g.add(node::Activate{.x = hidden, .out = hidden, .act = Activation::kGelu});  // nn.GELU()
+  if (windows) {  // back to the original order
+    const Tensor ordered = g.buffer("out_windowed", c.out_width, RowSpace::kMerged);
+    g.add(node::Linear{.x = hidden, .w = &merger_fc2_, .y = ordered});
+    g.add(node::GatherRows{.x = ordered, .out = out, .list = node::RowList::kMergedInverse});
+  } else {
+    g.add(node::Linear{.x = hidden, .w = &merger_fc2_, .y = out});
+  }
+}
+
+}  // namespace metrale
