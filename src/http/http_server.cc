@@ -17,6 +17,7 @@
 
 #include <httplib.h>
 
+#include "http/lifecycle.h"
 #include "http/openai_api.h"
 #include "io/tokenizer/tokenizer.h"
 
@@ -165,6 +166,7 @@ struct HttpServer::Impl {
   int port = -1;
   std::atomic<bool> stopping{false};
   std::atomic<bool> listening{false};  // inside listen()
+  Lifecycle lifecycle;                 // drain(): admissions and the requests in flight
 
   // Counters the scheduler does not keep.
   mutable std::mutex metrics_mu;
@@ -183,6 +185,16 @@ struct HttpServer::Impl {
     setup();
   }
 
+  // A generation request refused because the server drains: 503 with Retry-After, and the
+  // connection closed (a router's next attempt goes to another replica; a keep-alive client
+  // reconnects, through the router, elsewhere).
+  ApiError refuse_draining(httplib::Response& res) const {
+    res.set_header("Retry-After", std::to_string(lifecycle.retry_after_seconds()));
+    res.set_header("Connection", "close");
+    return ApiError(503, "the server is draining (shutting down); retry on another replica", "", "",
+                    "server_draining");
+  }
+
   void count_finish(const char* endpoint, FinishReason r) {
     std::lock_guard lock(metrics_mu);
     ++finishes[{endpoint, std::string(finish_reason_name(r))}];
@@ -199,8 +211,10 @@ struct HttpServer::Impl {
   // reply: how a chat's text is split (reasoning, tool calls, content).
   // streams: one per choice (n), in order.
   using Streams = std::vector<std::shared_ptr<ServeStream>>;
+  // `admitted`: the request's Lifecycle token, held until the stream's last byte.
   void respond_streaming(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
-                         Streams streams, ResponseMeta meta, httplib::Response& res);
+                         Streams streams, ResponseMeta meta, std::shared_ptr<void> admitted,
+                         httplib::Response& res);
   void respond_whole(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
                      const Streams& streams, const ResponseMeta& meta, const httplib::Request& req,
                      httplib::Response& res);
@@ -217,6 +231,7 @@ void guarded(httplib::Response& res, F&& body) {
     send_error(res, e);
   } catch (const SchedulerBusy& e) {
     // A full queue is the client's cue to retry later (429); a stopping server is 503.
+    res.set_header("Retry-After", "1");
     send_error(res, ApiError(e.stopping() ? 503 : 429, e.message(), "", "",
                              e.stopping() ? "server_stopping" : "queue_full"));
   } catch (const Error& e) {
@@ -292,6 +307,9 @@ std::shared_ptr<ServeStream> HttpServer::Impl::submit(ServeRequest request) cons
 void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
                                 const httplib::ContentReader& reader) {
   const std::string body = read_body(req, res, reader);
+  // Held until the response is written (a stream's state keeps it): drain() waits for it.
+  std::shared_ptr<void> admitted = lifecycle.admit();
+  if (!admitted) throw refuse_draining(res);
   const OpenAiRequest r =
       kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
   const bool adapter = std::find(options.adapters.begin(), options.adapters.end(), r.model) !=
@@ -329,7 +347,8 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
       (kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(streams.front()->id()),
       unix_now(), model_name};
   if (r.stream) {
-    respond_streaming(kind, r, reply, std::move(streams), std::move(meta), res);
+    respond_streaming(kind, r, reply, std::move(streams), std::move(meta), std::move(admitted),
+                      res);
   } else {
     respond_whole(kind, r, reply, streams, meta, req, res);
   }
@@ -355,6 +374,13 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const
     if (stopping) {
       cancel_all();
       throw ApiError(503, "the server is stopping", "", "", "server_stopping");
+    }
+    if (lifecycle.ending()) {  // the drain's time is up
+      cancel_all();
+      res.set_header("Retry-After", "1");
+      res.set_header("Connection", "close");
+      throw ApiError(503, "the server shut down before the request finished; retry it", "", "",
+                     "server_shutting_down");
     }
     for (size_t i = 0; i < streams.size(); ++i) {
       if (choices[i].done) continue;
@@ -407,7 +433,8 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const
 
 void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
                                          const ReplyFormat& reply, Streams streams,
-                                         ResponseMeta meta, httplib::Response& res) {
+                                         ResponseMeta meta, std::shared_ptr<void> admitted,
+                                         httplib::Response& res) {
   // The provider runs on this connection's thread after the handler returns, once per chunk,
   // until sink.done(). Whatever ends it early (a failed write, a dead socket, the server
   // stopping) leaves `finished` false, and the releaser cancels the streams.
@@ -418,6 +445,7 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
     std::vector<ServeEvent> events;
     bool finished = false;
     std::chrono::steady_clock::time_point next_check;
+    std::shared_ptr<void> admitted;  // the Lifecycle token: released with the state
     void cancel_all() const {
       for (const auto& st : streams) st->cancel();
     }
@@ -429,7 +457,8 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
             std::vector<bool>(static_cast<size_t>(n), false),
             {},
             false,
-            std::chrono::steady_clock::now() + options.poll_interval});
+            std::chrono::steady_clock::now() + options.poll_interval,
+            std::move(admitted)});
   const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
   // With several choices each is polled in turn for a share of the interval.
   const auto wait = wait_per_stream(options.poll_interval, static_cast<size_t>(n));
@@ -439,6 +468,17 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
   res.set_chunked_content_provider(
       "text/event-stream",
       [this, state, endpoint, wait](size_t /*offset*/, httplib::DataSink& sink) {
+        if (lifecycle.ending()) {
+          // The drain's time is up: the stream ends cleanly (an error event the OpenAI SDKs
+          // raise, then [DONE]) rather than with a cut connection.
+          state->cancel_all();
+          const std::string last = state->encoder.fail(
+              503, "the server shut down before the stream finished", "server_shutting_down");
+          state->finished = true;
+          if (!last.empty() && !sink.write(last.data(), last.size())) return false;
+          sink.done();
+          return true;
+        }
         std::string out;
         bool got = false;
         for (size_t i = 0; i < state->streams.size(); ++i) {
@@ -532,6 +572,11 @@ std::string HttpServer::Impl::metrics() const {
          s.cache.evicted_snapshots);
   metric("metrale_http_client_disconnects_total", "counter",
          "Requests whose client went away before the end.", client_disconnects.load());
+  metric("metrale_http_requests_in_flight", "gauge",
+         "Generation requests admitted and not yet answered (what a drain waits for).",
+         lifecycle.in_flight());
+  metric("metrale_server_draining", "gauge", "1 while the server drains (shutting down).",
+         lifecycle.draining() ? 1 : 0);
   std::lock_guard lock(metrics_mu);
   o << "# HELP metrale_http_requests_finished_total Generation requests answered, by endpoint "
        "and finish reason.\n# TYPE metrale_http_requests_finished_total counter\n";
@@ -576,6 +621,13 @@ void HttpServer::Impl::setup() {
       send_json(res, 404, error_body(404, "no such endpoint: " + req.method + " " + req.path));
       return httplib::Server::HandlerResponse::Handled;
     }
+    // Draining: a generation request is refused before its body is read (generate() checks
+    // again, for one that was past here when the drain began).
+    if (post_endpoint && (req.path == kPostPaths[0] || req.path == kPostPaths[1]) &&
+        lifecycle.draining()) {
+      send_error(res, refuse_draining(res));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options.api_key.empty() || req.path == "/health") {
       return httplib::Server::HandlerResponse::Unhandled;
     }
@@ -614,6 +666,12 @@ void HttpServer::Impl::setup() {
         }
         send_json(res, 500, error_body(500, "internal error: " + what));
       });
+  // While draining every response closes its connection, so keep-alive clients (a router's
+  // pool) reconnect elsewhere instead of reusing this one.
+  server.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+    if (lifecycle.draining() && !res.has_header("Connection"))
+      res.set_header("Connection", "close");
+  });
   server.set_logger([this](const httplib::Request&, const httplib::Response& res) {
     std::lock_guard lock(metrics_mu);
     ++responses_by_status[res.status];
@@ -622,6 +680,13 @@ void HttpServer::Impl::setup() {
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (stopping) {
       send_json(res, 503, error_body(503, "the server is stopping"));
+    } else if (lifecycle.draining()) {
+      // A router's health check fails, so it stops sending here.
+      res.set_header("Retry-After", std::to_string(lifecycle.retry_after_seconds()));
+      send_json(res, 503,
+                dump_json({{"status", "draining"},
+                           {"requests_in_flight", lifecycle.in_flight()},
+                           {"retry_after", lifecycle.retry_after_seconds()}}));
     } else {
       send_json(res, 200, R"({"status":"ok"})");
     }
@@ -695,8 +760,18 @@ void HttpServer::listen() {
   impl_->listening = false;
 }
 
+int64_t HttpServer::drain(std::chrono::milliseconds timeout) {
+  const int64_t ended = impl_->lifecycle.drain(timeout, kDrainEndGrace);
+  stop();
+  return ended;
+}
+
+bool HttpServer::draining() const { return impl_->lifecycle.draining(); }
+int64_t HttpServer::requests_in_flight() const { return impl_->lifecycle.in_flight(); }
+
 void HttpServer::stop() {
   impl_->stopping = true;
+  impl_->lifecycle.stop();
   // httplib's stop() does nothing before its listen loop has started (a signal during the
   // model load, handled before listen() begins): repeat it until listen() has returned.
   while (impl_->listening) {
