@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -19,6 +20,7 @@
 
 #include "http/lifecycle.h"
 #include "http/openai_api.h"
+#include "http/worker_api.h"
 #include "io/tokenizer/tokenizer.h"
 
 namespace metrale::http {
@@ -345,7 +347,7 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   }
   ResponseMeta meta{
       (kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(streams.front()->id()),
-      unix_now(), model_name};
+      unix_now(), adapter ? r.model : model_name};  // vLLM echoes the adapter's name
   if (r.stream) {
     respond_streaming(kind, r, reply, std::move(streams), std::move(meta), std::move(admitted),
                       res);
@@ -527,69 +529,17 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
 }
 
 std::string HttpServer::Impl::metrics() const {
-  const SchedulerStats s = scheduler.stats();
-  std::ostringstream o;
-  auto metric = [&](const char* name, const char* type, const char* help, auto value) {
-    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
-      << name << ' ' << value << '\n';
-  };
-  metric("metrale_requests_running", "gauge", "Requests decoding in the batch.", s.running);
-  metric("metrale_requests_waiting", "gauge", "Requests queued for admission.", s.waiting);
-  metric("metrale_requests_finished_total", "counter", "Requests that finished (stop or length).",
-         s.requests_finished);
-  metric("metrale_requests_cancelled_total", "counter", "Requests cancelled (client gone).",
-         s.requests_cancelled);
-  metric("metrale_requests_timed_out_total", "counter", "Requests past their deadline.",
-         s.requests_timed_out);
-  metric("metrale_requests_failed_total", "counter", "Requests the engine failed.",
-         s.requests_failed);
-  metric("metrale_requests_rejected_total", "counter", "Requests refused (queue full).",
-         s.requests_rejected);
-  metric("metrale_preemptions_total", "counter", "Streams preempted for KV pages (recomputed).",
-         s.preemptions);
-  metric("metrale_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
-         s.prompt_tokens);
-  metric("metrale_prefill_tokens_total", "counter", "Prompt tokens computed (not from the cache).",
-         s.prefill_tokens);
-  metric("metrale_generated_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
-  metric("metrale_steps_total", "counter", "Engine steps run.", s.steps);
-  metric("metrale_kv_pages_total", "gauge", "KV cache pages.", s.kv_pages_total);
-  metric("metrale_kv_pages_free", "gauge", "KV cache pages free.", s.kv_pages_free);
-  metric("metrale_prefix_cache_lookups_total", "counter", "Prefix-cache lookups.", s.cache.lookups);
-  metric("metrale_prefix_cache_hits_total", "counter", "Lookups that adopted a cached prefix.",
-         s.cache.hits);
-  metric("metrale_prefix_cache_tokens_saved_total", "counter",
-         "Prompt tokens adopted from the cache instead of computed.", s.cache.tokens_saved);
-  metric("metrale_prefix_cache_pages_held", "gauge", "KV pages the prefix cache holds.",
-         s.cache.pages_held);
-  metric("metrale_prefix_cache_snapshots_held", "gauge",
-         "Recurrent-state snapshots the prefix cache holds.", s.cache.snapshots_held);
-  metric("metrale_prefix_cache_bytes_held", "gauge", "Bytes the prefix cache holds.",
-         s.cache.bytes_held);
-  metric("metrale_prefix_cache_evicted_pages_total", "counter", "Cached pages evicted.",
-         s.cache.evicted_pages);
-  metric("metrale_prefix_cache_evicted_snapshots_total", "counter", "Cached snapshots evicted.",
-         s.cache.evicted_snapshots);
-  metric("metrale_http_client_disconnects_total", "counter",
-         "Requests whose client went away before the end.", client_disconnects.load());
-  metric("metrale_http_requests_in_flight", "gauge",
-         "Generation requests admitted and not yet answered (what a drain waits for).",
-         lifecycle.in_flight());
-  metric("metrale_server_draining", "gauge", "1 while the server drains (shutting down).",
-         lifecycle.draining() ? 1 : 0);
-  std::lock_guard lock(metrics_mu);
-  o << "# HELP metrale_http_requests_finished_total Generation requests answered, by endpoint "
-       "and finish reason.\n# TYPE metrale_http_requests_finished_total counter\n";
-  for (const auto& [key, n] : finishes) {
-    o << "metrale_http_requests_finished_total{endpoint=\"" << key.first << "\",finish_reason=\""
-      << key.second << "\"} " << n << '\n';
+  HttpCounters http{.client_disconnects = client_disconnects.load(),
+                    .in_flight = lifecycle.in_flight(),
+                    .draining = lifecycle.draining()};
+  {
+    std::lock_guard lock(metrics_mu);
+    http.responses_by_status = responses_by_status;
+    http.finishes = finishes;
   }
-  o << "# HELP metrale_http_responses_total HTTP responses by status code.\n"
-       "# TYPE metrale_http_responses_total counter\n";
-  for (const auto& [code, n] : responses_by_status) {
-    o << "metrale_http_responses_total{code=\"" << code << "\"} " << n << '\n';
-  }
-  return o.str();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return metrics_text(scheduler.stats(), http, model_name, now);
 }
 
 void HttpServer::Impl::setup() {
@@ -611,8 +561,8 @@ void HttpServer::Impl::setup() {
     // A request with a body for any path but the POST endpoints is answered before httplib
     // reads that body into memory (it would read a chunked one without limit). The body is
     // left unread, so the connection cannot be reused.
-    static const std::array<std::string_view, 4> kPostPaths = {
-        "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"};
+    static const std::array<std::string_view, 5> kPostPaths = {
+        "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/flush_cache"};
     const bool post_endpoint =
         req.method == "POST" &&
         std::find(kPostPaths.begin(), kPostPaths.end(), req.path) != kPostPaths.end();
@@ -694,12 +644,39 @@ void HttpServer::Impl::setup() {
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
+  // For routers (http/worker_api.h; docs/deployment.md names who reads what).
+  server.Get("/get_load", [this](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, dump_json(load_json(scheduler.stats())));
+  });
+  for (const char* path : {"/server_info", "/get_server_info"}) {
+    server.Get(path, [this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200, dump_json(server_info_json(scheduler, model_name, options.adapters)));
+    });
+  }
+  for (const char* path : {"/model_info", "/get_model_info"}) {
+    server.Get(path, [this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200, dump_json(model_info_json(model)));
+    });
+  }
+  // sglang's: drops the cached prefixes no request uses (both routers fan it out).
+  // A reader route: a POST without a body (what the routers send) is fine; a body is ignored.
+  server.Post("/flush_cache", [this](const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
+    guarded(res, [&] {
+      read_body(req, res, reader);
+      const int64_t freed = scheduler.flush_prefix_cache(std::chrono::seconds(30));
+      if (freed < 0) throw ApiError(503, "the engine did not get to the flush in time");
+      send_json(res, 200, dump_json({{"flushed", true}, {"pages_freed", freed}}));
+    });
+  });
   server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     nlohmann::json data = nlohmann::json::array();
+    // root: the checkpoint, as vLLM lists it (sglang-router reads it as the model's path).
     data.push_back({{"id", model_name},
                     {"object", "model"},
                     {"created", created},
                     {"owned_by", "metrale"},
+                    {"root", std::filesystem::absolute(model.dir()).lexically_normal().string()},
                     {"max_model_len", model.context_limit()}});
     for (const std::string& a : options.adapters) {
       data.push_back({{"id", a},

@@ -147,6 +147,8 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
   if (requires_single_chunk_prefill(model_.config())) cache.enabled = false;
   cache_ = std::make_unique<PrefixCache>(model_, cache);
   stats_.kv_pages_total = model_.kv_pool().layout().n_pages;
+  stats_.kv_page_tokens = model_.kv_pool().layout().page_size;
+  stats_.prefix_cache = cache_->enabled();
   stats_.kv_pages_free = model_.kv_pool().free_pages();
   thread_ = std::thread([this] { loop(); });
 }
@@ -249,6 +251,23 @@ std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
 SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
+}
+
+int64_t Scheduler::flush_prefix_cache(std::chrono::milliseconds wait) {
+  auto done = std::make_shared<std::promise<int64_t>>();
+  std::future<int64_t> freed = done->get_future();
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return -1;
+    flushes_.push_back(std::move(done));
+  }
+  cv_.notify_all();
+  if (freed.wait_for(wait) != std::future_status::ready) return -1;
+  try {
+    return freed.get();
+  } catch (const std::future_error&) {  // the scheduler stopped first
+    return -1;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -478,18 +497,37 @@ void Scheduler::loop() {
     stats_.requests_failed = failed;
     stats_.preemptions = preemptions;
     stats_.kv_pages_free = model_.kv_pool().free_pages();
+    stats_.kv_pages_evictable = cache_->enabled() ? cache_->evictable_pages() : 0;
     stats_.cache = cache_->stats();
+    if (LoraPool* lora = model_.lora_pool()) {
+      stats_.max_loras = lora->options().max_loras;
+      auto names = [](auto&& requests) {
+        std::vector<std::string> out;
+        for (const auto& a : requests) {
+          if (!a->req.adapter.empty()) out.push_back(a->req.adapter);
+        }
+        std::sort(out.begin(), out.end());
+        out.erase(std::unique(out.begin(), out.end()), out.end());
+        return out;
+      };
+      stats_.running_adapters = names(running);
+      stats_.waiting_adapters = names(queue_);
+    }
   };
 
   for (;;) {
     // 1. Publish the last step's figures, wait for work, take out what the queue must drop. take
     // the reaping decisions that need the queue.
     std::vector<std::unique_ptr<Active>> expired;  // queued requests that end without running
+    std::vector<std::shared_ptr<std::promise<int64_t>>> flushes;
     {
       std::unique_lock lock(mu_);
       publish();
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !running.empty(); });
+      cv_.wait(lock, [&] {
+        return stopping_ || !queue_.empty() || !running.empty() || !flushes_.empty();
+      });
       if (stopping_) break;
+      flushes.swap(flushes_);
       const auto now = Clock::now();
       for (auto it = queue_.begin(); it != queue_.end();) {
         if ((*it)->stream->cancelled() || now >= (*it)->deadline) {
@@ -499,6 +537,13 @@ void Scheduler::loop() {
           ++it;
         }
       }
+    }
+    if (!flushes.empty()) {
+      const int64_t held = cache_->stats().pages_held;
+      cache_->clear();
+      for (const auto& f : flushes) f->set_value(held - cache_->stats().pages_held);
+      std::lock_guard lock(mu_);
+      if (queue_.empty() && running.empty() && expired.empty()) continue;  // woken for it alone
     }
     try {
       const auto now = Clock::now();

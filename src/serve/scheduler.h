@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -151,7 +152,16 @@ struct SchedulerStats {
   int64_t requests_failed = 0, requests_rejected = 0, preemptions = 0;
   int64_t prompt_tokens = 0, prefill_tokens = 0, generated_tokens = 0, steps = 0;
   int64_t kv_pages_total = 0, kv_pages_free = 0;
+  // Free pages the prefix cache could give back at once (held by nothing but the cache): what a
+  // router's "KV-cache usage" counts as free, as vLLM's does.
+  int64_t kv_pages_evictable = 0;
+  int64_t kv_page_tokens = 0;  // tokens per KV page
+  bool prefix_cache = false;   // whether prefixes are reused
   PrefixCacheStats cache;
+  // LoRA: the pool's slots (0 without LoRA) and the adapters of the running and the waiting
+  // requests (each name once, sorted; the base model is not listed).
+  int64_t max_loras = 0;
+  std::vector<std::string> running_adapters, waiting_adapters;
 };
 
 class Scheduler {
@@ -170,6 +180,11 @@ class Scheduler {
   std::shared_ptr<ServeStream> submit(ServeRequest request);
   SchedulerStats stats() const;
   const Model& model() const { return model_; }
+  const SchedulerOptions& options() const { return options_; }
+  // Drops every cached prefix no request uses (PrefixCache::clear), on the engine thread at its
+  // next step boundary; waits up to `wait` for it. Returns the pages freed, or -1 when the
+  // engine did not get to it in time.
+  int64_t flush_prefix_cache(std::chrono::milliseconds wait);
 
  private:
   struct Active;
@@ -182,8 +197,10 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Active>> queue_;  // guarded by mu_
   bool stopping_ = false;                      // guarded by mu_
-  int64_t next_id_ = 1;                        // guarded by mu_
-  SchedulerStats stats_;                       // guarded by mu_
+  // flush_prefix_cache() callers waiting for the engine thread; guarded by mu_.
+  std::vector<std::shared_ptr<std::promise<int64_t>>> flushes_;
+  int64_t next_id_ = 1;   // guarded by mu_
+  SchedulerStats stats_;  // guarded by mu_
   std::thread thread_;
 };
 
