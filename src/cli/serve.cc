@@ -21,6 +21,7 @@
 #include "engine/state_pool.h"
 #include "http/http_server.h"
 #include "io/config/model_config.h"
+#include "kvevents/kv_event_publisher.h"
 #include "serve/prefix_cache.h"
 
 namespace metrale::cli {
@@ -42,6 +43,7 @@ struct ServeFlags {
   int64_t max_queue = 256;
   int64_t state_snapshots = -1;     // -1: 2 per stream slot with the prefix cache, else 0
   int64_t marconi_min_tokens = -1;  // -1: DEFAULT_MARCONI_MIN_TOKENS
+  kvevents::KvEventPublisherOptions kv_events;  // endpoint "": none
 };
 
 // --kv-budget BYTES -> KV capacity in tokens: the budget over what one token keeps in every
@@ -150,6 +152,20 @@ void run_serve(ServeFlags f) {
   so.prefill_chunk = f.prefill_chunk;
   so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.request_timeout_s * 1000));
   so.cache.enabled = !f.no_prefix_cache;
+  // KV-cache events for KV-aware routers (kvevents/kv_event_publisher.h): bound before the
+  // engine starts, closed after it stops.
+  std::unique_ptr<kvevents::KvEventPublisher> kv_events;
+  if (!f.kv_events.endpoint.empty()) {
+    METRALE_CHECK(!f.no_prefix_cache,
+                  "--kv-events-endpoint needs the prefix cache (it publishes "
+                  "what the cache stores); drop --no-prefix-cache");
+    kv_events = std::make_unique<kvevents::KvEventPublisher>(f.kv_events);
+    so.kv_events = [&kv_events](std::vector<KvCacheEvent> events) {
+      kv_events->publish(std::move(events));
+    };
+    std::fprintf(stderr, "metrale serve: KV-cache events on %s (topic \"%s\")\n",
+                 kv_events->endpoint().c_str(), f.kv_events.topic.c_str());
+  }
   Scheduler scheduler(*model, so);
 
   http::HttpServer server(scheduler, std::move(tmpl), f.http);
@@ -237,6 +253,13 @@ void setup(CLI::App& app) {
                   "(meanwhile /health is 503 and new requests get 503 with Retry-After); what "
                   "still runs then is ended (default 25; 0: end them at once)")
       ->check(CLI::Range(0.0, 3600.0));
+  f->kv_events.endpoint.clear();
+  cmd->add_option("--kv-events-endpoint", f->kv_events.endpoint,
+                  "publish the prefix cache's KV-cache events (vLLM's wire: ZMQ PUB, msgpack "
+                  "BlockStored / BlockRemoved / AllBlocksCleared) on this ZMQ endpoint, e.g. "
+                  "tcp://*:5557 (default: none)");
+  cmd->add_option("--kv-events-topic", f->kv_events.topic,
+                  "the topic of every KV-event message (default \"\", as vLLM's)");
   cmd->add_option("--prefill-chunk", f->prefill_chunk,
                   "prompt tokens prefilled per engine step (0: --max-rows)")
       ->check(CLI::Range(int64_t{0}, int64_t{65536}));

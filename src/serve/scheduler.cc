@@ -145,6 +145,7 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
   // A model whose prompts must be prefilled in one step cannot resume from a cached prefix.
   PrefixCacheOptions cache = options_.cache;
   if (requires_single_chunk_prefill(model_.config())) cache.enabled = false;
+  cache.events = static_cast<bool>(options_.kv_events);
   cache_ = std::make_unique<PrefixCache>(model_, cache);
   stats_.kv_pages_total = model_.kv_pool().layout().n_pages;
   stats_.kv_page_tokens = model_.kv_pool().layout().page_size;
@@ -515,7 +516,15 @@ void Scheduler::loop() {
     }
   };
 
+  // The prefix cache's events since the last call, to the sink.
+  auto emit_events = [&] {
+    if (!options_.kv_events) return;
+    std::vector<KvCacheEvent> events = cache_->take_events();
+    if (!events.empty()) options_.kv_events(std::move(events));
+  };
+
   for (;;) {
+    emit_events();
     // 1. Publish the last step's figures, wait for work, take out what the queue must drop. take
     // the reaping decisions that need the queue.
     std::vector<std::unique_ptr<Active>> expired;  // queued requests that end without running
@@ -541,6 +550,7 @@ void Scheduler::loop() {
     if (!flushes.empty()) {
       const int64_t held = cache_->stats().pages_held;
       cache_->clear();
+      emit_events();
       for (const auto& f : flushes) f->set_value(held - cache_->stats().pages_held);
       std::lock_guard lock(mu_);
       if (queue_.empty() && running.empty() && expired.empty()) continue;  // woken for it alone

@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -134,6 +135,10 @@ struct SchedulerOptions {
   int64_t prefill_chunk = 0;  // prefill tokens per step; 0: the model's max_rows
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
   PrefixCacheOptions cache;
+  // Set: the prefix cache records KV-cache events (serve/kv_events.h) and the engine thread
+  // hands them over after each step, in order. It must not block (kvevents/'s publisher
+  // queues them).
+  std::function<void(std::vector<KvCacheEvent>)> kv_events;
 };
 
 // submit() when the queue is full (HTTP 429) or the scheduler is stopping (HTTP 503).
