@@ -44,6 +44,7 @@ struct ServeFlags {
   int64_t state_snapshots = -1;     // -1: 2 per stream slot with the prefix cache, else 0
   int64_t marconi_min_tokens = -1;  // -1: DEFAULT_MARCONI_MIN_TOKENS
   kvevents::KvEventPublisherOptions kv_events;  // endpoint "": none
+  std::string kv_events_encoding = "map";
 };
 
 // --kv-budget BYTES -> KV capacity in tokens: the budget over what one token keeps in every
@@ -159,6 +160,11 @@ void run_serve(ServeFlags f) {
     METRALE_CHECK(!f.no_prefix_cache,
                   "--kv-events-endpoint needs the prefix cache (it publishes "
                   "what the cache stores); drop --no-prefix-cache");
+    try {
+      f.kv_events.encoding = kvevents::kv_event_encoding_from_name(f.kv_events_encoding);
+    } catch (const Error& e) {
+      throw make_error("--kv-events-encoding: ", e.message());
+    }
     kv_events = std::make_unique<kvevents::KvEventPublisher>(f.kv_events);
     so.kv_events = [&kv_events](std::vector<KvCacheEvent> events) {
       kv_events->publish(std::move(events));
@@ -260,6 +266,10 @@ void setup(CLI::App& app) {
                   "tcp://*:5557 (default: none)");
   cmd->add_option("--kv-events-topic", f->kv_events.topic,
                   "the topic of every KV-event message (default \"\", as vLLM's)");
+  cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
+                  "map (vLLM's current layout, the default), array (earlier vLLM releases' "
+                  "array_like layout) or array-batch (an array batch of map events: what "
+                  "vllm-router 0.1.17's kv_aware policy reads)");
   cmd->add_option("--prefill-chunk", f->prefill_chunk,
                   "prompt tokens prefilled per engine step (0: --max-rows)")
       ->check(CLI::Range(int64_t{0}, int64_t{65536}));

@@ -13,41 +13,62 @@
 namespace metrale::kvevents {
 namespace {
 
-void write_event(MsgpackWriter& w, const KvCacheEvent& event) {
+// One event. `map`: msgspec's default Struct encoding (a map, the tag under "type", fields in
+// declaration order); else array_like (the tag first, then the fields by position).
+void write_event(MsgpackWriter& w, const KvCacheEvent& event, bool map) {
+  auto key = [&](std::string_view name) {
+    if (map) w.str(name);
+  };
+  auto hashes = [&](const std::vector<uint64_t>& h) {
+    w.array(h.size());
+    for (uint64_t x : h) w.unsigned_integer(x);
+  };
   std::visit(
       [&](const auto& e) {
         using T = std::decay_t<decltype(e)>;
         if constexpr (std::is_same_v<T, KvBlockStored>) {
-          const bool lora = !e.lora_name.empty();
-          w.array(lora ? 8 : 7);
+          map ? w.map(8) : w.array(8);
+          key("type");
           w.str("BlockStored");
-          w.array(e.block_hashes.size());
-          for (uint64_t h : e.block_hashes) w.unsigned_integer(h);
+          key("block_hashes");
+          hashes(e.block_hashes);
+          key("parent_block_hash");
           if (e.parent_block_hash) {
             w.unsigned_integer(*e.parent_block_hash);
           } else {
             w.nil();
           }
+          key("token_ids");
           w.array(e.token_ids.size());
           for (int32_t t : e.token_ids) w.integer(t);
+          key("block_size");
           w.integer(e.block_size);
+          key("lora_id");
           if (e.lora_id) {
             w.integer(*e.lora_id);
           } else {
             w.nil();
           }
-          // medium: none of vLLM's tier names ("GPU", "CPU_PINNED", ...) is claimed. Sent
-          // all the same, as vLLM always sends it: some subscribers' structs have no default.
+          // medium: none of vLLM's tier names ("GPU", "CPU_PINNED", ...) is claimed.
+          key("medium");
           w.nil();
-          if (lora) w.str(e.lora_name);
+          key("lora_name");
+          if (e.lora_name.empty()) {
+            w.nil();
+          } else {
+            w.str(e.lora_name);
+          }
         } else if constexpr (std::is_same_v<T, KvBlockRemoved>) {
-          w.array(3);
+          map ? w.map(3) : w.array(3);
+          key("type");
           w.str("BlockRemoved");
-          w.array(e.block_hashes.size());
-          for (uint64_t h : e.block_hashes) w.unsigned_integer(h);
-          w.nil();  // medium
+          key("block_hashes");
+          hashes(e.block_hashes);
+          key("medium");
+          w.nil();
         } else {
-          w.array(1);
+          map ? w.map(1) : w.array(1);
+          key("type");
           w.str("AllBlocksCleared");
         }
       },
@@ -58,13 +79,33 @@ std::string zmq_error() { return zmq_strerror(zmq_errno()); }
 
 }  // namespace
 
-std::string encode_kv_event_batch(double unix_seconds, std::span<const KvCacheEvent> events) {
+std::string encode_kv_event_batch(double unix_seconds, std::span<const KvCacheEvent> events,
+                                  KvEventEncoding encoding) {
+  const bool map = encoding == KvEventEncoding::kMap;
+  const bool map_events = encoding != KvEventEncoding::kArray;
   MsgpackWriter w;
-  w.array(2);
-  w.float64(unix_seconds);
+  if (map) {
+    // vLLM's publisher stamps its data-parallel rank (0) on every batch.
+    w.map(3);
+    w.str("ts");
+    w.float64(unix_seconds);
+    w.str("events");
+  } else {
+    w.array(map_events ? 3 : 2);
+    w.float64(unix_seconds);
+  }
   w.array(events.size());
-  for (const KvCacheEvent& e : events) write_event(w, e);
+  for (const KvCacheEvent& e : events) write_event(w, e, map_events);
+  if (map) w.str("data_parallel_rank");
+  if (map_events) w.integer(0);
   return w.take();
+}
+
+KvEventEncoding kv_event_encoding_from_name(std::string_view name) {
+  if (name == "map") return KvEventEncoding::kMap;
+  if (name == "array") return KvEventEncoding::kArray;
+  if (name == "array-batch") return KvEventEncoding::kArrayBatchOfMaps;
+  throw make_error("unknown KV-event encoding '", name, "' (expected map, array or array-batch)");
 }
 
 KvEventPublisher::KvEventPublisher(KvEventPublisherOptions options) : options_(std::move(options)) {
@@ -136,7 +177,7 @@ void KvEventPublisher::run() {
       batch = std::move(queue_.front());
       queue_.pop_front();
     }
-    const std::string payload = encode_kv_event_batch(batch.first, batch.second);
+    const std::string payload = encode_kv_event_batch(batch.first, batch.second, options_.encoding);
     std::array<char, 8> number{};
     for (int i = 0; i < 8; ++i)
       number[static_cast<size_t>(i)] = static_cast<char>(seq >> (56 - 8 * i));

@@ -5,17 +5,25 @@
 //
 //   a ZMQ PUB socket bound at `endpoint`; each batch is one 3-part message:
 //     [topic, sequence number (8 bytes, big-endian, from 0), payload]
-//   payload: MessagePack of msgspec's array_like, tagged encoding of vLLM's structs:
-//     KVEventBatch      [ts (float64, Unix seconds), [event, ...]]
-//     BlockStored       ["BlockStored", [block_hash, ...], parent_block_hash | nil,
-//                        [token_id, ...], block_size, lora_id | nil, medium nil]
-//                        (+ lora_name when the pages are an adapter's)
-//     BlockRemoved      ["BlockRemoved", [block_hash, ...], medium nil]
-//     AllBlocksCleared  ["AllBlocksCleared"]
-//   medium is always sent (vLLM always sends it; some subscribers' structs have no default for
-//   it); the later optional fields are left out, as msgspec's omit_defaults does. Block hashes are
-//   metrale's own (kv_block_hash), not vLLM's: consumers that key blocks by token ids (llm-d) or
-//   match removals to stores by hash see the same.
+//   payload: MessagePack of vLLM's structs as msgspec encodes them, in one of two layouts:
+//   kMap (vLLM's current kv_events.py: plain Structs, so maps; a tagged union's tag under
+//   "type"):
+//     KVEventBatch      {"ts": float64 Unix seconds, "events": [...], "data_parallel_rank": 0}
+//     BlockStored       {"type": "BlockStored", "block_hashes": [...], "parent_block_hash",
+//                        "token_ids": [...], "block_size", "lora_id", "medium", "lora_name"}
+//     BlockRemoved      {"type": "BlockRemoved", "block_hashes": [...], "medium"}
+//     AllBlocksCleared  {"type": "AllBlocksCleared"}
+//   kArray (earlier vLLM releases: array_like Structs, fields by position):
+//     [ts, [event, ...]], ["BlockStored", block_hashes, parent_block_hash, token_ids,
+//     block_size, lora_id, medium, lora_name], ["BlockRemoved", block_hashes, medium],
+//     ["AllBlocksCleared"]
+//   kArrayBatchOfMaps (the releases between: an array_like batch [ts, [event, ...], 0] of
+//     events as maps; what vllm-router 0.1.17's kv_aware subscriber decodes)
+//   Fields without a default in vLLM's structs are always written (nil when none: medium
+//   names none of vLLM's tiers); those with one (extra_keys, group_idx, ...) are left out, as
+//   msgspec's omit_defaults does; decoders ignore what their structs lack. Block hashes are
+//   metrale's own (kv_block_hash), not vLLM's: consumers that key blocks by token ids (llm-d)
+//   or match removals to stores by hash see the same.
 //
 // Not implemented: vLLM's replay socket (a ROUTER answering "events since sequence n").
 #include <atomic>
@@ -25,6 +33,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -33,14 +42,20 @@
 
 namespace metrale::kvevents {
 
+enum class KvEventEncoding : uint8_t { kMap, kArray, kArrayBatchOfMaps };
+// "map", "array" or "array-batch"; an Error naming the valid ones otherwise.
+KvEventEncoding kv_event_encoding_from_name(std::string_view name);
+
 struct KvEventPublisherOptions {
   std::string endpoint = "tcp://*:5557";  // vLLM's default; port 0 picks a free one
   std::string topic;                      // vLLM's default is ""
   size_t max_queue = 100000;              // batches waiting to be sent; past it the oldest go
+  KvEventEncoding encoding = KvEventEncoding::kMap;
 };
 
 // One batch's payload.
-std::string encode_kv_event_batch(double unix_seconds, std::span<const KvCacheEvent> events);
+std::string encode_kv_event_batch(double unix_seconds, std::span<const KvCacheEvent> events,
+                                  KvEventEncoding encoding = KvEventEncoding::kMap);
 
 class KvEventPublisher {
  public:

@@ -20,6 +20,18 @@ void MsgpackWriter::array(size_t n) {
   }
 }
 
+void MsgpackWriter::map(size_t n) {
+  if (n < 16) {
+    out_ += static_cast<char>(0x80 | n);
+  } else if (n <= 0xffff) {
+    out_ += static_cast<char>(0xde);
+    be(n, 2);
+  } else {
+    out_ += static_cast<char>(0xdf);
+    be(n, 4);
+  }
+}
+
 void MsgpackWriter::nil() { out_ += static_cast<char>(0xc0); }
 
 void MsgpackWriter::boolean(bool v) { out_ += static_cast<char>(v ? 0xc3 : 0xc2); }

@@ -1,5 +1,5 @@
 #pragma once
-// The few MessagePack types the KV-event wire format needs (arrays, integers, nil, strings,
+// The few MessagePack types the KV-event wire format needs (arrays, maps, integers, nil, strings,
 // float64), written big-endian as the spec (github.com/msgpack/msgpack/blob/master/spec.md)
 // has them, always in the smallest form. A writer, not a library: nothing here is read back.
 #include <cstdint>
@@ -11,6 +11,7 @@ namespace metrale::kvevents {
 class MsgpackWriter {
  public:
   void array(size_t n);
+  void map(size_t n);  // n key-value pairs follow
   void nil();
   void boolean(bool v);
   void integer(int64_t v);

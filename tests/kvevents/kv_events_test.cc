@@ -58,7 +58,36 @@ TEST(MsgpackWriter, WritesTheSmallestForms) {
   );
 }
 
-TEST(KvEventBatch, IsVllmsArrayLikeTaggedEncoding) {
+TEST(KvEventBatch, MapsAreVllmsCurrentEncoding) {
+  std::vector<KvCacheEvent> events;
+  std::get<KvBlockRemoved>(events.emplace_back(std::in_place_type<KvBlockRemoved>)).block_hashes = {
+      7};
+  events.emplace_back(std::in_place_type<KvAllBlocksCleared>);
+  // msgspec.msgpack.encode(KVEventBatch(ts=1.5, events=[BlockRemoved([7], medium=None),
+  // AllBlocksCleared()], data_parallel_rank=0)) with vllm/distributed/kv_events.py's structs.
+  EXPECT_EQ(hex(encode_kv_event_batch(1.5, events)),
+            "83"
+            "a27473"
+            "cb3ff8000000000000"  // {"ts": 1.5,
+            "a66576656e7473"
+            "92"  //  "events": [
+            "83"
+            "a474797065"
+            "ac426c6f636b52656d6f766564"  //   {"type": "BlockRemoved",
+            "ac626c6f636b5f686173686573"
+            "9107"  //    "block_hashes": [7],
+            "a66d656469756d"
+            "c0"  //    "medium": None},
+            "81"
+            "a474797065"
+            "b0416c6c426c6f636b73436c6561726564"  //   {"type": "AllBlocksCleared"}],
+            "b2646174615f706172616c6c656c5f72616e6b"
+            "00");  //  "data_parallel_rank": 0}
+  EXPECT_EQ(kv_event_encoding_from_name("array"), KvEventEncoding::kArray);
+  EXPECT_THROW(kv_event_encoding_from_name("json"), Error);
+}
+
+TEST(KvEventBatch, ArraysAreEarlierVllmsArrayLikeEncoding) {
   // Built in place: g++ 12 misreads a moved variant temporary as uninitialised.
   std::vector<KvCacheEvent> events;
   auto& stored = std::get<KvBlockStored>(events.emplace_back(std::in_place_type<KvBlockStored>));
@@ -69,16 +98,17 @@ TEST(KvEventBatch, IsVllmsArrayLikeTaggedEncoding) {
       7};
   events.emplace_back(std::in_place_type<KvAllBlocksCleared>);
   // msgspec.msgpack.encode(KVEventBatch(ts=1.5, events=[BlockStored([7, 300], None, [1, 2, 3,
-  // 4], 2, None, medium=None), BlockRemoved([7], medium=None), AllBlocksCleared()])) with
-  // vLLM's struct definitions in which medium has no default (so it is written).
-  EXPECT_EQ(hex(encode_kv_event_batch(1.5, events)),
+  // 4], 2, None, medium=None, lora_name=None), BlockRemoved([7], medium=None),
+  // AllBlocksCleared()])) with vLLM's struct definitions in which medium and lora_name have
+  // no default (so they are written).
+  EXPECT_EQ(hex(encode_kv_event_batch(1.5, events, KvEventEncoding::kArray)),
             "92cb3ff8000000000000"        // [1.5, [...3 events]]
             "93"                          //
-            "97ab426c6f636b53746f726564"  // ["BlockStored",
+            "98ab426c6f636b53746f726564"  // ["BlockStored",
             "9207cd012c"                  //  [7, 300],
             "c0"                          //  None,
             "9401020304"                  //  [1, 2, 3, 4],
-            "02c0c0"                      //  2, None, None]
+            "02c0c0c0"                    //  2, None, None, None]
             "93ac426c6f636b52656d6f766564"
             "9107"
             "c0"                                      // ["BlockRemoved", [7], None]
@@ -91,7 +121,7 @@ TEST(KvEventBatch, IsVllmsArrayLikeTaggedEncoding) {
   adapter.block_size = 1;
   adapter.lora_id = 1;
   adapter.lora_name = "s";
-  EXPECT_EQ(hex(encode_kv_event_batch(0, lora)).substr(20),
+  EXPECT_EQ(hex(encode_kv_event_batch(0, lora, KvEventEncoding::kArray)).substr(20),
             "91"
             "98ab426c6f636b53746f726564"
             "9101"
@@ -239,10 +269,14 @@ TEST(KvEventPublisher, SendsTopicSequenceAndPayload) {
   EXPECT_EQ(parts[0], "kv@test@demo");
   ASSERT_EQ(parts[1].size(), 8u);  // big-endian sequence number
   EXPECT_EQ(parts[1].substr(0, 6), std::string(6, '\0'));
-  // [ts, [["AllBlocksCleared"]]] with the batch's timestamp.
-  ASSERT_EQ(parts[2].size(), 10u + 19u);
-  EXPECT_EQ(hex(parts[2].substr(0, 2)), "92cb");
-  EXPECT_EQ(hex(parts[2].substr(10)), "9191b0416c6c426c6f636b73436c6561726564");
+  // {"ts": ..., "events": [{"type": "AllBlocksCleared"}], "data_parallel_rank": 0}.
+  ASSERT_EQ(parts[2].size(), 13u + 51u) << hex(parts[2]);
+  EXPECT_EQ(hex(parts[2].substr(0, 5)), "83a27473cb");
+  EXPECT_EQ(hex(parts[2].substr(13)),
+            "a66576656e7473"
+            "91"
+            "81a474797065b0416c6c426c6f636b73436c6561726564"
+            "b2646174615f706172616c6c656c5f72616e6b00");
   zmq_close(sub);
   zmq_ctx_term(ctx);
   EXPECT_GE(pub.batches_sent(), 1);

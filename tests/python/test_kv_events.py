@@ -1,7 +1,10 @@
 """`metrale serve --kv-events-endpoint` publishes the prefix cache's KV-cache events on vLLM's
 wire, read here as a vLLM subscriber reads them: a ZMQ SUB socket (pyzmq), 3-part messages
 [topic, 8-byte big-endian sequence, payload], the payload decoded by msgspec with vLLM's own
-struct definitions (vllm/distributed/kv_events.py, as in vLLM's kv_events_subscriber example).
+struct definitions — vllm/distributed/kv_events.py's current ones (maps, the default
+--kv-events-encoding) and the earlier array_like ones (as in vLLM's kv_events_subscriber
+example; --kv-events-encoding array), and the array batch of maps between them
+(--kv-events-encoding array-batch, what vllm-router 0.1.17 reads; test_router.py routes with it).
 
 A prompt of 40 token ids generating 9 tokens leaves 3 whole pages of 16 in the cache: BlockStored
 events whose token ids are those 48 tokens and whose hashes chain (each store's parent is the
@@ -24,14 +27,15 @@ from msgspec.msgpack import Decoder
 from metrale_server import Server
 
 
-# vLLM's definitions (vllm/distributed/kv_events.py).
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+# vLLM's definitions (vllm/distributed/kv_events.py): the current ones (plain Structs, encoded
+# as maps) ...
+class EventBatch(msgspec.Struct, omit_defaults=True, gc=False):
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
 
 
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     """Base class for all KV cache-related events"""
 
 
@@ -42,12 +46,15 @@ class BlockStored(KVCacheEvent):
     block_size: int
     lora_id: int | None
     medium: str | None
-    lora_name: str | None = None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
 
 
 class BlockRemoved(KVCacheEvent):
     block_hashes: list[int]
     medium: str | None
+    group_idx: int | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -56,6 +63,54 @@ class AllBlocksCleared(KVCacheEvent):
 
 class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+# ... and earlier releases' (array_like, as in vLLM's kv_events_subscriber example).
+class ArrayEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+
+
+class ArrayKVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False,
+                        tag=True):
+    pass
+
+
+class ArrayBlockStored(ArrayKVCacheEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class ArrayBlockRemoved(ArrayKVCacheEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class ArrayAllBlocksCleared(ArrayKVCacheEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class ArrayKVEventBatch(ArrayEventBatch):
+    events: list[ArrayBlockStored | ArrayBlockRemoved | ArrayAllBlocksCleared]
+
+
+# ... and the releases between (an array_like batch of events as maps; vllm-router 0.1.17 reads
+# these).
+class MixedEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+ENCODINGS = {
+    "map": (KVEventBatch, BlockStored, BlockRemoved, AllBlocksCleared),
+    "array-batch": (MixedEventBatch, BlockStored, BlockRemoved, AllBlocksCleared),
+    "array": (ArrayKVEventBatch, ArrayBlockStored, ArrayBlockRemoved, ArrayAllBlocksCleared),
+}
 
 
 TOPIC = b"kv@127.0.0.1@demo"
@@ -68,16 +123,26 @@ def free_port():
 
 
 class KvEventsTest(unittest.TestCase):
-    def test_a_vllm_subscriber_reads_the_prefix_caches_events(self):
+    def test_a_vllm_subscriber_reads_the_maps_current_vllm_writes(self):
+        self.check("map")
+
+    def test_an_earlier_vllm_subscriber_reads_the_arrays(self):
+        self.check("array")
+
+    def test_the_array_batch_of_maps_reads_too(self):
+        self.check("array-batch")
+
+    def check(self, encoding):
+        batch_type, BlockStored, BlockRemoved, AllBlocksCleared = ENCODINGS[encoding]
         port = free_port()
         server = Server("--kv-events-endpoint", f"tcp://127.0.0.1:{port}", "--kv-events-topic",
-                        TOPIC.decode())
+                        TOPIC.decode(), "--kv-events-encoding", encoding)
         ctx = zmq.Context()
         sub = ctx.socket(zmq.SUB)
         try:
             sub.connect(f"tcp://127.0.0.1:{port}")
             sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
-            decoder = Decoder(type=KVEventBatch)
+            decoder = Decoder(type=batch_type)
             seqs = []
 
             def complete(ids, max_tokens=9):

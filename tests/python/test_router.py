@@ -5,7 +5,9 @@ client: every reply through the router equals the same request sent to a replica
 then the replica serving a stream (the one cache-aware routing prefers for the shared system
 prompt) is sent SIGTERM: the stream finishes whole (the replica drains), and every new request
 succeeds through the router: the draining replica's 503 opens its circuit and the router retries
-on the other, before and after the replica is gone.
+on the other, before and after the replica is gone. A second test runs the router's kv_aware
+policy on the replicas' KV-cache events (--kv-events-endpoint): repeats of a prompt go to the
+replica that holds its pages.
 
 Skipped (exit 77) when there is no router venv (scripts/router-venv.sh makes it).
 Run: build/venv/bin/python tests/python/test_router.py (ctest runs it).
@@ -59,7 +61,7 @@ def running(server):
 
 
 class Router:
-    def __init__(self, workers):
+    def __init__(self, workers, policy="cache_aware", extra=()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile("w+")
@@ -67,7 +69,7 @@ class Router:
         args = [str(ROUTER_PY), str(ROOT / "tests" / "python" / "router_launch.py"),
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--prometheus-port", self.metrics_url.rsplit(":", 1)[1],
-                "--worker-urls", *[w.url for w in workers], "--policy", "cache_aware",
+                "--worker-urls", *[w.url for w in workers], "--policy", policy, *extra,
                 # One failed request opens a replica's circuit, so the retry goes to the
                 # other; health checks are rare, so that is what keeps the clients whole.
                 "--health-check-interval-secs", "60", "--health-failure-threshold", "1",
@@ -201,6 +203,78 @@ class RouterTest(unittest.TestCase):
                 router.stop()
             for r in replicas:
                 r.stop()
+
+
+    def test_kv_aware_routing_follows_the_replicas_kv_events(self):
+        """vllm-router's kv_aware policy subscribes to each replica's KV-cache events
+        (--kv-events-endpoint) and sends a prompt where its pages are cached: every repeat of a
+        prompt, once the router has indexed the first one's pages, lands on the replica that
+        served the first, as a prefix-cache hit there."""
+        ports = [free_port() for _ in range(2)]
+        replicas = [Server("--kv-events-endpoint", f"tcp://127.0.0.1:{p}",
+                           "--kv-events-encoding", "array-batch") for p in ports]
+        router = None
+        try:
+            router = Router(replicas, "kv_aware",
+                            [arg for r, p in zip(replicas, ports)
+                             for arg in ("--kv-event-source", f"{r.url}=tcp://127.0.0.1:{p}")] +
+                            ["--kv-event-model", "demo"])
+            direct = openai.OpenAI(base_url=replicas[0].url + "/v1", api_key="none",
+                                   max_retries=0, timeout=60)
+            routed = openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0,
+                                   timeout=60)
+
+            def complete(client, prompt):
+                return client.completions.create(model="demo", prompt=prompt, max_tokens=4,
+                                                 temperature=0).choices[0].text
+
+            def counts(name):
+                return [r.metrics()[name] for r in replicas]
+
+            def index_hits():
+                return total_of(get(router.metrics_url + "/metrics")[1],
+                                'vllm_router_kv_placement_lookups_total{result="hit"}')
+
+            for k in range(3):
+                prompt = [100 * k + i + 1 for i in range(40)]  # 2 whole pages and 8 tokens
+                want = complete(direct, prompt)
+                before = counts("metrale_requests_finished_total")
+                self.assertEqual(complete(routed, prompt), want)
+                after = counts("metrale_requests_finished_total")
+                home = [i for i in range(2) if after[i] > before[i]]
+                self.assertEqual(len(home), 1)
+                home = home[0]
+                # Until the router has indexed the pages (its subscriber runs on its own), a
+                # repeat may go anywhere: repeat until its index reports a hit (bounded).
+                hits = index_hits()
+                for _ in range(100):
+                    self.assertEqual(complete(routed, prompt), want)
+                    if index_hits() > hits:
+                        break
+                    time.sleep(0.05)
+                else:
+                    self.fail("the router never found the prompt's pages in its KV index")
+                # From then on every repeat goes home and adopts the cached pages there.
+                cached = counts("metrale_prefix_cache_hits_total")
+                for _ in range(3):
+                    self.assertEqual(complete(routed, prompt), want)
+                now = counts("metrale_prefix_cache_hits_total")
+                self.assertEqual(now[home] - cached[home], 3, f"prompt {k}: {cached} -> {now}")
+                self.assertEqual(now[1 - home], cached[1 - home], f"prompt {k}")
+        except Exception:
+            if router is not None:
+                sys.stderr.write("router log:\n" + router.text())
+            raise
+        finally:
+            if router is not None:
+                router.stop()
+            for r in replicas:
+                r.stop()
+
+
+def total_of(text, prefix):
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(prefix))
 
 
 if __name__ == "__main__":
