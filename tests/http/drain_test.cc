@@ -1,6 +1,6 @@
-// The graceful stop: HttpServer::drain() over the demo model, with one stream slot held by a
-// long request submitted straight to the scheduler, so the HTTP requests under test wait in
-// the queue for exactly as long as the test wants (no timing). While draining: /health is 503
+// The graceful stop: HttpServer::drain() over the demo model, with one stream slot held by
+// long requests submitted straight to the scheduler, so the HTTP requests under test wait in
+// the queue for as long as the test wants (no timing). While draining: /health is 503
 // {"status": "draining"}, new generation requests are 503 with Retry-After, and the requests
 // in flight finish with their whole answer; past the timeout they end cleanly (a stream with
 // an error event and [DONE], a waiting request with a 503). Lifecycle itself is tested alone.
@@ -98,7 +98,7 @@ class DrainServer : public ::testing::Test {
     ASSERT_TRUE(eventually([&] { return static_cast<bool>(client().Get("/health")); }));
   }
   void TearDown() override {
-    if (hog_) hog_->cancel();
+    release();
     server_->stop();
     thread_.join();
   }
@@ -108,15 +108,29 @@ class DrainServer : public ::testing::Test {
     c.set_read_timeout(60, 0);
     return c;
   }
-  // A 1000-token request straight to the scheduler, once it runs: it holds the one slot.
+  // 20 requests of 900 tokens straight to the scheduler (seconds of work even on a fast
+  // machine; each fits the KV cache beside what the prefix cache holds, so none is preempted),
+  // once the first runs: they hold the one slot until release().
   void hold() {
-    ServeRequest r;
-    r.prompt = {1, 2, 3};
-    r.max_tokens = 1000;
-    r.ignore_eos = true;
-    r.timeout = 120s;
-    hog_ = scheduler_->submit(r);
+    for (int i = 0; i < 20; ++i) {
+      ServeRequest r;
+      r.prompt = {1, 2, 3};
+      r.max_tokens = 900;
+      r.ignore_eos = true;
+      r.timeout = 120s;
+      hogs_.push_back(scheduler_->submit(r));
+    }
     ASSERT_TRUE(eventually([&] { return scheduler_->stats().running == 1; }));
+  }
+  void release() {
+    for (const auto& h : hogs_) h->cancel();
+  }
+  // Until `n` HTTP requests were admitted and wait in the scheduler behind the hogs.
+  bool queued(int64_t n) const {
+    return eventually([&] {
+      return server_->requests_in_flight() == n &&
+             scheduler_->stats().waiting == static_cast<int64_t>(hogs_.size()) - 1 + n;
+    });
   }
   // A streamed completion on its own thread; its SSE body when it ends.
   std::future<std::string> stream(const std::string& body) const {
@@ -132,21 +146,18 @@ class DrainServer : public ::testing::Test {
         return true;
       };
       auto r = client().send(req);
-      EXPECT_TRUE(r) << "the stream's connection failed";
+      EXPECT_TRUE(r) << "the stream's connection failed: " << httplib::to_string(r.error());
       if (r) {
         EXPECT_EQ(r->status, 200) << out;
       }
       return out;
     });
   }
-  bool waiting(int64_t n) const {
-    return eventually([&] { return scheduler_->stats().waiting == n; });
-  }
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<HttpServer> server_;
-  std::shared_ptr<ServeStream> hog_;
+  std::vector<std::shared_ptr<ServeStream>> hogs_;
   std::thread thread_;
   int port_ = 0;
 };
@@ -179,8 +190,7 @@ TEST_F(DrainServer, InFlightStreamsFinishWhileNewRequestsAreRefused) {
 
   hold();
   std::future<std::string> in_flight = stream(kStream);
-  ASSERT_TRUE(waiting(1)) << "the stream never queued";
-  EXPECT_EQ(server_->requests_in_flight(), 1);
+  ASSERT_TRUE(queued(1)) << "the stream never queued";
   auto drained = std::async(std::launch::async, [&] { return server_->drain(120s); });
   ASSERT_TRUE(eventually([&] { return server_->draining(); }));
 
@@ -201,7 +211,7 @@ TEST_F(DrainServer, InFlightStreamsFinishWhileNewRequestsAreRefused) {
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("metrale_server_draining 1\n"), std::string::npos);
 
-  hog_->cancel();  // the slot frees: the queued stream runs to its end
+  release();  // the slot frees: the queued stream runs to its end
   const std::string sse = in_flight.get();
   EXPECT_EQ(sse.rfind("data: [DONE]\n\n"), sse.size() - 14) << sse;
   EXPECT_EQ(sse.find("\"error\""), std::string::npos) << sse;
@@ -219,7 +229,7 @@ TEST_F(DrainServer, PastTheTimeoutRequestsEndCleanly) {
     return client().Post("/v1/completions", R"({"prompt": "And", "max_tokens": 4})",
                          "application/json");
   });
-  ASSERT_TRUE(waiting(2));
+  ASSERT_TRUE(queued(2));
   EXPECT_EQ(server_->drain(0ms), 2) << "both requests were still waiting";
 
   // The stream: an error event the OpenAI SDKs raise, then [DONE], on a well-formed response.

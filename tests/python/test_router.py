@@ -127,7 +127,7 @@ class RouterTest(unittest.TestCase):
             long_chat = [{"role": "system", "content": SYSTEM},
                          {"role": "user", "content": "Tell of the flood."}]
             long_want = direct.chat.completions.create(
-                model="demo", messages=long_chat, max_tokens=300, temperature=0,
+                model="demo", messages=long_chat, max_tokens=800, temperature=0,
                 extra_body={"ignore_eos": True}).choices[0].message.content
 
             # Through the router: chat (whole and streamed) and completions, twice each.
@@ -155,7 +155,7 @@ class RouterTest(unittest.TestCase):
             # A long chat stream through the router: cache-aware routing sends it to the
             # replica that holds the shared system prompt, which is then sent SIGTERM.
             stream = iter(routed.chat.completions.create(
-                model="demo", messages=long_chat, max_tokens=300, temperature=0, n=3,
+                model="demo", messages=long_chat, max_tokens=800, temperature=0, n=3,
                 stream=True, extra_body={"ignore_eos": True}))
             texts = [""] * 3
             while not any(texts):
