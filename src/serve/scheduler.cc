@@ -551,8 +551,9 @@ void Scheduler::loop() {
       const int64_t held = cache_->stats().pages_held;
       cache_->clear();
       emit_events();
-      for (const auto& f : flushes) f->set_value(held - cache_->stats().pages_held);
       std::lock_guard lock(mu_);
+      publish();  // stats() agrees with the flush once it returns
+      for (const auto& f : flushes) f->set_value(held - cache_->stats().pages_held);
       if (queue_.empty() && running.empty() && expired.empty()) continue;  // woken for it alone
     }
     try {
