@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <sstream>
 
 #include "io/config/model_config.h"
@@ -104,6 +105,22 @@ std::string metrics_text(const SchedulerStats& s, const HttpCounters& http,
            s.cache.evicted_pages);
   e.metric("metrale_prefix_cache_evicted_snapshots_total", "counter", "Cached snapshots evicted.",
            s.cache.evicted_snapshots);
+  e.metric("metrale_spec_verify_steps_total", "counter",
+           "Speculative verify steps (a stream's step with at least one draft).",
+           s.speculation.verify_steps);
+  e.metric("metrale_spec_draft_tokens_total", "counter", "Draft tokens the model verified.",
+           s.speculation.drafted);
+  e.metric("metrale_spec_accepted_tokens_total", "counter", "Draft tokens the model accepted.",
+           s.speculation.accepted);
+  e.header("metrale_request_draft_acceptance", "histogram",
+           "Per finished speculative request: accepted / drafted tokens.");
+  for (size_t b = 0; b < std::size(SchedulerStats::kAcceptanceBuckets); ++b) {
+    e.out() << "metrale_request_draft_acceptance_bucket{le=\""
+            << SchedulerStats::kAcceptanceBuckets[b] << "\"} " << s.acceptance_le[b] << '\n';
+  }
+  e.out() << "metrale_request_draft_acceptance_bucket{le=\"+Inf\"} " << s.acceptance_count << '\n'
+          << "metrale_request_draft_acceptance_sum " << s.acceptance_sum << '\n'
+          << "metrale_request_draft_acceptance_count " << s.acceptance_count << '\n';
   e.metric("metrale_http_client_disconnects_total", "counter",
            "Requests whose client went away before the end.", http.client_disconnects);
   e.metric("metrale_http_requests_in_flight", "gauge",
