@@ -12,6 +12,7 @@ pkg_check_modules(WEBP REQUIRED IMPORTED_TARGET libwebp libwebpdemux)
 find_package(GIF REQUIRED)
 # metrale serve: Debian's cpp-httplib (docs/dependencies.md says why this one).
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
 # Tokenizer tests, bench and fuzz read gzip-compressed fixtures (libpng needs zlib anyway).
 find_package(ZLIB REQUIRED)
 if(METRALE_BUILD_TESTS)

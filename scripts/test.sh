@@ -14,6 +14,9 @@ if ! cmp -s tests/python/requirements.txt "$venv/requirements.txt" 2>/dev/null; 
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/python/requirements.txt
   cp tests/python/requirements.txt "$venv/requirements.txt"
 fi
+# The router the cluster test runs (tests/python/router-requirements.txt: vllm-router, pinned by
+# version and sha256); where it cannot be installed, that test skips.
+bash scripts/router-venv.sh >/dev/null || echo "metrale: no router venv; python.test_router will be skipped"
 jobs="${METRALE_JOBS:-$(nproc)}"
 cmake --preset ci
 cmake --build --preset ci -j "$jobs"

@@ -1,9 +1,13 @@
 // `metrale serve --model DIR`: the OpenAI-compatible HTTP server (http/http_server.h) over the
-// continuous-batching scheduler. Prints the URL once it listens; SIGINT / SIGTERM stop it
-// cleanly (waiting requests get 503, streams end, the engine thread joins).
+// continuous-batching scheduler. Prints the URL once it listens. SIGTERM / SIGINT drain it
+// (http/http_server.h): /health turns 503 "draining", new requests get 503 with Retry-After, the
+// requests in flight finish, for at most --drain-timeout seconds, after which what still runs is
+// ended cleanly; then the engine thread joins and the process exits 0. A second signal stops at
+// once.
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +21,7 @@
 #include "engine/state_pool.h"
 #include "http/http_server.h"
 #include "io/config/model_config.h"
+#include "kvevents/kv_event_publisher.h"
 #include "serve/prefix_cache.h"
 
 namespace metrale::cli {
@@ -33,10 +38,14 @@ struct ServeFlags {
   std::string reasoning_parser = "auto";
   bool no_prefix_cache = false;
   double request_timeout_s = 600;
+  // Below Kubernetes' default terminationGracePeriodSeconds (30), with room for the end.
+  double drain_timeout_s = 25;
   int64_t prefill_chunk = 0;
   int64_t max_queue = 256;
   int64_t state_snapshots = -1;     // -1: 2 per stream slot with the prefix cache, else 0
   int64_t marconi_min_tokens = -1;  // -1: DEFAULT_MARCONI_MIN_TOKENS
+  kvevents::KvEventPublisherOptions kv_events;  // endpoint "": none
+  std::string kv_events_encoding = "map";
 };
 
 // --kv-budget BYTES -> KV capacity in tokens: the budget over what one token keeps in every
@@ -147,6 +156,25 @@ void run_serve(ServeFlags f) {
   so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.request_timeout_s * 1000));
   so.cache.enabled = !f.no_prefix_cache;
   so.speculation = f.spec.options(*model);
+  // KV-cache events for KV-aware routers (kvevents/kv_event_publisher.h): bound before the
+  // engine starts, closed after it stops.
+  std::unique_ptr<kvevents::KvEventPublisher> kv_events;
+  if (!f.kv_events.endpoint.empty()) {
+    METRALE_CHECK(!f.no_prefix_cache,
+                  "--kv-events-endpoint needs the prefix cache (it publishes "
+                  "what the cache stores); drop --no-prefix-cache");
+    try {
+      f.kv_events.encoding = kvevents::kv_event_encoding_from_name(f.kv_events_encoding);
+    } catch (const Error& e) {
+      throw make_error("--kv-events-encoding: ", e.message());
+    }
+    kv_events = std::make_unique<kvevents::KvEventPublisher>(f.kv_events);
+    so.kv_events = [&kv_events](std::vector<KvCacheEvent> events) {
+      kv_events->publish(std::move(events));
+    };
+    std::fprintf(stderr, "metrale serve: KV-cache events on %s (topic \"%s\")\n",
+                 kv_events->endpoint().c_str(), f.kv_events.topic.c_str());
+  }
   Scheduler scheduler(*model, so);
 
   http::HttpServer server(scheduler, std::move(tmpl), f.http);
@@ -163,15 +191,34 @@ void run_serve(ServeFlags f) {
       f.spec.kind.c_str());
   std::fflush(stdout);
 
+  // The first signal drains (on a thread of its own, so a second signal can still cut it
+  // short); listen() returns once the drain ends in stop().
+  std::atomic<bool> listen_returned{false};
+  const auto drain_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(f.drain_timeout_s * 1000));
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
-    std::fprintf(stderr, "metrale serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    if (listen_returned) return;
+    std::fprintf(stderr,
+                 "metrale serve: %s, draining (%lld requests in flight; at most %g s; a second "
+                 "signal stops at once)\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM",
+                 static_cast<long long>(server.requests_in_flight()), f.drain_timeout_s);
+    std::thread drainer([&] {
+      const int64_t ended = server.drain(drain_timeout);
+      std::fprintf(stderr, "metrale serve: drained (%lld requests ended at the timeout)\n",
+                   static_cast<long long>(ended));
+    });
+    sigwait(&stop_signals, &sig);
+    if (!listen_returned) std::fprintf(stderr, "metrale serve: second signal, stopping\n");
     server.stop();
+    drainer.join();
   });
   server.listen();
-  // listen() returns only after stop(), or when accepting failed: wake the signal thread
-  // either way (a pending signal is consumed by its sigwait).
+  // listen() returns only after stop() (the drain's end), or when accepting failed: wake the
+  // signal thread either way (a pending signal is consumed by its sigwait).
+  listen_returned = true;
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
 }
@@ -212,6 +259,22 @@ void setup(CLI::App& app) {
   cmd->add_option("--request-timeout", f->request_timeout_s,
                   "seconds a request may take, queueing included")
       ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--drain-timeout", f->drain_timeout_s,
+                  "on SIGTERM / SIGINT: seconds the requests in flight may take to finish "
+                  "(meanwhile /health is 503 and new requests get 503 with Retry-After); what "
+                  "still runs then is ended (default 25; 0: end them at once)")
+      ->check(CLI::Range(0.0, 3600.0));
+  f->kv_events.endpoint.clear();
+  cmd->add_option("--kv-events-endpoint", f->kv_events.endpoint,
+                  "publish the prefix cache's KV-cache events (vLLM's wire: ZMQ PUB, msgpack "
+                  "BlockStored / BlockRemoved / AllBlocksCleared) on this ZMQ endpoint, e.g. "
+                  "tcp://*:5557 (default: none)");
+  cmd->add_option("--kv-events-topic", f->kv_events.topic,
+                  "the topic of every KV-event message (default \"\", as vLLM's)");
+  cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
+                  "map (vLLM's current layout, the default), array (earlier vLLM releases' "
+                  "array_like layout) or array-batch (an array batch of map events: what "
+                  "vllm-router 0.1.17's kv_aware policy reads)");
   cmd->add_option("--prefill-chunk", f->prefill_chunk,
                   "prompt tokens prefilled per engine step (0: --max-rows)")
       ->check(CLI::Range(int64_t{0}, int64_t{65536}));

@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -17,7 +18,9 @@
 
 #include <httplib.h>
 
+#include "http/lifecycle.h"
 #include "http/openai_api.h"
+#include "http/worker_api.h"
 #include "io/tokenizer/tokenizer.h"
 
 namespace metrale::http {
@@ -165,6 +168,7 @@ struct HttpServer::Impl {
   int port = -1;
   std::atomic<bool> stopping{false};
   std::atomic<bool> listening{false};  // inside listen()
+  Lifecycle lifecycle;                 // drain(): admissions and the requests in flight
 
   // Counters the scheduler does not keep.
   mutable std::mutex metrics_mu;
@@ -183,6 +187,16 @@ struct HttpServer::Impl {
     setup();
   }
 
+  // A generation request refused because the server drains: 503 with Retry-After, and the
+  // connection closed (a router's next attempt goes to another replica; a keep-alive client
+  // reconnects, through the router, elsewhere).
+  ApiError refuse_draining(httplib::Response& res) const {
+    res.set_header("Retry-After", std::to_string(lifecycle.retry_after_seconds()));
+    res.set_header("Connection", "close");
+    return ApiError(503, "the server is draining (shutting down); retry on another replica", "", "",
+                    "server_draining");
+  }
+
   void count_finish(const char* endpoint, FinishReason r) {
     std::lock_guard lock(metrics_mu);
     ++finishes[{endpoint, std::string(finish_reason_name(r))}];
@@ -199,8 +213,10 @@ struct HttpServer::Impl {
   // reply: how a chat's text is split (reasoning, tool calls, content).
   // streams: one per choice (n), in order.
   using Streams = std::vector<std::shared_ptr<ServeStream>>;
+  // `admitted`: the request's Lifecycle token, held until the stream's last byte.
   void respond_streaming(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
-                         Streams streams, ResponseMeta meta, httplib::Response& res);
+                         Streams streams, ResponseMeta meta, std::shared_ptr<void> admitted,
+                         httplib::Response& res);
   void respond_whole(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
                      const Streams& streams, const ResponseMeta& meta, const httplib::Request& req,
                      httplib::Response& res);
@@ -217,6 +233,7 @@ void guarded(httplib::Response& res, F&& body) {
     send_error(res, e);
   } catch (const SchedulerBusy& e) {
     // A full queue is the client's cue to retry later (429); a stopping server is 503.
+    res.set_header("Retry-After", "1");
     send_error(res, ApiError(e.stopping() ? 503 : 429, e.message(), "", "",
                              e.stopping() ? "server_stopping" : "queue_full"));
   } catch (const Error& e) {
@@ -292,6 +309,9 @@ std::shared_ptr<ServeStream> HttpServer::Impl::submit(ServeRequest request) cons
 void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
                                 const httplib::ContentReader& reader) {
   const std::string body = read_body(req, res, reader);
+  // Held until the response is written (a stream's state keeps it): drain() waits for it.
+  std::shared_ptr<void> admitted = lifecycle.admit();
+  if (!admitted) throw refuse_draining(res);
   const OpenAiRequest r =
       kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
   const bool adapter = std::find(options.adapters.begin(), options.adapters.end(), r.model) !=
@@ -327,9 +347,10 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   }
   ResponseMeta meta{
       (kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(streams.front()->id()),
-      unix_now(), model_name};
+      unix_now(), adapter ? r.model : model_name};  // vLLM echoes the adapter's name
   if (r.stream) {
-    respond_streaming(kind, r, reply, std::move(streams), std::move(meta), res);
+    respond_streaming(kind, r, reply, std::move(streams), std::move(meta), std::move(admitted),
+                      res);
   } else {
     respond_whole(kind, r, reply, streams, meta, req, res);
   }
@@ -355,6 +376,13 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const
     if (stopping) {
       cancel_all();
       throw ApiError(503, "the server is stopping", "", "", "server_stopping");
+    }
+    if (lifecycle.ending()) {  // the drain's time is up
+      cancel_all();
+      res.set_header("Retry-After", "1");
+      res.set_header("Connection", "close");
+      throw ApiError(503, "the server shut down before the request finished; retry it", "", "",
+                     "server_shutting_down");
     }
     for (size_t i = 0; i < streams.size(); ++i) {
       if (choices[i].done) continue;
@@ -407,7 +435,8 @@ void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const
 
 void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
                                          const ReplyFormat& reply, Streams streams,
-                                         ResponseMeta meta, httplib::Response& res) {
+                                         ResponseMeta meta, std::shared_ptr<void> admitted,
+                                         httplib::Response& res) {
   // The provider runs on this connection's thread after the handler returns, once per chunk,
   // until sink.done(). Whatever ends it early (a failed write, a dead socket, the server
   // stopping) leaves `finished` false, and the releaser cancels the streams.
@@ -418,6 +447,7 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
     std::vector<ServeEvent> events;
     bool finished = false;
     std::chrono::steady_clock::time_point next_check;
+    std::shared_ptr<void> admitted;  // the Lifecycle token: released with the state
     void cancel_all() const {
       for (const auto& st : streams) st->cancel();
     }
@@ -429,7 +459,8 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
             std::vector<bool>(static_cast<size_t>(n), false),
             {},
             false,
-            std::chrono::steady_clock::now() + options.poll_interval});
+            std::chrono::steady_clock::now() + options.poll_interval,
+            std::move(admitted)});
   const char* endpoint = kind == ApiKind::kChat ? "chat" : "completions";
   // With several choices each is polled in turn for a share of the interval.
   const auto wait = wait_per_stream(options.poll_interval, static_cast<size_t>(n));
@@ -439,6 +470,17 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
   res.set_chunked_content_provider(
       "text/event-stream",
       [this, state, endpoint, wait](size_t /*offset*/, httplib::DataSink& sink) {
+        if (lifecycle.ending()) {
+          // The drain's time is up: the stream ends cleanly (an error event the OpenAI SDKs
+          // raise, then [DONE]) rather than with a cut connection.
+          state->cancel_all();
+          const std::string last = state->encoder.fail(
+              503, "the server shut down before the stream finished", "server_shutting_down");
+          state->finished = true;
+          if (!last.empty() && !sink.write(last.data(), last.size())) return false;
+          sink.done();
+          return true;
+        }
         std::string out;
         bool got = false;
         for (size_t i = 0; i < state->streams.size(); ++i) {
@@ -487,80 +529,17 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
 }
 
 std::string HttpServer::Impl::metrics() const {
-  const SchedulerStats s = scheduler.stats();
-  std::ostringstream o;
-  auto metric = [&](const char* name, const char* type, const char* help, auto value) {
-    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
-      << name << ' ' << value << '\n';
-  };
-  metric("metrale_requests_running", "gauge", "Requests decoding in the batch.", s.running);
-  metric("metrale_requests_waiting", "gauge", "Requests queued for admission.", s.waiting);
-  metric("metrale_requests_finished_total", "counter", "Requests that finished (stop or length).",
-         s.requests_finished);
-  metric("metrale_requests_cancelled_total", "counter", "Requests cancelled (client gone).",
-         s.requests_cancelled);
-  metric("metrale_requests_timed_out_total", "counter", "Requests past their deadline.",
-         s.requests_timed_out);
-  metric("metrale_requests_failed_total", "counter", "Requests the engine failed.",
-         s.requests_failed);
-  metric("metrale_requests_rejected_total", "counter", "Requests refused (queue full).",
-         s.requests_rejected);
-  metric("metrale_preemptions_total", "counter", "Streams preempted for KV pages (recomputed).",
-         s.preemptions);
-  metric("metrale_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
-         s.prompt_tokens);
-  metric("metrale_prefill_tokens_total", "counter", "Prompt tokens computed (not from the cache).",
-         s.prefill_tokens);
-  metric("metrale_generated_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
-  metric("metrale_steps_total", "counter", "Engine steps run.", s.steps);
-  metric("metrale_kv_pages_total", "gauge", "KV cache pages.", s.kv_pages_total);
-  metric("metrale_kv_pages_free", "gauge", "KV cache pages free.", s.kv_pages_free);
-  metric("metrale_prefix_cache_lookups_total", "counter", "Prefix-cache lookups.", s.cache.lookups);
-  metric("metrale_prefix_cache_hits_total", "counter", "Lookups that adopted a cached prefix.",
-         s.cache.hits);
-  metric("metrale_prefix_cache_tokens_saved_total", "counter",
-         "Prompt tokens adopted from the cache instead of computed.", s.cache.tokens_saved);
-  metric("metrale_prefix_cache_pages_held", "gauge", "KV pages the prefix cache holds.",
-         s.cache.pages_held);
-  metric("metrale_prefix_cache_snapshots_held", "gauge",
-         "Recurrent-state snapshots the prefix cache holds.", s.cache.snapshots_held);
-  metric("metrale_prefix_cache_bytes_held", "gauge", "Bytes the prefix cache holds.",
-         s.cache.bytes_held);
-  metric("metrale_prefix_cache_evicted_pages_total", "counter", "Cached pages evicted.",
-         s.cache.evicted_pages);
-  metric("metrale_prefix_cache_evicted_snapshots_total", "counter", "Cached snapshots evicted.",
-         s.cache.evicted_snapshots);
-  metric("metrale_spec_verify_steps_total", "counter",
-         "Speculative verify steps (a stream's step with at least one draft).",
-         s.speculation.verify_steps);
-  metric("metrale_spec_draft_tokens_total", "counter", "Draft tokens the model verified.",
-         s.speculation.drafted);
-  metric("metrale_spec_accepted_tokens_total", "counter", "Draft tokens the model accepted.",
-         s.speculation.accepted);
-  o << "# HELP metrale_request_draft_acceptance Per finished speculative request: accepted / "
-       "drafted tokens.\n# TYPE metrale_request_draft_acceptance histogram\n";
-  for (size_t b = 0; b < std::size(SchedulerStats::kAcceptanceBuckets); ++b) {
-    o << "metrale_request_draft_acceptance_bucket{le=\"" << SchedulerStats::kAcceptanceBuckets[b]
-      << "\"} " << s.acceptance_le[b] << '\n';
+  HttpCounters http{.client_disconnects = client_disconnects.load(),
+                    .in_flight = lifecycle.in_flight(),
+                    .draining = lifecycle.draining()};
+  {
+    std::lock_guard lock(metrics_mu);
+    http.responses_by_status = responses_by_status;
+    http.finishes = finishes;
   }
-  o << "metrale_request_draft_acceptance_bucket{le=\"+Inf\"} " << s.acceptance_count << '\n'
-    << "metrale_request_draft_acceptance_sum " << s.acceptance_sum << '\n'
-    << "metrale_request_draft_acceptance_count " << s.acceptance_count << '\n';
-  metric("metrale_http_client_disconnects_total", "counter",
-         "Requests whose client went away before the end.", client_disconnects.load());
-  std::lock_guard lock(metrics_mu);
-  o << "# HELP metrale_http_requests_finished_total Generation requests answered, by endpoint "
-       "and finish reason.\n# TYPE metrale_http_requests_finished_total counter\n";
-  for (const auto& [key, n] : finishes) {
-    o << "metrale_http_requests_finished_total{endpoint=\"" << key.first << "\",finish_reason=\""
-      << key.second << "\"} " << n << '\n';
-  }
-  o << "# HELP metrale_http_responses_total HTTP responses by status code.\n"
-       "# TYPE metrale_http_responses_total counter\n";
-  for (const auto& [code, n] : responses_by_status) {
-    o << "metrale_http_responses_total{code=\"" << code << "\"} " << n << '\n';
-  }
-  return o.str();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return metrics_text(scheduler.stats(), http, model_name, now);
 }
 
 void HttpServer::Impl::setup() {
@@ -582,14 +561,21 @@ void HttpServer::Impl::setup() {
     // A request with a body for any path but the POST endpoints is answered before httplib
     // reads that body into memory (it would read a chunked one without limit). The body is
     // left unread, so the connection cannot be reused.
-    static const std::array<std::string_view, 4> kPostPaths = {
-        "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"};
+    static const std::array<std::string_view, 5> kPostPaths = {
+        "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/flush_cache"};
     const bool post_endpoint =
         req.method == "POST" &&
         std::find(kPostPaths.begin(), kPostPaths.end(), req.path) != kPostPaths.end();
     if (req.method != "GET" && req.method != "HEAD" && !post_endpoint) {
       res.set_header("Connection", "close");
       send_json(res, 404, error_body(404, "no such endpoint: " + req.method + " " + req.path));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // Draining: a generation request is refused before its body is read (generate() checks
+    // again, for one that was past here when the drain began).
+    if (post_endpoint && (req.path == kPostPaths[0] || req.path == kPostPaths[1]) &&
+        lifecycle.draining()) {
+      send_error(res, refuse_draining(res));
       return httplib::Server::HandlerResponse::Handled;
     }
     if (options.api_key.empty() || req.path == "/health") {
@@ -630,6 +616,12 @@ void HttpServer::Impl::setup() {
         }
         send_json(res, 500, error_body(500, "internal error: " + what));
       });
+  // While draining every response closes its connection, so keep-alive clients (a router's
+  // pool) reconnect elsewhere instead of reusing this one.
+  server.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+    if (lifecycle.draining() && !res.has_header("Connection"))
+      res.set_header("Connection", "close");
+  });
   server.set_logger([this](const httplib::Request&, const httplib::Response& res) {
     std::lock_guard lock(metrics_mu);
     ++responses_by_status[res.status];
@@ -638,6 +630,13 @@ void HttpServer::Impl::setup() {
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (stopping) {
       send_json(res, 503, error_body(503, "the server is stopping"));
+    } else if (lifecycle.draining()) {
+      // A router's health check fails, so it stops sending here.
+      res.set_header("Retry-After", std::to_string(lifecycle.retry_after_seconds()));
+      send_json(res, 503,
+                dump_json({{"status", "draining"},
+                           {"requests_in_flight", lifecycle.in_flight()},
+                           {"retry_after", lifecycle.retry_after_seconds()}}));
     } else {
       send_json(res, 200, R"({"status":"ok"})");
     }
@@ -645,12 +644,39 @@ void HttpServer::Impl::setup() {
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
+  // For routers (http/worker_api.h; docs/deployment.md names who reads what).
+  server.Get("/get_load", [this](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, dump_json(load_json(scheduler.stats())));
+  });
+  for (const char* path : {"/server_info", "/get_server_info"}) {
+    server.Get(path, [this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200, dump_json(server_info_json(scheduler, model_name, options.adapters)));
+    });
+  }
+  for (const char* path : {"/model_info", "/get_model_info"}) {
+    server.Get(path, [this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200, dump_json(model_info_json(model)));
+    });
+  }
+  // sglang's: drops the cached prefixes no request uses (both routers fan it out).
+  // A reader route: a POST without a body (what the routers send) is fine; a body is ignored.
+  server.Post("/flush_cache", [this](const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
+    guarded(res, [&] {
+      read_body(req, res, reader);
+      const int64_t freed = scheduler.flush_prefix_cache(std::chrono::seconds(30));
+      if (freed < 0) throw ApiError(503, "the engine did not get to the flush in time");
+      send_json(res, 200, dump_json({{"flushed", true}, {"pages_freed", freed}}));
+    });
+  });
   server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     nlohmann::json data = nlohmann::json::array();
+    // root: the checkpoint, as vLLM lists it (sglang-router reads it as the model's path).
     data.push_back({{"id", model_name},
                     {"object", "model"},
                     {"created", created},
                     {"owned_by", "metrale"},
+                    {"root", std::filesystem::absolute(model.dir()).lexically_normal().string()},
                     {"max_model_len", model.context_limit()}});
     for (const std::string& a : options.adapters) {
       data.push_back({{"id", a},
@@ -711,8 +737,18 @@ void HttpServer::listen() {
   impl_->listening = false;
 }
 
+int64_t HttpServer::drain(std::chrono::milliseconds timeout) {
+  const int64_t ended = impl_->lifecycle.drain(timeout, kDrainEndGrace);
+  stop();
+  return ended;
+}
+
+bool HttpServer::draining() const { return impl_->lifecycle.draining(); }
+int64_t HttpServer::requests_in_flight() const { return impl_->lifecycle.in_flight(); }
+
 void HttpServer::stop() {
   impl_->stopping = true;
+  impl_->lifecycle.stop();
   // httplib's stop() does nothing before its listen loop has started (a signal during the
   // model load, handled before listen() begins): repeat it until listen() has returned.
   while (impl_->listening) {

@@ -6,13 +6,20 @@
 //   POST /v1/completions        text or token-id prompt
 //   GET  /v1/models             the one model served
 //   POST /tokenize, /detokenize llama-server's shapes
-//   GET  /health                {"status": "ok"}; never needs the API key
+//   GET  /health                {"status": "ok"}; 503 {"status": "draining"} while draining;
+//                               never needs the API key
 //   GET  /metrics               Prometheus text: scheduler, KV pages, prefix cache, HTTP codes
 //
 // Threads: cpp-httplib serves each connection on a thread of its pool; a generation request
 // holds its thread while it waits on its ServeStream (the engine runs on the scheduler's one
 // thread), so the pool is sized for the concurrent streams wanted (default 128 >= 64 streaming
 // clients + idle keep-alive connections).
+//
+// Lifecycle: drain() is the graceful stop (SIGTERM in `metrale serve`): /health turns 503 so a
+// router stops sending, new generation requests get 503 with Retry-After (a router retries them
+// on another replica), requests already admitted run to their end; past the drain timeout what
+// still runs is ended cleanly (a stream with an error event and [DONE], a waiting request with a
+// 503), then the server stops. stop() is the hard stop.
 //
 // Bad input never takes the server down: bodies over max_body_bytes are 413 (Content-Length
 // or chunked), malformed JSON and wrong types are 400 in OpenAI's error shape, a client that
@@ -31,6 +38,10 @@
 #include "serve/scheduler.h"
 
 namespace metrale::http {
+
+// How long drain() waits, after its timeout, for the requests it ended to write their last
+// event (each notices within poll_interval; this bounds a client that stopped reading).
+inline constexpr std::chrono::milliseconds kDrainEndGrace{2000};
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
@@ -71,6 +82,14 @@ class HttpServer {
   // From any thread (not a signal handler): stops accepting, ends waiting requests (503) and
   // streams (their ServeStreams are cancelled), and makes listen() return.
   void stop();
+  // The graceful stop, from any thread (not a signal handler): drains (above) for up to
+  // `timeout`, ends what still runs then (waiting at most kDrainEndGrace for those requests to
+  // write their last bytes), and stop()s. Returns the number of requests that had to be ended
+  // (0: all finished by themselves). A stop() meanwhile cuts it short.
+  int64_t drain(std::chrono::milliseconds timeout);
+  bool draining() const;
+  // Generation requests admitted and not yet answered.
+  int64_t requests_in_flight() const;
   int port() const;
   const std::string& model_name() const;
 

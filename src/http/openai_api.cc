@@ -856,6 +856,13 @@ std::string SseEncoder::encode(const ServeEvent& e, int index) {
   return out;
 }
 
+std::string SseEncoder::fail(int status, std::string_view message, std::string_view code) {
+  if (finished_) return "";
+  finished_ = true;
+  return sse_frame(ApiError(status, std::string(message), "", "", std::string(code)).to_json()) +
+         "data: [DONE]\n\n";
+}
+
 std::string tokenize_response(std::string_view body, const Tokenizer& tok) {
   const json doc = parse_body(body);
   const JsonFields f = field("", [&] { return JsonFields(doc, std::string(kSource)); });

@@ -244,6 +244,9 @@ class SseEncoder {
              const Tokenizer& tok, const ReplyFormat& reply = {}, int n_choices = 1);
   // The frames for one event of choice `choice` ("" when it carries nothing to send).
   std::string encode(const ServeEvent& e, int choice = 0);
+  // Ends the stream early with an error frame ({"error": {...}} with `status`'s type and
+  // `code`) and [DONE]; "" when it has finished already.
+  std::string fail(int status, std::string_view message, std::string_view code);
   bool finished() const { return finished_; }
 
  private:

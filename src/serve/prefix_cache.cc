@@ -42,8 +42,9 @@ struct FlopModel {
 struct PrefixCache::Impl {
   struct Node {
     Node* parent = nullptr;
-    std::vector<int32_t> tokens;  // the edge: a whole number of pages
-    std::vector<int32_t> pages;   // tokens.size() / page_size
+    std::vector<int32_t> tokens;   // the edge: a whole number of pages
+    std::vector<int32_t> pages;    // tokens.size() / page_size
+    std::vector<uint64_t> hashes;  // with events: kv_block_hash of each page, else empty
     std::map<std::vector<int32_t>, std::unique_ptr<Node>> children;
     int64_t depth = 0;      // tokens from the root to the end of this edge
     uint64_t last_use = 0;  // `clock` when an attach or insert last went through it
@@ -62,6 +63,14 @@ struct PrefixCache::Impl {
   std::vector<int64_t> free_snapshots;  // a stack, lowest index on top
   uint64_t clock = 0;
   PrefixCacheStats stats;
+  std::vector<KvCacheEvent> events;  // with options.events, until take_events()
+
+  // The name of the adapter that computed a root's pages ("" for the base model).
+  std::string adapter_name(const Sequence& seq) const {
+    if (seq.lora.base()) return "";
+    const LoraPool* pool = model.lora_pool();
+    return pool != nullptr ? pool->slots()[static_cast<size_t>(seq.lora.slot)].name : "";
+  }
 
   Impl(Model& m, const PrefixCacheOptions& o)
       : model(m), kv(m.kv_pool()), options(o), page(m.kv_pool().page_size()) {
@@ -137,6 +146,10 @@ struct PrefixCache::Impl {
     upper->parent = parent;
     upper->tokens.assign(x->tokens.begin(), x->tokens.begin() + k * page);
     upper->pages.assign(x->pages.begin(), x->pages.begin() + k);
+    if (!x->hashes.empty()) {
+      upper->hashes.assign(x->hashes.begin(), x->hashes.begin() + k);
+      x->hashes.erase(x->hashes.begin(), x->hashes.begin() + k);
+    }
     upper->depth = x->depth - static_cast<int64_t>(x->pages.size() - static_cast<size_t>(k)) * page;
     upper->last_use = x->last_use;
     x->tokens.erase(x->tokens.begin(), x->tokens.begin() + k * page);
@@ -217,6 +230,13 @@ struct PrefixCache::Impl {
     const auto keep = x->pages.size() - static_cast<size_t>(t);
     kv.drop(std::span<const int32_t>(x->pages).subspan(keep));
     x->pages.resize(keep);
+    if (options.events && t > 0) {
+      // Built in place: g++ 12 misreads a moved variant temporary as uninitialised.
+      auto& removed =
+          std::get<KvBlockRemoved>(events.emplace_back(std::in_place_type<KvBlockRemoved>));
+      removed.block_hashes.assign(x->hashes.begin() + static_cast<int64_t>(keep), x->hashes.end());
+    }
+    if (!x->hashes.empty()) x->hashes.resize(keep);
     x->tokens.resize(keep * static_cast<size_t>(page));
     x->depth -= t * page;
     stats.pages_held -= t;
@@ -339,6 +359,25 @@ void PrefixCache::insert(const Sequence& seq) {
       leaf->depth = n_pages * m.page;
       m.kv.retain(leaf->pages);  // throws for pages the sequence does not hold
       m.stats.pages_held += n_pages - at;
+      if (m.options.events) {
+        // The pages' chained hashes: each covers the prefix up to its end (x's last page is
+        // the parent; a root has none).
+        auto& stored =
+            std::get<KvBlockStored>(m.events.emplace_back(std::in_place_type<KvBlockStored>));
+        stored.parent_block_hash =
+            x->hashes.empty() ? std::nullopt : std::optional<uint64_t>(x->hashes.back());
+        stored.token_ids = leaf->tokens;
+        stored.block_size = m.page;
+        stored.lora_name = m.adapter_name(seq);
+        if (!seq.lora.base()) stored.lora_id = seq.lora.slot + 1;
+        std::optional<uint64_t> prev = stored.parent_block_hash;
+        for (int64_t i = 0; i < n_pages - at; ++i) {
+          prev = kv_block_hash(prev, std::span(leaf->tokens).subspan(i * m.page, m.page),
+                               stored.lora_name);
+          stored.block_hashes.push_back(*prev);
+        }
+        leaf->hashes = stored.block_hashes;
+      }
       Impl::Node* added = leaf.get();
       x->children.emplace(m.page_tokens(tokens, at), std::move(leaf));
       x = added;
@@ -427,6 +466,15 @@ void PrefixCache::clear() {
     for (Impl::Node* x : leaves) m.evict(x);
   }
   m.remove_empty_roots();
+  if (m.options.events && m.roots.empty()) {
+    m.events.emplace_back(std::in_place_type<KvAllBlocksCleared>);
+  }
+}
+
+std::vector<KvCacheEvent> PrefixCache::take_events() {
+  std::vector<KvCacheEvent> out;
+  out.swap(impl_->events);
+  return out;
 }
 
 PrefixCacheStats PrefixCache::stats() const {

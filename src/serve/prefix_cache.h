@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "serve/kv_events.h"
 #include "speculative/marconi.h"  // the floor snapshot admission reads
 
 namespace metrale {
@@ -35,6 +36,8 @@ namespace metrale {
 struct PrefixCacheOptions {
   bool enabled = true;
   double marconi_alpha = 1.0;  // weight of FLOPs-per-byte against recency (hybrid eviction)
+  // Record a KvCacheEvent for every page the tree takes or gives back (take_events()).
+  bool events = false;
 };
 
 struct PrefixCacheStats {
@@ -89,6 +92,10 @@ class PrefixCache {
   int64_t evictable_pages() const;
   // Drops everything the tree holds that no sequence uses.
   void clear();
+  // With PrefixCacheOptions::events: the events since the last call, in order — a
+  // KvBlockStored when insert() adds pages, a KvBlockRemoved when eviction or clear() gives
+  // pages back, a KvAllBlocksCleared when clear() leaves the tree empty.
+  std::vector<KvCacheEvent> take_events();
   PrefixCacheStats stats() const;
 
  private:

@@ -133,8 +133,11 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
   // A model whose prompts must be prefilled in one step cannot resume from a cached prefix.
   PrefixCacheOptions cache = options_.cache;
   if (requires_single_chunk_prefill(model_.config())) cache.enabled = false;
+  cache.events = static_cast<bool>(options_.kv_events);
   cache_ = std::make_unique<PrefixCache>(model_, cache);
   stats_.kv_pages_total = model_.kv_pool().layout().n_pages;
+  stats_.kv_page_tokens = model_.kv_pool().layout().page_size;
+  stats_.prefix_cache = cache_->enabled();
   stats_.kv_pages_free = model_.kv_pool().free_pages();
   thread_ = std::thread([this] { loop(); });
 }
@@ -250,14 +253,33 @@ SchedulerStats Scheduler::stats() const {
   return stats_;
 }
 
+int64_t Scheduler::flush_prefix_cache(std::chrono::milliseconds wait) {
+  auto done = std::make_shared<std::promise<int64_t>>();
+  std::future<int64_t> freed = done->get_future();
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return -1;
+    flushes_.push_back(std::move(done));
+  }
+  cv_.notify_all();
+  if (freed.wait_for(wait) != std::future_status::ready) return -1;
+  try {
+    return freed.get();
+  } catch (const std::future_error&) {  // the scheduler stopped first
+    return -1;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The engine thread. Everything below belongs to it; mu_ guards only queue_, stopping_ and
 // stats_.
 
 void Scheduler::loop() {
   for (;;) {
+    emit_events();
     std::vector<ActivePtr> expired;  // queued requests that end without running
     if (!wait_for_work(expired)) break;
+    run_flushes();
     try {
       reap(expired);
       admit();
@@ -296,7 +318,22 @@ void Scheduler::publish() {
   stats_.requests_failed = counts_.failed;
   stats_.preemptions = counts_.preemptions;
   stats_.kv_pages_free = model_.kv_pool().free_pages();
+  stats_.kv_pages_evictable = cache_->enabled() ? cache_->evictable_pages() : 0;
   stats_.cache = cache_->stats();
+  if (LoraPool* lora = model_.lora_pool()) {
+    stats_.max_loras = lora->options().max_loras;
+    auto names = [](auto&& requests) {
+      std::vector<std::string> out;
+      for (const auto& a : requests) {
+        if (!a->adapter.empty()) out.push_back(a->adapter);
+      }
+      std::sort(out.begin(), out.end());
+      out.erase(std::unique(out.begin(), out.end()), out.end());
+      return out;
+    };
+    stats_.running_adapters = names(running_);
+    stats_.waiting_adapters = names(queue_);
+  }
   stats_.speculation = counts_.speculation;
   std::copy(std::begin(counts_.acceptance_le), std::end(counts_.acceptance_le),
             std::begin(stats_.acceptance_le));
@@ -307,8 +344,10 @@ void Scheduler::publish() {
 bool Scheduler::wait_for_work(std::vector<ActivePtr>& expired) {
   std::unique_lock lock(mu_);
   publish();
-  cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !running_.empty(); });
+  cv_.wait(lock,
+           [&] { return stopping_ || !queue_.empty() || !running_.empty() || !flushes_.empty(); });
   if (stopping_) return false;
+  flushing_.swap(flushes_);
   const auto now = Clock::now();
   for (auto it = queue_.begin(); it != queue_.end();) {
     if ((*it)->stream->cancelled() || now >= (*it)->deadline) {
@@ -319,6 +358,23 @@ bool Scheduler::wait_for_work(std::vector<ActivePtr>& expired) {
     }
   }
   return true;
+}
+
+void Scheduler::run_flushes() {
+  if (flushing_.empty()) return;
+  const int64_t held = cache_->stats().pages_held;
+  cache_->clear();
+  emit_events();
+  std::lock_guard lock(mu_);
+  publish();  // stats() agrees with the flush once it returns
+  for (const auto& f : flushing_) f->set_value(held - cache_->stats().pages_held);
+  flushing_.clear();
+}
+
+void Scheduler::emit_events() {
+  if (!options_.kv_events) return;
+  std::vector<KvCacheEvent> events = cache_->take_events();
+  if (!events.empty()) options_.kv_events(std::move(events));
 }
 
 void Scheduler::reap(std::vector<ActivePtr>& expired) {

@@ -26,6 +26,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <future>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -139,6 +141,10 @@ struct SchedulerOptions {
   int64_t prefill_chunk = 0;  // prefill tokens per step; 0: the model's max_rows
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
   PrefixCacheOptions cache;
+  // Set: the prefix cache records KV-cache events (serve/kv_events.h) and the engine thread
+  // hands them over after each step, in order. It must not block (kvevents/'s publisher
+  // queues them).
+  std::function<void(std::vector<KvCacheEvent>)> kv_events;
   // Speculative decoding for every request that does not turn it off (engine/speculation.h);
   // no proposer: off. Proposers that read the target's hidden states are not wired here yet.
   SpeculationOptions speculation;
@@ -160,7 +166,16 @@ struct SchedulerStats {
   int64_t requests_failed = 0, requests_rejected = 0, preemptions = 0;
   int64_t prompt_tokens = 0, prefill_tokens = 0, generated_tokens = 0, steps = 0;
   int64_t kv_pages_total = 0, kv_pages_free = 0;
+  // Free pages the prefix cache could give back at once (held by nothing but the cache): what a
+  // router's "KV-cache usage" counts as free, as vLLM's does.
+  int64_t kv_pages_evictable = 0;
+  int64_t kv_page_tokens = 0;  // tokens per KV page
+  bool prefix_cache = false;   // whether prefixes are reused
   PrefixCacheStats cache;
+  // LoRA: the pool's slots (0 without LoRA) and the adapters of the running and the waiting
+  // requests (each name once, sorted; the base model is not listed).
+  int64_t max_loras = 0;
+  std::vector<std::string> running_adapters, waiting_adapters;
   // Speculative decoding: totals over all requests, and each finished speculative request's
   // acceptance (accepted / drafted, of those that drafted) as a histogram.
   SpeculationCounts speculation;
@@ -186,6 +201,11 @@ class Scheduler {
   std::shared_ptr<ServeStream> submit(ServeRequest request);
   SchedulerStats stats() const;
   const Model& model() const { return model_; }
+  const SchedulerOptions& options() const { return options_; }
+  // Drops every cached prefix no request uses (PrefixCache::clear), on the engine thread at its
+  // next step boundary; waits up to `wait` for it. Returns the pages freed, or -1 when the
+  // engine did not get to it in time.
+  int64_t flush_prefix_cache(std::chrono::milliseconds wait);
 
  private:
   struct Active;
@@ -194,8 +214,14 @@ class Scheduler {
   // The engine thread: loop() runs these in order, once per step.
   void loop();
   // Publishes the last step's figures, waits for work and takes the queued requests that were
-  // cancelled or timed out into `expired`; false when the scheduler stops.
+  // cancelled or timed out into `expired`, and the flush requests; false when the scheduler
+  // stops.
   bool wait_for_work(std::vector<ActivePtr>& expired);
+  // Runs the flush_prefix_cache() requests wait_for_work() took: clears the prefix cache, hands
+  // over its events and publishes before answering them.
+  void run_flushes();
+  // The prefix cache's events since the last call, to options_.kv_events.
+  void emit_events();
   // Ends `expired` and the running streams that were cancelled or timed out.
   void reap(std::vector<ActivePtr>& expired);
   // Admission: queued requests join while a stream slot is free and their pages fit.
@@ -237,8 +263,10 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Active>> queue_;  // guarded by mu_
   bool stopping_ = false;                      // guarded by mu_
-  int64_t next_id_ = 1;                        // guarded by mu_
-  SchedulerStats stats_;                       // guarded by mu_
+  // flush_prefix_cache() callers waiting for the engine thread; guarded by mu_.
+  std::vector<std::shared_ptr<std::promise<int64_t>>> flushes_;
+  int64_t next_id_ = 1;   // guarded by mu_
+  SchedulerStats stats_;  // guarded by mu_
 
   // The engine thread's own (no lock).
   struct StepRows {
@@ -247,8 +275,9 @@ class Scheduler {
     int64_t wanted;  // logits rows it asked for
   };
   std::vector<ActivePtr> running_;
-  std::vector<StepItem> items_;          // the step being built
-  std::vector<StepRows> step_rows_;      // per item
+  std::vector<std::shared_ptr<std::promise<int64_t>>> flushing_;  // taken from flushes_
+  std::vector<StepItem> items_;                                   // the step being built
+  std::vector<StepRows> step_rows_;                               // per item
   std::vector<int32_t> picks_;           // one stream's picks from its rows
   std::vector<DecodeStream*> decoding_;  // the step's decoding streams
   std::vector<float> logits_;
