@@ -55,8 +55,9 @@ enum class Op : uint8_t {
   kMemory,           // upload / download / copy / zero of backend memory
   kRopeRows,         // per-row cos/sin of multimodal (t, h, w) positions (M-RoPE)
   kScatterRows,      // out[rows[i]] (+)= x[i] (embeddings injected into a pass's rows)
+  kSegmentSum,       // out[s] += the rows of segment s (pooling hidden states into embeddings)
 };
-inline constexpr int kOpCount = 21;
+inline constexpr int kOpCount = 22;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -505,6 +506,13 @@ class Backend {
   // out[rows[i]] = x[i], or += x[i] when add (no row named twice).
   void scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add);
   void rope_rows(const RopeRowsArgs& a);
+  // out[s] += x[offsets[s]] + x[offsets[s] + 1] + ... + x[offsets[s + 1] - 1] for every
+  // segment s (offsets: [out.n_rows + 1], from 0 up to x.n_rows, non-decreasing; an empty
+  // segment leaves its row as it is). Each column is summed in f32 in ascending row order,
+  // starting from out's value, so continuing a sum in a later call (the next chunk of a long
+  // input) gives the bits one call over all the rows gives. Pools the hidden states of an
+  // embedding's rows (engine/embedding.h).
+  void segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out);
   void token_overlay(const TokenOverlayArgs& a);
   void head_overlay(const HeadOverlayArgs& a);
 
@@ -533,6 +541,7 @@ class Backend {
   virtual void do_gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out) = 0;
   virtual void do_scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add) = 0;
   virtual void do_rope_rows(const RopeRowsArgs& a) = 0;
+  virtual void do_segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out) = 0;
   virtual void do_token_overlay(const TokenOverlayArgs& a) = 0;
   virtual void do_head_overlay(const HeadOverlayArgs& a) = 0;
   virtual void do_upload(void* dst, const void* host_src, size_t bytes) = 0;

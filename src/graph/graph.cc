@@ -93,6 +93,7 @@ Op node_op(const NodeArgs& args) {
                         [](const node::Observe&) { return Op::kMemory; },
                         [](const node::RopeRows&) { return Op::kRopeRows; },
                         [](const node::InjectRows&) { return Op::kScatterRows; },
+                        [](const node::SegmentSum&) { return Op::kSegmentSum; },
                     },
                     args);
 }
@@ -161,6 +162,9 @@ void node_tensors(const NodeArgs& args, std::vector<Tensor>& out) {
                    add({n.cos, n.sin});
                  },
                  [&](const node::InjectRows& n) {
+                   add({n.x, n.out});
+                 },
+                 [&](const node::SegmentSum& n) {
                    add({n.x, n.out});
                  },
              },

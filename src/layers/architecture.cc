@@ -46,6 +46,24 @@ ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
       g.add(node::Observe{.x = r.h, .index = i + 1});
     }
   }
+  // Embeddings: the final norm over the rows the pass pools (a view of them when they are one
+  // range), then each pooled output's sum of its rows. No row is both pooled and wanted
+  // (Model::step refuses it), so this and the head's in-place residual adds touch different
+  // rows of h.
+  {
+    const Graph::Condition pooled(g, When::kPooled);
+    const Graph::Scope scope(g, "pool");
+    Residual tail{.h = g.buffer("h", H, RowSpace::kPoolRows),
+                  .delta = g.buffer("delta", H, RowSpace::kPoolRows),
+                  .pending = r.pending};
+    g.add(node::GatherWanted{.x = r.h, .out = tail.h});
+    if (tail.pending) g.add(node::GatherWanted{.x = r.delta, .out = tail.delta});
+    const Tensor x = g.buffer("x", H, RowSpace::kPoolRows);
+    add_and_norm(g, tail, x, final_norm);
+    const Tensor sums = g.buffer("sums", H, RowSpace::kPools, BufferKind::kExternal);
+    io.pooled = sums.buf;
+    g.add(node::SegmentSum{.x = x, .out = sums});
+  }
   // The head runs over the wanted rows only (a view of them when they are one range).
   const Graph::Condition wanted(g, When::kWanted);
   const Graph::Scope scope(g, "head");

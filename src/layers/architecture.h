@@ -5,8 +5,9 @@
 // line in src/models/registry.cc, which maps config.json's model_type to its builder.
 //
 // record() writes one pass of the model as a Graph (graph/graph.h): the prologue (embedding,
-// LoRA token overlays), every layer, and the epilogue (the wanted rows, final norm, lm_head,
-// logit overlays). The engine records it once at load and runs it for every step.
+// LoRA token overlays), every layer, and the epilogues: the pooled rows (final norm, their
+// sums per embedding input) and the head (the wanted rows, final norm, lm_head, logit
+// overlays). The engine records it once at load and runs it for every step.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -25,6 +26,7 @@ struct ModelIo {
   BufferId delta = -1;     // [rows, hidden] the last sub-block's output, not yet added to h
   BufferId logits = -1;    // [wanted, vocab] contiguous
   BufferId injected = -1;  // [injected, hidden] the caller's input embeddings
+  BufferId pooled = -1;    // [pools, hidden] contiguous: the pooled sums (embeddings)
 };
 
 class Architecture {

@@ -57,6 +57,7 @@ class CpuBackend final : public Backend {
   void do_gather_rows(ConstRows x, std::span<const int32_t> rows, Rows out) override;
   void do_scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out, bool add) override;
   void do_rope_rows(const RopeRowsArgs& a) override;
+  void do_segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out) override;
   void do_token_overlay(const TokenOverlayArgs& a) override;
   void do_head_overlay(const HeadOverlayArgs& a) override;
   void do_upload(void* dst, const void* host_src, size_t bytes) override;
