@@ -245,6 +245,9 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     n_pools += it.pool != PoolRows::kNone ? 1 : 0;
   }
   METRALE_CHECK(n <= max_rows_, "step: ", n, " tokens exceed max_rows ", max_rows_);
+  METRALE_CHECK(n_want == 0 || arch_->has_head(), dir_.string(),
+                ": the checkpoint has no lm_head (a base model saved without its head, as "
+                "sentence-transformers saves embedding models): it embeds but gives no logits");
   METRALE_CHECK(logits.size() == static_cast<size_t>(n_want * config_.vocab_size),
                 "step: logits buffer holds ", logits.size(), " floats, expected ",
                 n_want * config_.vocab_size);

@@ -5,7 +5,7 @@
 namespace metrale {
 
 ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
-  const int64_t H = embed.n_in, V = lm_head.n_out();
+  const int64_t H = embed.n_in, V = has_head() ? lm_head.n_out() : embed.n_out;
   ModelIo io;
   Residual r{.h = g.buffer("h", H, RowSpace::kRows, BufferKind::kExternal),
              .delta = g.buffer("delta", H, RowSpace::kRows, BufferKind::kExternal)};
@@ -77,6 +77,7 @@ ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
   if (o.observe) g.add(node::Observe{.x = x, .index = n_layers});
   const Tensor logits = g.buffer("logits", V, RowSpace::kWanted, BufferKind::kExternal);
   io.logits = logits.buf;
+  if (!has_head()) return io;  // Model::step asks no logits of it
   lm_head.record(g, x, logits);
   if (!lora_overlays.empty()) {
     g.add(node::HeadOverlay{.x = x, .logits = logits, .overlays = lora_overlays},
@@ -95,7 +96,7 @@ uint64_t Architecture::active_bytes_per_token() const {
 LoraSites Architecture::lora_sites() {
   LoraSites out;
   for (DecoderLayer& l : layers) l.lora_sites(out);
-  out.linears.push_back(&lm_head);
+  if (has_head()) out.linears.push_back(&lm_head);
   return out;
 }
 

@@ -36,8 +36,11 @@ class Architecture {
   WeightTensor embed;  // [V, H] model.embed_tokens.weight
   std::vector<DecoderLayer> layers;
   Norm final_norm;  // [H] model.norm.weight
-  Linear lm_head;   // [V, H] lm_head.weight, or embed's data when tied
+  Linear lm_head;   // [V, H] lm_head.weight, or embed's data when tied; empty: none
   bool tied = false;
+  // Whether there is a head: a base model saved without one (an embedding model) has none,
+  // and its passes give no logits.
+  bool has_head() const { return lm_head.n_out() > 0; }
   // LoRA token overlays per slot (lora/lora_pool.h attaches them; empty: none).
   std::span<const LoraSlotOverlay> lora_overlays;
   // Owns the memory the tensors above point into when they were copied out of the mmap.
