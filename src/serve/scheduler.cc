@@ -115,8 +115,15 @@ struct Scheduler::Active {
   std::vector<TokenLogprob> pending_logprobs;  // one per pending token (top_logprobs >= 0)
   // Hybrid models: token counts where prefill chunks end so the prefix cache can snapshot.
   std::vector<int64_t> snapshot_points;
+  bool counted = false;  // its prompt counted in the stats (its first admission)
+  // Embedding requests: the sum of the pooled rows' final hidden states so far, and the
+  // embedding once the last chunk ran.
+  std::vector<float> pooled;
+  std::vector<float> embedding;
 
   explicit Active(uint64_t seed) : rng(seed) {}
+
+  bool embeds() const { return req.embedding.has_value(); }
 
   int64_t input_size() const { return static_cast<int64_t>(input.size()); }
   std::span<const int32_t> generated() const { return std::span(input).subspan(n_prompt); }
@@ -131,6 +138,13 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
                 options_.max_seqs);
   METRALE_CHECK(options_.max_queue >= 0, "scheduler: max_queue must be >= 0, found ",
                 options_.max_queue);
+  METRALE_CHECK(options_.max_embedding_seqs >= 1,
+                "scheduler: max_embedding_seqs must be >= 1, found ", options_.max_embedding_seqs);
+  METRALE_CHECK(!options_.embedding || options_.embedding->dimension == model_.config().hidden_size,
+                "scheduler: the embedding config (",
+                options_.embedding ? options_.embedding->source : "", ") pools ",
+                options_.embedding ? options_.embedding->dimension : 0,
+                " values; the model's hidden size is ", model_.config().hidden_size);
   METRALE_CHECK(options_.prefill_chunk >= 0, "scheduler: prefill_chunk must be >= 0, found ",
                 options_.prefill_chunk);
   METRALE_CHECK(options_.request_timeout.count() > 0,
@@ -160,18 +174,38 @@ Scheduler::~Scheduler() {
   thread_.join();
 }
 
-std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
+std::unique_ptr<Scheduler::Active> Scheduler::prepare(ServeRequest r) const {
   const auto n = static_cast<int64_t>(r.prompt.size());
   const int64_t vocab = model_.vocab_size();
-  METRALE_CHECK(n >= 1, "the prompt is empty");
+  METRALE_CHECK(n >= 1, r.embedding ? "the input is empty" : "the prompt is empty");
   for (size_t i = 0; i < r.prompt.size(); ++i) {
-    METRALE_CHECK(r.prompt[i] >= 0 && r.prompt[i] < vocab, "prompt token ", i, " is ", r.prompt[i],
-                  ", outside the vocabulary [0, ", vocab, ")");
+    METRALE_CHECK(r.prompt[i] >= 0 && r.prompt[i] < vocab, r.embedding ? "input" : "prompt",
+                  " token ", i, " is ", r.prompt[i], ", outside the vocabulary [0, ", vocab, ")");
+  }
+  const KvLayout& kv = model_.kv_pool().layout();
+  if (r.embedding) {
+    METRALE_CHECK(options_.embedding.has_value(), "this scheduler serves no embeddings");
+    const EmbeddingConfig& c = *options_.embedding;
+    check_dimensions(c, r.embedding->dimensions);
+    const int64_t limit = max_embedding_tokens(model_, c);
+    METRALE_CHECK(n <= limit, "the input has ", n, " tokens; at most ", limit, " fit (",
+                  c.max_seq_length == limit ? "the model's max_seq_length" : "the model's context",
+                  ")");
+    const int64_t pages = (n + kv.page_size - 1) / kv.page_size;
+    METRALE_CHECK(pages <= kv.n_pages, "the input needs ", pages, " KV pages of ", kv.page_size,
+                  " tokens; the KV cache has ", kv.n_pages, " (raise --kv-budget)");
+    METRALE_CHECK(r.timeout.count() >= 0, "timeout must be >= 0");
+    auto a = std::make_unique<Active>(0);
+    a->submitted = Clock::now();
+    a->deadline = a->submitted + (r.timeout.count() > 0 ? r.timeout : options_.request_timeout);
+    a->n_prompt = r.prompt.size();
+    a->input = std::move(r.prompt);
+    a->req = std::move(r);
+    return a;
   }
   METRALE_CHECK(n < model_.context_limit(), "the prompt has ", n,
                 " tokens; the model's context holds ", model_.context_limit(),
                 " (prompt + at least one generated token)");
-  const KvLayout& kv = model_.kv_pool().layout();
   const int64_t pages = (n + 1 + kv.page_size - 1) / kv.page_size;
   METRALE_CHECK(pages <= kv.n_pages, "the prompt needs ", pages, " KV pages of ", kv.page_size,
                 " tokens; the KV cache has ", kv.n_pages, " (raise --kv-budget)");
@@ -227,7 +261,21 @@ std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
   a->n_prompt = r.prompt.size();
   a->input = std::move(r.prompt);
   a->req = std::move(r);
-  std::shared_ptr<ServeStream> stream;
+  return a;
+}
+
+std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
+  std::vector<ServeRequest> one;
+  one.push_back(std::move(r));
+  return submit_all(std::move(one)).front();
+}
+
+std::vector<std::shared_ptr<ServeStream>> Scheduler::submit_all(std::vector<ServeRequest> rs) {
+  METRALE_CHECK(!rs.empty(), "submit_all: no requests");
+  std::vector<std::unique_ptr<Active>> prepared;
+  prepared.reserve(rs.size());
+  for (ServeRequest& r : rs) prepared.push_back(prepare(std::move(r)));
+  std::vector<std::shared_ptr<ServeStream>> streams;
   {
     std::lock_guard lock(mu_);
     if (stopping_) throw SchedulerBusy("the server is stopping", /*stopping=*/true);
@@ -237,13 +285,15 @@ std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
                               " requests are waiting (--max-queue); retry later",
                           /*stopping=*/false);
     }
-    stream = std::shared_ptr<ServeStream>(new ServeStream(next_id_++));
-    a->stream = stream;
-    queue_.push_back(std::move(a));
+    for (auto& a : prepared) {
+      streams.push_back(std::shared_ptr<ServeStream>(new ServeStream(next_id_++)));
+      a->stream = streams.back();
+      queue_.push_back(std::move(a));
+    }
     stats_.waiting = static_cast<int64_t>(queue_.size());
   }
   cv_.notify_all();
-  return stream;
+  return streams;
 }
 
 SchedulerStats Scheduler::stats() const {
@@ -261,11 +311,16 @@ void Scheduler::loop() {
   std::vector<Active*> item_owner;
   std::vector<bool> item_decoding;
   std::vector<float> logits;
+  std::vector<float> pooled;  // [pooling items, H] the step's pooled sums
   std::vector<float> logprob_scratch;
   std::vector<int32_t> penalty_ids;  // pick()'s scratch: the generated ids, sorted
   Sampler sampler(model_.vocab_size());
   const auto V = static_cast<size_t>(model_.vocab_size());
   const int64_t page = model_.kv_pool().layout().page_size;
+  const int64_t H = model_.config().hidden_size;
+  // Hybrid models: the state pool's slots bound streams and embedding inputs together.
+  const int64_t state_slots =
+      model_.state_pool() != nullptr ? model_.state_pool()->plan().max_seqs : 0;
   int64_t steps = 0, prefill_tokens = 0, generated_tokens = 0, prompt_tokens = 0;
   int64_t finished = 0, cancelled = 0, timed_out = 0, failed = 0, preemptions = 0;
 
@@ -297,6 +352,7 @@ void Scheduler::loop() {
       e.done = true;
       e.finish = *finish;
       e.error = std::move(error);
+      e.embedding = std::move(a.embedding);
       e.usage = {.prompt_tokens = static_cast<int64_t>(a.n_prompt),
                  .completion_tokens = a.completion_tokens,
                  .cached_tokens = a.cached_tokens};
@@ -520,8 +576,17 @@ void Scheduler::loop() {
         std::unique_ptr<Active> a;
         {
           std::lock_guard lock(mu_);
-          if (queue_.empty() || static_cast<int64_t>(running.size()) >= options_.max_seqs) break;
+          if (queue_.empty()) break;
           const Active& head = *queue_.front();
+          // Streams and embedding inputs have their own limits; hybrid models hold a state
+          // slot for each of either.
+          const auto n_embed = static_cast<int64_t>(std::count_if(
+              running.begin(), running.end(), [](const auto& r) { return r->embeds(); }));
+          const auto n_running = static_cast<int64_t>(running.size());
+          if (head.embeds() ? n_embed >= options_.max_embedding_seqs
+                            : n_running - n_embed >= options_.max_seqs)
+            break;
+          if (state_slots > 0 && n_running >= state_slots) break;
           // A stream preempted for pages waits for a step to run without it: re-admitted at
           // once, it would be preempted again by the same step, forever.
           if (head.preempted_at_step == steps) break;
@@ -544,12 +609,17 @@ void Scheduler::loop() {
           retire(*a, FinishReason::kError, e.message());
           continue;
         }
-        const int64_t adopted = cache_->attach(a->seq, a->input);
+        // An embedding needs the hidden state of every token it pools: a cached prefix only
+        // under last-token pooling (the prefix cache always leaves the last token to run).
+        const bool may_attach = !a->embeds() || options_.embedding->pooling == Pooling::kLastToken;
+        const int64_t adopted = may_attach ? cache_->attach(a->seq, a->input) : 0;
         a->snapshot_points = cache_->snapshot_points(a->seq, a->input);
-        if (a->generated().empty()) {  // first admission, not a preempted stream's return
+        if (!a->counted) {  // first admission, not a preempted stream's return
+          a->counted = true;
           a->cached_tokens = std::min(adopted, static_cast<int64_t>(a->n_prompt));
           prompt_tokens += static_cast<int64_t>(a->n_prompt);
         }
+        if (a->embeds()) a->pooled.assign(static_cast<size_t>(H), 0.0f);  // (re)computed whole
         a->admitted = true;
         running.push_back(std::move(a));
       }
@@ -581,7 +651,7 @@ void Scheduler::loop() {
           Active& a = *owned;
           const auto have = static_cast<int64_t>(a.seq.tokens.size());
           const int64_t left = a.input_size() - have;
-          const bool decoding = left == 1;
+          const bool decoding = left == 1 && !a.embeds();
           if ((pass == 0) != decoding) continue;
           int64_t len = left;
           if (!decoding) {
@@ -599,11 +669,14 @@ void Scheduler::loop() {
           } else if (rows >= model_.max_rows()) {
             continue;
           }
-          items.push_back(
-              {.seq = &a.seq,
-               .ids = std::span<const int32_t>(a.input).subspan(static_cast<size_t>(have),
-                                                                static_cast<size_t>(len)),
-               .logits = have + len == a.input_size() ? LogitRows::kLast : LogitRows::kNone});
+          const bool last = have + len == a.input_size();
+          items.push_back({.seq = &a.seq,
+                           .ids = std::span<const int32_t>(a.input).subspan(
+                               static_cast<size_t>(have), static_cast<size_t>(len)),
+                           .logits = last && !a.embeds() ? LogitRows::kLast : LogitRows::kNone,
+                           .pool = a.embeds() ? pooled_rows(options_.embedding->pooling, have, len,
+                                                            a.input_size())
+                                              : PoolRows::kNone});
           item_owner.push_back(&a);
           item_decoding.push_back(decoding);
           rows += len;
@@ -636,8 +709,15 @@ void Scheduler::loop() {
       int64_t n_want = 0;
       for (const StepItem& it : items) n_want += it.logits == LogitRows::kLast ? 1 : 0;
       logits.resize(static_cast<size_t>(n_want) * V);
+      // Each pooling item's row starts from its sum so far (a mean over several chunks).
+      pooled.clear();
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (items[i].pool == PoolRows::kNone) continue;
+        const std::vector<float>& sum = item_owner[i]->pooled;
+        pooled.insert(pooled.end(), sum.begin(), sum.end());
+      }
       try {
-        model_.step(items, logits);
+        model_.step(items, logits, nullptr, pooled);
       } catch (const Error& e) {
         // The step changed no sequence. Out of pages (a shared page copied on write): make room
         // by preempting; anything else fails the step's requests.
@@ -649,10 +729,27 @@ void Scheduler::loop() {
       ++steps;
       // 6. Sample, report, retire.
       int64_t w = 0;
+      size_t k = 0;  // pooling items seen
       for (size_t i = 0; i < items.size(); ++i) {
         Active& a = *item_owner[i];
         const auto len = static_cast<int64_t>(items[i].ids.size());
         if (!item_decoding[i]) prefill_tokens += len;
+        if (a.embeds()) {
+          if (items[i].pool != PoolRows::kNone) {
+            const auto row = pooled.begin() + static_cast<ptrdiff_t>(k++ * H);
+            std::copy(row, row + static_cast<ptrdiff_t>(H), a.pooled.begin());
+          }
+          if (static_cast<int64_t>(a.seq.tokens.size()) < a.input_size()) {
+            cache_->insert(a.seq);
+            continue;
+          }
+          const Pooling p = options_.embedding->pooling;
+          const bool means = p == Pooling::kMean || p == Pooling::kMeanSqrtLen;
+          a.embedding = finish_embedding(*options_.embedding, a.pooled, means ? a.input_size() : 1,
+                                         a.req.embedding->dimensions);
+          retire(a, FinishReason::kStop);
+          continue;
+        }
         if (items[i].logits == LogitRows::kNone) {
           cache_->insert(a.seq);  // share the prompt's whole pages while it is still running
           continue;

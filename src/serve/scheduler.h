@@ -20,6 +20,13 @@
 //
 // Results are those of the same request run alone: the engine's steps are batch-invariant,
 // each stream samples from its own seeded Rng, and prefix-cache hits reuse bit-identical KV.
+//
+// Embedding requests (ServeRequest::embedding) are the same kind of stream without the
+// decode: their input is prefilled in chunks beside the other streams' rows, its pooled rows
+// (StepItem::pool) summed across the chunks, and the stream ends with the embedding when the
+// last chunk ran. They are admitted, preempted and cancelled like any stream (up to
+// max_embedding_seqs at once), and adopt a cached prefix only under last-token pooling, where
+// the adopted tokens' hidden states are not needed.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -33,6 +40,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/embedding.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
 #include "serve/prefix_cache.h"
@@ -40,6 +48,11 @@
 namespace metrale {
 
 inline constexpr size_t kMaxLogitBias = 1024;  // entries in ServeRequest::logit_bias
+
+// What an embedding request asks for (ServeRequest::embedding).
+struct EmbeddingParams {
+  int64_t dimensions = 0;  // 0: the whole embedding; else its first N values (renormalised)
+};
 
 struct ServeRequest {
   std::vector<int32_t> prompt;  // >= 1 token
@@ -64,6 +77,11 @@ struct ServeRequest {
   int top_logprobs = -1;                 // -1: no logprobs; k >= 0: the token's and k alternatives
   std::string adapter;                   // a LoRA adapter loaded in the model ("" = base)
   std::chrono::milliseconds timeout{0};  // 0: SchedulerOptions::request_timeout
+  // Set: an embedding request (/v1/embeddings). The prompt is the input and nothing is
+  // generated: its final hidden states are pooled (SchedulerOptions::embedding) in the same
+  // steps as the generation rows, and the last event carries the embedding. The generation
+  // fields above do not apply; adapter and timeout do.
+  std::optional<EmbeddingParams> embedding;
 };
 
 enum class FinishReason : uint8_t {
@@ -101,6 +119,7 @@ struct ServeEvent {
   std::string error;                          // kError
   ServeUsage usage;                           // when done
   double time_to_first_token = 0;             // seconds from submit; on the first event
+  std::vector<float> embedding;               // an embedding request's, on its last event
 };
 
 // One submitted request, shared by its client and the scheduler.
@@ -133,6 +152,11 @@ struct SchedulerOptions {
   int64_t prefill_chunk = 0;  // prefill tokens per step; 0: the model's max_rows
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
   PrefixCacheOptions cache;
+  // How embedding requests are pooled (engine/embedding_config.h); none: they are refused.
+  std::optional<EmbeddingConfig> embedding;
+  // Embedding inputs prefilled at once beside the max_seqs streams (hybrid models: streams
+  // and inputs together hold at most the state pool's slots).
+  int64_t max_embedding_seqs = 32;
 };
 
 // submit() when the queue is full (HTTP 429) or the scheduler is stopping (HTTP 503).
@@ -168,12 +192,17 @@ class Scheduler {
   // that cannot fit the context or the KV pool, bad sampling values, unknown adapter) and
   // queues it; SchedulerBusy when the queue is full.
   std::shared_ptr<ServeStream> submit(ServeRequest request);
+  // Queues every request or none (one that fails validation, or a full queue, refuses them
+  // all): the inputs of one embedding request. They may take the queue past max_queue.
+  std::vector<std::shared_ptr<ServeStream>> submit_all(std::vector<ServeRequest> requests);
   SchedulerStats stats() const;
   const Model& model() const { return model_; }
 
  private:
   struct Active;
   void loop();
+  // Validates a request (submit's checks) and makes its Active.
+  std::unique_ptr<Active> prepare(ServeRequest r) const;
 
   Model& model_;
   SchedulerOptions options_;
