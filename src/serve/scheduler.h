@@ -197,6 +197,8 @@ class Scheduler {
   std::vector<std::shared_ptr<ServeStream>> submit_all(std::vector<ServeRequest> requests);
   SchedulerStats stats() const;
   const Model& model() const { return model_; }
+  // How embedding requests are pooled; none: the scheduler refuses them.
+  const std::optional<EmbeddingConfig>& embedding() const { return options_.embedding; }
 
  private:
   struct Active;
