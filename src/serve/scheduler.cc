@@ -593,7 +593,8 @@ void Scheduler::loop() {
           // Its input's pages, plus the pages the running streams still need for theirs (a
           // stream admitted but not yet prefilled holds none yet) and one page of headroom
           // each, so the step that follows can run.
-          int64_t need = (head.input_size() + 1 + page - 1) / page;
+          // (An embedding input never grows past its input.)
+          int64_t need = (head.input_size() + (head.embeds() ? 0 : 1) + page - 1) / page;
           for (const auto& r : running) {
             need += std::max<int64_t>(0, (r->input_size() + page - 1) / page -
                                              static_cast<int64_t>(r->seq.block_table.size())) +

@@ -186,6 +186,20 @@ TEST(EmbeddingSchedulerCache, OnlyLastTokenPoolingAdoptsACachedPrefix) {
   }
 }
 
+TEST(EmbeddingSchedulerCache, AnInputFillingTheWholeKvCacheRuns) {
+  auto m = load("lasttoken", 96);  // 6 pages; the context is 96 tokens too
+  const EmbeddingConfig c = load_embedding_config(m->dir(), m->config().hidden_size);
+  const std::vector<std::vector<int32_t>> ids = {std::vector<int32_t>(96, 97)};
+  const std::vector<float> want = embed(*m, c, ids).front();
+  Scheduler sched(*m, {.embedding = c});
+  ServeRequest r;
+  r.prompt = ids[0];
+  r.embedding = EmbeddingParams{};
+  const Done d = drain(*sched.submit(std::move(r)));
+  EXPECT_EQ(d.finish, FinishReason::kStop) << d.error;
+  EXPECT_EQ(d.embedding, want);
+}
+
 TEST(EmbeddingSchedulerErrors, AGroupIsQueuedWholeOrRefused) {
   auto m = load("lasttoken");
   const EmbeddingConfig c = load_embedding_config(m->dir(), m->config().hidden_size);
