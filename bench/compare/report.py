@@ -13,10 +13,20 @@ ENGINES = ("metrale", "llama.cpp", "hf")
 BASELINE = "llama.cpp"
 
 
-def metric_keys(prefill: list[int], batches: list[int]) -> list[tuple[str, str, str]]:
-    """(section, key, column title) for every throughput figure, in table order."""
+def metric_keys(prefill: list[int], batches: list[int],
+                depth: int | None = None) -> list[tuple[str, str, str]]:
+    """(section, key, column title) for every throughput figure, in table order; decode at
+    depth (run.py --depth) is titled "decode b<B> @ d<depth>"."""
+    at = f" @ d{depth}" if depth else ""
     return ([("prefill", str(n), f"prefill {n}") for n in prefill] +
-            [("decode", str(b), f"decode b{b}") for b in batches])
+            [("decode", str(b), f"decode b{b}{at}") for b in batches])
+
+
+def kv_type(sample: dict) -> str | None:
+    """The KV cache element type an engine run reported: metrale bench's and hf's kv_dtype,
+    the llama.cpp peer's kv_type (older files: its kv_cache.dtype, always f16 then)."""
+    return sample.get("kv_dtype") or sample.get("kv_type") or \
+        (sample.get("kv_cache") or {}).get("dtype")
 
 
 def medians(samples: list[dict], prefill: list[int], batches: list[int]) -> dict:
@@ -28,6 +38,9 @@ def medians(samples: list[dict], prefill: list[int], batches: list[int]) -> dict
             out[section][key] = statistics.median(values)
     rss = [s["peak_rss_bytes"] for s in samples if s.get("peak_rss_bytes")]
     out["peak_rss_bytes"] = max(rss) if rss else None
+    out["kv_dtype"] = next((kv_type(s) for s in samples if kv_type(s)), None)
+    out["kv_bytes_per_token"] = next((s["kv_bytes_per_token"] for s in samples
+                                      if s.get("kv_bytes_per_token")), None)
     out["reps"] = len(samples)
     return out
 
@@ -161,6 +174,7 @@ def summarize(results: dict) -> dict:
     fractions."""
     cfg = results["config"]
     prefill, batches = cfg["prefill"], cfg["batch"]
+    depth = cfg.get("depth") or 0
     peers = {r["id"]: r.get("peers") or ([r["peer"]] if r.get("peer") else [])
              for r in table_rows(results)}
     summary = {}
@@ -172,13 +186,18 @@ def summarize(results: dict) -> dict:
                 continue
             row = medians(samples, prefill, batches)
             row["weight_bytes_b1"] = step_bytes(results, row_id, "1")
+            # At depth (run.py --depth) each of a step's B rows also reads its depth tokens of
+            # KV cache; without --depth KV reads are ignored (16 tokens or none: negligible).
+            kv = depth * (row["kv_bytes_per_token"] or 0)
+            if depth:
+                row["kv_read_bytes_b1"] = kv
             if bw:
                 # Decode reads every weight it needs once per step, whatever the batch width,
-                # so B rows per step can reach B x bandwidth / (bytes of that step) tokens/s
-                # (KV reads ignored). Dense: the same bytes at every width.
-                row["roofline_tps_b1"] = bw * 1e9 / step_bytes(results, row_id, "1")
+                # so B rows per step can reach B x bandwidth / (bytes of that step) tokens/s.
+                # Dense: the same weight bytes at every width.
+                row["roofline_tps_b1"] = bw * 1e9 / (step_bytes(results, row_id, "1") + kv)
                 row["roofline_fraction"] = {
-                    b: v / (int(b) * bw * 1e9 / step_bytes(results, row_id, b))
+                    b: v / (int(b) * bw * 1e9 / (step_bytes(results, row_id, b) + int(b) * kv))
                     for b, v in row["decode"].items()}
             rows[row_id] = row
         for row_id, row in rows.items():
@@ -216,8 +235,9 @@ def command_block(results: dict) -> list[str]:
         where = (f"metrale at {commit[:12]}{dirty}" if m.get("built_from_this_tree", True)
                  else f"metrale binary {m['binary']} (not built by this run; tree at "
                       f"{commit[:12]}{dirty})")
+        kv = f" `--kv-dtype {m['kv_dtype']}`" if "kv_dtype" in m else ""
         out += [f"{where}, `metrale bench` with "
-                f"`--compute {m.get('compute')}` `--weights {m.get('weights')}` "
+                f"`--compute {m.get('compute')}` `--weights {m.get('weights')}`{kv} "
                 "(every flag: results.json, config.metrale.flags).", ""]
     lc = results["config"].get("llama_cpp")
     if lc:
@@ -387,12 +407,39 @@ def format_notes(results: dict) -> list[str]:
     return out
 
 
+def depth_line(results: dict, summary: dict) -> str | None:
+    """What decode at depth (run.py --depth) means in each engine, and each engine's KV cache
+    type; None without --depth."""
+    cfg = results["config"]
+    depth = cfg.get("depth")
+    if not depth:
+        return None
+    parts = {"metrale": f"`metrale bench --depth {depth}`",
+             "llama.cpp": f"`llama-bench -d {depth}` (its {depth}-token prompt untimed) at batch "
+                          f"1, `llama-batched-bench -npp {depth}` wider",
+             "hf": f"`hf_peer.py --decode-prompt {depth}`"}
+    engines = [e for e in ENGINES if e in (cfg.get("engines") or [])]
+    kv = {}
+    for srows in summary.values():
+        for r in table_rows(results):
+            if r["id"] in srows and srows[r["id"]].get("kv_dtype"):
+                kv.setdefault(r["engine"], set()).add(srows[r["id"]]["kv_dtype"])
+    return (f"Decode at depth {depth}: each timed decode step follows {depth} tokens of context "
+            "per sequence (" + "; ".join(f"{e}: {parts[e]}" for e in engines) + "); prefill "
+            "from an empty cache. KV cache: " + ", ".join(
+                f"{e} {'/'.join(sorted(kv[e]))}" for e in engines if e in kv) +
+            f". The roofline adds the KV bytes a step reads ({depth} x batch x the row's KV "
+            "bytes per token) to its weight bytes.")
+
+
 def markdown(results: dict, summary: dict) -> str:
     cfg = results["config"]
-    cols = metric_keys(cfg["prefill"], cfg["batch"])
+    cols = metric_keys(cfg["prefill"], cfg["batch"], cfg.get("depth"))
     rows = table_rows(results)
     with_formats = bool(cfg.get("rows"))
+    with_kv = any(row.get("kv_dtype") for srows in summary.values() for row in srows.values())
     head = ["threads", "engine"] + (["format"] if with_formats else []) + \
+           (["KV"] if with_kv else []) + \
            [c[2] + " t/s" for c in cols] + ["peak RSS MiB"] + \
            (["GB/step"] if with_formats else []) + ["b1 % roofline"]
     lines = command_block(results)
@@ -402,6 +449,8 @@ def markdown(results: dict, summary: dict) -> str:
             lead = [threads, r["engine"] if with_formats else r["id"]] + \
                    ([r["format"]] if with_formats else [])
             row = srows.get(r["id"])
+            if with_kv:
+                lead.append((row or {}).get("kv_dtype") or "—")
             if not row:
                 err = row_failure(results, r, threads)
                 if err:
@@ -441,6 +490,9 @@ def markdown(results: dict, summary: dict) -> str:
                    for t, v in results["bandwidth"].items())
     lines.append(f"Read bandwidth (bench/bandwidth_probe, median of runs): {bw}. "
                  f"{bytes_note(results)} Medians of {cfg['reps']} interleaved repetitions.")
+    dl = depth_line(results, summary)
+    if dl:
+        lines += ["", dl]
     kv = kv_line(results)
     if kv:
         lines += ["", kv]
@@ -467,7 +519,7 @@ def chart(results: dict, summary: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     cfg = results["config"]
-    cols = metric_keys(cfg["prefill"], cfg["batch"])
+    cols = metric_keys(cfg["prefill"], cfg["batch"], cfg.get("depth"))
     threads = list(summary)
     engines = [r["id"] for r in table_rows(results) if any(r["id"] in rows
                                                            for rows in summary.values())]
@@ -495,7 +547,8 @@ def chart(results: dict, summary: dict, path: Path) -> None:
                 if gbs:
                     roof = int(key) * gbs * 1e9 / step_bytes(results, None, key)
                     ax.hlines(roof, j - 0.45, j + 0.45, colors="gray", linestyles="--",
-                              label="bf16 roofline" if j == 0 else None)
+                              label=("bf16 roofline" + (" (weights only)" if cfg.get("depth")
+                                                        else "")) if j == 0 else None)
         ax.set_xticks(range(len(threads)), [f"{t} thr" for t in threads])
         ax.set_title(title + " (t/s)", fontsize=10)
     title = f"{cfg['model']} — {cfg['precision']}, medians of {cfg['reps']} interleaved reps"

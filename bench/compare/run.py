@@ -10,6 +10,11 @@
         --formats bf16,w4a16,w8a16,fp8,nvfp4 --llama-formats bf16,q4_0-bf16head,q8_0-bf16head,q4_0,q8_0
     python3 bench/compare/run.py --model-shape deepseek-v2-lite-L4 --engines metrale,llama.cpp \
         --prefill 128,512 --batch 1,4,16
+    python3 bench/compare/run.py --model-shape qwen3-0.6b --engines metrale,llama.cpp \
+        --threads 1,2 --batch 1 --prefill 1 --decode-tokens 32 --depth 4096 \
+        --metrale-args='--kv-dtype bf16'
+    python3 bench/compare/run.py --model-shape qwen3-0.6b --engines metrale,llama.cpp \
+        --prepare-only          # make everything the run needs, time nothing
 
 First checks what the run needs (Python modules from tools/bench/requirements.txt, Debian
 packages) and installs what is missing, printing each command — or, with --no-install, stops
@@ -27,6 +32,20 @@ The table also gets each engine's KV cache bytes per token (all layers): metrale
 figure (its f32 pages; an MLA layer keeps the latent + rope key), llama.cpp's computed from
 the GGUF as its llama_kv_cache sizes it (deepseek2: the latent + rope key as K in f16, no V),
 and the greedy check records llama.cpp's own log line on the cache it allocated.
+
+Decode at depth (--depth N): every timed decode step follows N tokens of context in each
+sequence (`metrale bench --depth N`; llama.cpp: `llama-bench -p 0 -n T -d N` at batch 1, the
+N-token prompt processed before its clock starts, and `llama-batched-bench -npp N` for wider
+batches; hf: `--decode-prompt N`). Prefill stays from an empty cache in every engine (llama.cpp's
+prefill tests run in a llama-bench call of their own, without -d). Without --depth decode
+starts as before: after 16 tokens (metrale, llama-batched-bench, hf), from an empty cache
+(llama-bench's tg). KV cache element types: llama.cpp's comes from --llama-kv-type (-ctk / -ctv
+on every timing call; default f16, its own default), metrale's from --metrale-args
+(`--kv-dtype f32|f16|bf16`; its default otherwise), hf keeps bf16 (the model's dtype); each
+row's type is the table's KV column, from what the engine reported. At depth the roofline adds
+the KV bytes a step reads (depth x batch x that row's KV bytes per token) to the weight bytes.
+--prepare-only stops after preparing (prerequisites, checkpoint, llama.cpp build and tools,
+GGUFs, adapters, probe, and metrale's release build unless --no-build) and times nothing.
 Each engine run is a fresh process printing one JSON object; its peak RSS is taken from
 wait4() (max over the process and the children it waited for). Medians over rounds go to
 <out>/table.md, results.json (every sample too) and chart.png. See docs/performance.md.
@@ -462,6 +481,14 @@ def main() -> None:
     ap.add_argument("--prefill", type=int_list, default=[128, 512])
     ap.add_argument("--batch", type=int_list, default=[1, 4, 16])
     ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--depth", type=llama_cpp_peer.positive_int, default=None, metavar="N",
+                    help="tokens of context before the timed decode steps, in every engine: "
+                         "metrale bench --depth N, llama-bench -d N (batch 1) / "
+                         "llama-batched-bench -npp N, hf_peer --decode-prompt N (default: none, "
+                         "decode after 16 tokens, llama-bench's tg from an empty cache)")
+    ap.add_argument("--llama-kv-type", choices=list(llama_cpp_peer.KV_TYPES), default="f16",
+                    help="llama.cpp's KV cache type (-ctk / -ctv; default f16, llama.cpp's own "
+                         "default). metrale's: --metrale-args='--kv-dtype bf16'")
     ap.add_argument("--hf-decode-tokens", type=int, default=None,
                     help="decode steps for HF (default: --decode-tokens); fewer shorten a round "
                          "when torch is slow, without changing its per-step cost")
@@ -495,7 +522,12 @@ def main() -> None:
                          "'=': --metrale-args='--max-rows 64'. A --compute or --weights here "
                          "replaces the option of the same name above")
     ap.add_argument("--cache-dir", type=Path, default=llama_cpp_peer.DEFAULT_CACHE)
-    ap.add_argument("--no-build", action="store_true", help="never build; use what exists")
+    ap.add_argument("--no-build", action="store_true",
+                    help="do not build metrale (use the binary that exists); llama.cpp's "
+                         "pinned build, its tools and the probe are still made when missing")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="prepare everything the run needs (as without it), then stop before "
+                         "the greedy check and the timed rounds")
     ap.add_argument("--no-install", action="store_true",
                     help="do not install missing Python/Debian packages: name them and stop")
     ap.add_argument("--no-chart", action="store_true", help="skip chart.png (no matplotlib)")
@@ -539,6 +571,9 @@ def main() -> None:
                      f"{max(max(args.lora_mix), 1)}")
     elif args.lora_count is not None:
         sys.exit("--lora-count: give --lora-mix too")
+    if args.lora_mix is not None and "llama.cpp" in engines and args.llama_kv_type != "f16":
+        sys.exit(f"--llama-kv-type {args.llama_kv_type} with --lora-mix: llama.cpp's LoRA timing "
+                 "tool (tools/bench/llama_lora_bench.cpp) keeps llama.cpp's default f16 KV cache")
     if args.llama_outtype and args.llama_formats:
         sys.exit("--llama-outtype and --llama-formats: give one (--llama-formats supersedes it)")
     metrale_formats = formats.format_list(args.formats, formats.METRALE_FORMATS, "--formats")
@@ -576,6 +611,10 @@ def main() -> None:
             # Incremental: a no-op when up to date, a rebuild when the sources moved on.
             build_release(["metrale", "bandwidth_probe"])
         metrale = ensure_metrale(args.metrale_bin)
+        if metrale is not None and args.depth and "--depth" not in metrale_bench_options(metrale):
+            log(f"metrale skipped: `{metrale} bench --help` lists no --depth (a binary from "
+                "before it); rebuild it or leave --depth out")
+            metrale = None
         if metrale is None:
             engines.remove("metrale")
             rows = [r for r in rows if r.engine != "metrale"]
@@ -620,6 +659,15 @@ def main() -> None:
     batches_all = sorted(set(args.batch) | {1})
     formats.prepare(rows, args.cache_dir, model_dir, lsrc, batches_all, not args.no_install, log)
     runnable = [r for r in rows if not r.error]
+    if args.prepare_only:
+        for r in rows:
+            log(f"{r.id}: " + (f"not prepared: {r.error}" if r.error else
+                               str(r.gguf or r.model_dir or model_dir)))
+        log(f"prepared (--prepare-only; nothing timed): checkpoint {model_dir}"
+            + (f"; metrale {metrale}" if metrale else "")
+            + (f"; llama.cpp {llama_cpp_peer.build_dir(args.cache_dir)}" if lsrc else "")
+            + f"; probe {probe}")
+        return
     if not runnable:
         sys.exit("no engine left to run")
     by_id = {r.id: r for r in rows}
@@ -628,23 +676,28 @@ def main() -> None:
     batch = ",".join(map(str, args.batch))
     hf_steps = args.hf_decode_tokens or args.decode_tokens
 
+    depth = ["--depth", str(args.depth)] if args.depth else []
+
     def command(row: formats.Row, threads: int) -> list[str]:
         if row.engine == "metrale":
             return [str(metrale), "bench", "--model", str(row.model_dir), "--threads",
                     str(threads), "--prefill", prefill, "--batch", batch, "--decode-tokens",
-                    str(args.decode_tokens), "--reps", "1", "--json", "--no-bandwidth",
+                    str(args.decode_tokens), *depth, "--reps", "1", "--json", "--no-bandwidth",
                     *metrale_fixed,  # the round's probe measures bandwidth
                     *(lora["metrale_flags"] if lora else [])]
         if row.engine == "llama.cpp":
             with_lora = lora and lora["llama_cpp"] and "error" not in lora["llama_cpp"]
             return [sys.executable, str(REPO / "tools/bench/llama_cpp_peer.py"), "--model",
                     str(row.model_dir), "--threads", str(threads), "--prefill", prefill,
-                    "--batch", batch, "--decode-tokens", str(args.decode_tokens), "--outtype",
+                    "--batch", batch, "--decode-tokens", str(args.decode_tokens), *depth,
+                    "--kv-type", args.llama_kv_type, "--outtype",
                     row.format, "--cache-dir", str(args.cache_dir), "--json",
                     *(["--lora", lora["llama_cpp"]["adapter"]] if with_lora else [])]
         return [sys.executable, str(REPO / "tools/bench/hf_peer.py"), "--model",
                 str(row.model_dir), "--threads", str(threads), "--prefill", prefill, "--batch",
-                batch, "--decode-tokens", str(hf_steps), "--reps", "1", "--json"]
+                batch, "--decode-tokens", str(hf_steps),
+                *(["--decode-prompt", str(args.depth)] if args.depth else []), "--reps", "1",
+                "--json"]
 
     def probe_command(threads: int) -> list[str]:
         return [str(probe), "--threads", str(threads), "--reps", "5", "--json"]
@@ -669,7 +722,8 @@ def main() -> None:
             "flags": {k: flags.get(k, "(metrale default)") for k in sorted(set(known) | set(flags))
                       if k not in ("--help",)},
             "compute": flags.get("--compute", "(metrale default)"),
-            "weights": flags.get("--weights", "(metrale default)")}
+            "weights": flags.get("--weights", "(metrale default)"),
+            "kv_dtype": flags.get("--kv-dtype", "(metrale default)")}
     weight_bytes = checkpoint_weight_bytes(model_dir, batches_all)
     mcompute = metrale_info["compute"] if metrale_info else args.compute
     results = {
@@ -686,6 +740,14 @@ def main() -> None:
                    "llama_formats": llama_formats, "threads": args.threads,
                    "reps": args.reps, "prefill": args.prefill, "batch": args.batch,
                    "decode_tokens": args.decode_tokens, "hf_decode_tokens": hf_steps,
+                   # tokens of context before the timed decode steps (None: as before --depth)
+                   "depth": args.depth,
+                   # KV cache element type per engine as asked; each sample's own kv_dtype /
+                   # kv_type says what the engine used
+                   "kv_dtype": {e: {"metrale": metrale_info["kv_dtype"] if metrale_info
+                                    else None,
+                                    "llama.cpp": args.llama_kv_type, "hf": "bf16"}[e]
+                                for e in engines},
                    "engines": engines, "rows": [r.record() for r in rows],
                    "gguf": {r.format: str(r.gguf) for r in rows if r.gguf} or None,
                    "args": {k: (str(v) if isinstance(v, Path) else v)
@@ -722,7 +784,7 @@ def main() -> None:
         results["greedy"] = {"skipped": "needs both metrale and llama.cpp among the engines"}
     else:
         mflags = [a for k, v in metrale_flags.items() for a in (k, v)]
-        for k in ("--compute", "--weights"):  # as the timed runs, also when --metrale-args set it
+        for k in ("--compute", "--weights", "--kv-dtype"):  # as the timed runs, also when --metrale-args set it
             if k in extra_flags and extra_flags[k] is not True:
                 mflags += [k, str(extra_flags[k])]
         gcompute = dict(zip(mflags[::2], mflags[1::2])).get("--compute", "(metrale default)")

@@ -127,6 +127,11 @@ void check_attention_shape(const AttentionShape& s, const KvLayout& kv, int64_t 
   METRALE_CHECK(std::isfinite(s.scale) && s.scale >= 0.0f, "attention: bad scale ", s.scale);
 }
 
+void check_kv_dtype(const char* op, const KvLayout& kv) {
+  METRALE_CHECK(kv_dtype_supported(kv.dtype), op, ": KV cache element type ", dtype_name(kv.dtype),
+                " is not one of f32, f16, bf16");
+}
+
 void check_table(const KvPageTable& t, const KvLayout& kv, size_t index) {
   METRALE_CHECK(t.seq_len >= 1, "attention: sequence ", index, " has length ", t.seq_len);
   const int64_t pages = (t.seq_len + kv.page_size - 1) / kv.page_size;
@@ -308,6 +313,7 @@ void Backend::rope(const RopeArgs& a) {
 void Backend::kv_store(const KvStoreArgs& a) {
   const KvLayout& kv = a.cache.layout;
   METRALE_CHECK(a.cache.k != nullptr && a.cache.v != nullptr, "kv_store: cache has no memory");
+  check_kv_dtype("kv_store", kv);
   const auto n = static_cast<int64_t>(a.slots.size());
   check_rows({"kv_store", "", "k"}, a.k, n, kv.row_elems());
   check_rows({"kv_store", "", "v"}, a.v, n, kv.row_elems());
@@ -324,6 +330,7 @@ void Backend::kv_store(const KvStoreArgs& a) {
 void Backend::attention(const AttentionArgs& a) {
   check_attention_shape(a.shape, a.cache.layout, max_head_dim());
   METRALE_CHECK(a.cache.k != nullptr && a.cache.v != nullptr, "attention: cache has no memory");
+  check_kv_dtype("attention", a.cache.layout);
   const int64_t width = a.shape.n_heads * a.shape.head_dim;
   const int64_t n = a.q.n_rows;
   check_rows({"attention", "", "q"}, a.q, n, width);
@@ -516,6 +523,7 @@ void Backend::latent_attention(const LatentAttentionArgs& a) {
   const KvLayout& kv = a.cache.layout;
   METRALE_CHECK(a.cache.k != nullptr && kv.keys_only && kv.n_kv_heads == 1,
                 "latent_attention: the cache must be a keys-only cache of one head");
+  check_kv_dtype("latent_attention", kv);
   METRALE_CHECK(a.n_heads > 0 && a.kv_rank > 0 && a.kv_rank < kv.head_dim,
                 "latent_attention: ", a.n_heads, " heads of latent width ", a.kv_rank,
                 " do not fit the cache's rows of ", kv.head_dim);

@@ -1,12 +1,15 @@
 #pragma once
-// The paged KV cache layout shared by every backend. The cache of one layer is two f32
-// arrays: V is [n_pages, page_size, n_kv_heads, head_dim] and K is transposed within each
-// page, [n_pages, n_kv_heads, head_dim, page_size], so that the keys of a page lie
-// contiguous for each (head, dim) and attention scores can put keys on vector lanes.
-// Token t of a sequence lives in page block_table[t / page_size] at offset t % page_size.
-// A "slot" is page * page_size + offset: the flat token index that kv_store writes to.
+// The paged KV cache layout shared by every backend. The cache of one layer is two arrays of
+// one element type (KvLayout::dtype: f32, or f16 / bf16 to halve the bytes; attention reads
+// them back as f32 and computes in f32): V is [n_pages, page_size, n_kv_heads, head_dim] and K is
+// transposed within each page, [n_pages, n_kv_heads, head_dim, page_size], so that the keys of a
+// page lie contiguous for each (head, dim) and attention scores can put keys on vector lanes. Token
+// t of a sequence lives in page block_table[t / page_size] at offset t % page_size. A "slot" is
+// page * page_size + offset: the flat token index that kv_store writes to.
 #include <cstdint>
 #include <span>
+
+#include "core/dtype.h"
 
 namespace metrale {
 
@@ -20,8 +23,8 @@ struct KvShape {
 
   bool empty() const { return n_kv_heads == 0; }
   int64_t elems_per_token() const { return (keys_only ? 1 : 2) * n_kv_heads * head_dim; }
-  int64_t bytes_per_token() const {  // f32 storage
-    return elems_per_token() * static_cast<int64_t>(sizeof(float));
+  int64_t bytes_per_token(DType dtype = DType::kF32) const {
+    return elems_per_token() * static_cast<int64_t>(dtype_bits(dtype) / 8);
   }
 };
 
@@ -30,25 +33,38 @@ struct KvLayout {
   int64_t page_size = 0;  // tokens per page
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
-  bool keys_only = false;  // KvShape::keys_only: no V pages
+  bool keys_only = false;     // KvShape::keys_only: no V pages
+  DType dtype = DType::kF32;  // element type of K and V: kF32, kF16 or kBF16
 
   int64_t row_elems() const { return n_kv_heads * head_dim; }  // one token's K (or V)
   int64_t page_elems() const { return page_size * row_elems(); }
   int64_t layer_elems() const { return n_pages * page_elems(); }
   int64_t n_slots() const { return n_pages * page_size; }
+  int64_t elem_bytes() const { return dtype_bits(dtype) / 8; }
 };
 
-// One layer's K and V pages (memory owned by whoever allocated the cache).
+// Whether `t` may be a KV cache element type.
+constexpr bool kv_dtype_supported(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+// One layer's K and V pages (memory owned by whoever allocated the cache). The accessors take
+// the element type T the caller reads the pages as (float for kF32, uint16_t bit patterns or a
+// kernel's own 16-bit float type for kF16 / kBF16); T's size must match layout.dtype.
 struct KvLayerView {
-  float* k = nullptr;  // [n_pages, n_kv_heads, head_dim, page_size]
-  float* v = nullptr;  // [n_pages, page_size, n_kv_heads, head_dim]; null when keys_only
+  void* k = nullptr;  // [n_pages, n_kv_heads, head_dim, page_size]
+  void* v = nullptr;  // [n_pages, page_size, n_kv_heads, head_dim]; null when keys_only
   KvLayout layout;
 
   // K of kv head `h` in `page`: element (dim d, offset o) at [d * page_size + o].
-  float* k_page(int64_t page, int64_t h) const {
-    return k + page * layout.page_elems() + h * layout.head_dim * layout.page_size;
+  template <typename T = float>
+  T* k_page(int64_t page, int64_t h) const {
+    return static_cast<T*>(k) + page * layout.page_elems() + h * layout.head_dim * layout.page_size;
   }
-  float* v_row(int64_t slot) const { return v + slot * layout.row_elems(); }
+  template <typename T = float>
+  T* v_row(int64_t slot) const {
+    return static_cast<T*>(v) + slot * layout.row_elems();
+  }
 };
 
 // The pages of one sequence: block_table[i] is the page holding tokens

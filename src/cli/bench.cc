@@ -1,6 +1,9 @@
 // `metrale bench --model DIR`: prefill and decode tokens/s, peak RSS, and the fraction of
 // the memory-bandwidth roofline, with the bandwidth measured in the same run.
 // Decode roofline: tokens/s x weight bytes read per token / bandwidth.
+// With --speculative KIND: greedy generation of --spec-prompt at each --batch width, with and
+// without speculation in the same run — tokens/s of both, the acceptance (mean accepted drafts
+// per verify step, and the share of drafts accepted), and whether the outputs are identical.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -12,8 +15,10 @@
 #include "backend/op_profiler.h"
 #include "cli/command.h"
 #include "cli/options.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "engine/bandwidth.h"
+#include "engine/session.h"
 
 namespace metrale::cli {
 namespace {
@@ -21,18 +26,27 @@ namespace {
 struct BenchFlags {
   ModelFlags model;
   LoraFlags lora;
+  SpeculativeFlags spec;
+  std::string spec_prompt;  // "": kDefaultSpecPrompt (random ids without a tokenizer)
   // Decode with LoRA: for each count N, rows cycle through the first N adapters given
   // (0: the base model, through the same pool).
   std::string lora_mix;
   std::string prefill = "128,512";
   std::string batch = "1,4,16";
   int64_t decode_tokens = 64;
+  int64_t depth = 16;  // tokens of context each decoding sequence is prefilled with
   int reps = 3;
   bool json = false;
   bool skip_bandwidth = false;
   bool profile = false;
   int64_t profile_batch = 1;
 };
+
+// Text whose continuation a prompt-lookup drafter can partly copy (repeated phrases).
+constexpr const char* kDefaultSpecPrompt =
+    "And God said, Let there be light: and there was light. And God saw the light, that it was "
+    "good: and God divided the light from the darkness. And God called the light Day, and the "
+    "darkness he called Night. And the evening and the morning were the first day. And God said,";
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -68,7 +82,7 @@ double bench_prefill(Model& m, int64_t n, int reps) {
 }
 
 // adapters: each row's adapter ("" = base), cycled over the batch; empty: all base.
-double bench_decode(Model& m, int64_t batch, int64_t steps, int reps,
+double bench_decode(Model& m, int64_t batch, int64_t depth, int64_t steps, int reps,
                     const std::vector<std::string>& adapters = {}) {
   const auto B = static_cast<size_t>(batch);
   std::vector<float> logits(B * static_cast<size_t>(m.vocab_size()));
@@ -77,7 +91,7 @@ double bench_decode(Model& m, int64_t batch, int64_t steps, int reps,
     std::vector<Sequence> seqs(B);
     std::vector<Sequence*> ptrs;
     for (size_t i = 0; i < B; ++i) {
-      const auto prompt = random_ids(16, m.vocab_size(), static_cast<uint32_t>(i + 7));
+      const auto prompt = random_ids(depth, m.vocab_size(), static_cast<uint32_t>(i + 7));
       if (!adapters.empty()) m.set_adapter(seqs[i], adapters[i % adapters.size()]);
       m.prefill(seqs[i], prompt, std::span(logits).first(static_cast<size_t>(m.vocab_size())));
       ptrs.push_back(&seqs[i]);
@@ -95,6 +109,54 @@ double bench_decode(Model& m, int64_t batch, int64_t steps, int reps,
     if (r > 0) tps.push_back(static_cast<double>(batch * steps) / dt);
   }
   return median(tps);
+}
+
+struct SpecRun {
+  int64_t batch = 0;
+  double off_tps = 0, on_tps = 0;
+  SpeculationCounts counts;  // of the last timed run, summed over the batch's streams
+  bool identical = true;
+};
+
+// Greedy generation of `prompt` by `batch` streams (the same prompt each), `tokens` new tokens
+// each, without and with speculation; tokens/s are the median over `reps` timed runs after one
+// warm-up.
+SpecRun bench_speculative(Model& m, const std::vector<int32_t>& prompt, int64_t batch,
+                          int64_t tokens, int reps, const SpeculationOptions& spec) {
+  const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch), prompt);
+  GenerateOptions o;
+  o.max_new_tokens = tokens;
+  o.ignore_eos = true;
+  SpecRun r{.batch = batch};
+  std::vector<std::vector<int32_t>> reference;
+  for (const bool on : {false, true}) {
+    o.speculation = on ? spec : SpeculationOptions{};
+    std::vector<double> tps;
+    for (int rep = 0; rep < reps + 1; ++rep) {
+      const std::vector<GenerateResult> out = generate_batch(m, prompts, o);
+      double generated = 0;
+      SpeculationCounts counts;
+      for (size_t i = 0; i < out.size(); ++i) {
+        generated += static_cast<double>(out[i].tokens.size());
+        counts += out[i].speculation;
+        if (!on && rep == 0) reference.push_back(out[i].tokens);
+        if (on) r.identical = r.identical && out[i].tokens == reference[i];
+      }
+      if (on) r.counts = counts;
+      // One decode clock for the whole batch: the first stream's.
+      if (rep > 0 && out[0].decode_seconds > 0) tps.push_back(generated / out[0].decode_seconds);
+    }
+    (on ? r.on_tps : r.off_tps) = tps.empty() ? 0.0 : median(tps);
+  }
+  return r;
+}
+
+double per_step(const SpeculationCounts& c) {
+  return c.verify_steps > 0 ? static_cast<double>(c.accepted) / static_cast<double>(c.verify_steps)
+                            : 0.0;
+}
+double share(const SpeculationCounts& c) {
+  return c.drafted > 0 ? static_cast<double>(c.accepted) / static_cast<double>(c.drafted) : 0.0;
 }
 
 // Prints `prof`'s tallies as a table sorted by time: per op (and weight) time per `unit`
@@ -119,7 +181,7 @@ void print_profile_table(const OpProfiler& prof, const char* title, const char* 
 
 // Where the time of a decode step of `batch` sequences and of one prefill of `prompt` tokens
 // goes, per op (and weight), measured by an OpProfiler watching the backend.
-void print_profile(Model& m, int64_t steps, int64_t prompt, int64_t batch) {
+void print_profile(Model& m, int64_t depth, int64_t steps, int64_t prompt, int64_t batch) {
   OpProfiler prof;
   const auto V = static_cast<size_t>(m.vocab_size());
   const auto B = static_cast<size_t>(batch);
@@ -127,7 +189,7 @@ void print_profile(Model& m, int64_t steps, int64_t prompt, int64_t batch) {
   std::vector<Sequence> seqs(B);
   std::vector<Sequence*> ptrs;
   for (size_t i = 0; i < B; ++i) {
-    m.prefill(seqs[i], random_ids(16, m.vocab_size(), static_cast<uint32_t>(3 + i)),
+    m.prefill(seqs[i], random_ids(depth, m.vocab_size(), static_cast<uint32_t>(3 + i)),
               std::span(logits).first(V));
     ptrs.push_back(&seqs[i]);
   }
@@ -165,6 +227,8 @@ void print_profile(Model& m, int64_t steps, int64_t prompt, int64_t batch) {
 void run_bench(const BenchFlags& f) {
   const std::vector<int64_t> prefills = parse_count_list(f.prefill, "--prefill");
   const std::vector<int64_t> batches = parse_count_list(f.batch, "--batch");
+  f.spec.check();
+  const std::string spec_text = f.spec_prompt.empty() ? kDefaultSpecPrompt : f.spec_prompt;
   ModelFlags mf = f.model;
   const int64_t longest = *std::max_element(prefills.begin(), prefills.end());
   const int64_t widest = *std::max_element(batches.begin(), batches.end());
@@ -173,8 +237,13 @@ void run_bench(const BenchFlags& f) {
   mf.max_seqs = std::max(mf.max_seqs, widest_all);
   // The profile's decode takes one warm-up step more, and each of its sequences starts pages
   // of its own (rounded up to 64 tokens, a multiple of any page size).
-  const int64_t tokens_per_seq =
-      f.profile ? (16 + f.decode_tokens + 1 + 63) / 64 * 64 : 16 + f.decode_tokens;
+  int64_t tokens_per_seq =
+      f.profile ? (f.depth + f.decode_tokens + 1 + 63) / 64 * 64 : f.depth + f.decode_tokens;
+  // The speculative runs' prompt (at most a token per byte, and special tokens) and drafts.
+  if (f.spec.on()) {
+    tokens_per_seq = std::max(tokens_per_seq, static_cast<int64_t>(spec_text.size()) + 16 +
+                                                  f.decode_tokens + f.spec.draft_tokens + 1);
+  }
   if (mf.kv_tokens == 0) mf.kv_tokens = std::max(longest, widest_all * tokens_per_seq) + 64;
   std::unique_ptr<Model> model = load_model(mf);
   Model& m = *model;
@@ -189,10 +258,21 @@ void run_bench(const BenchFlags& f) {
   }
   METRALE_CHECK(longest <= m.context_limit(), "--prefill ", longest, " exceeds the context of ",
                 m.context_limit());
+  const SpeculationOptions spec = f.spec.options(m);
+  std::vector<int32_t> spec_prompt;
+  if (f.spec.on()) {
+    spec_prompt =
+        m.tokenizer() != nullptr ? m.tokenizer()->encode(spec_text, true) : std::vector<int32_t>();
+    if (spec_prompt.empty()) {  // no tokenizer: a random block, three times
+      const std::vector<int32_t> block = random_ids(24, m.vocab_size(), 5);
+      for (int i = 0; i < 3; ++i) spec_prompt.insert(spec_prompt.end(), block.begin(), block.end());
+    }
+  }
 
   std::vector<double> prefill_tps, decode_tps;
   for (int64_t n : prefills) prefill_tps.push_back(bench_prefill(m, n, f.reps));
-  for (int64_t b : batches) decode_tps.push_back(bench_decode(m, b, f.decode_tokens, f.reps));
+  for (int64_t b : batches)
+    decode_tps.push_back(bench_decode(m, b, f.depth, f.decode_tokens, f.reps));
   // [mix][batch]
   std::vector<std::vector<double>> lora_tps;
   for (int64_t n : mixes) {
@@ -204,7 +284,12 @@ void run_bench(const BenchFlags& f) {
     if (names.empty()) names.push_back("");
     lora_tps.emplace_back();
     for (int64_t b : batches)
-      lora_tps.back().push_back(bench_decode(m, b, f.decode_tokens, f.reps, names));
+      lora_tps.back().push_back(bench_decode(m, b, f.depth, f.decode_tokens, f.reps, names));
+  }
+  std::vector<SpecRun> spec_runs;
+  if (f.spec.on()) {
+    for (int64_t b : batches)
+      spec_runs.push_back(bench_speculative(m, spec_prompt, b, f.decode_tokens, f.reps, spec));
   }
   // Peak RSS of the model's work, read before the probe's 1 GiB buffer raises the mark.
   rusage ru{};
@@ -235,22 +320,46 @@ void run_bench(const BenchFlags& f) {
                     lora_tps[j][i]);
       std::printf("}");
     }
+    if (f.spec.on()) {
+      std::printf(
+          "}, \"speculative\": {\"kind\": \"%s\", \"draft_tokens\": %lld, "
+          "\"prompt_tokens\": %zu, \"new_tokens\": %lld, \"batches\": {",
+          f.spec.kind.c_str(), static_cast<long long>(f.spec.draft_tokens), spec_prompt.size(),
+          static_cast<long long>(f.decode_tokens));
+      for (size_t i = 0; i < spec_runs.size(); ++i) {
+        const SpecRun& r = spec_runs[i];
+        std::printf(
+            "%s\"%lld\": {\"off_tps\": %.3f, \"on_tps\": %.3f, \"verify_steps\": %lld, "
+            "\"drafted\": %lld, \"accepted\": %lld, \"accepted_per_step\": %.4f, "
+            "\"identical\": %s}",
+            i ? ", " : "", static_cast<long long>(r.batch), r.off_tps, r.on_tps,
+            static_cast<long long>(r.counts.verify_steps), static_cast<long long>(r.counts.drafted),
+            static_cast<long long>(r.counts.accepted), per_step(r.counts),
+            r.identical ? "true" : "false");
+      }
+      std::printf("}");
+    }
     std::printf(
         "}, \"lora_pool_bytes\": %llu, \"weight_bytes\": %.0f, \"active_weight_bytes\": %.0f, "
         "\"peak_rss_bytes\": %llu, "
-        "\"bandwidth_gbs\": %.3f, \"kv_bytes_per_token\": %lld, \"kv_dtype\": \"f32\", "
+        "\"bandwidth_gbs\": %.3f, \"kv_bytes_per_token\": %lld, \"kv_dtype\": \"%s\", \"depth\": "
+        "%lld, "
         "\"decode1_roofline_fraction\": %.4f}\n",
         static_cast<unsigned long long>(m.lora_pool() ? m.lora_pool()->bytes() : 0),
         static_cast<double>(m.weight_bytes()), bytes, static_cast<unsigned long long>(rss), gbs,
         static_cast<long long>(m.kv_pool().bytes_per_token()),
+        std::string(dtype_name(m.kv_pool().layout().dtype)).c_str(),
+        static_cast<long long>(f.depth),
         batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]));
     return;
   }
   std::printf("model: %s, %d thread(s), weights %.1f MB (%s), %.1f MB read per decoded token\n",
               m.dir().string().c_str(), m.pool().size(),
               static_cast<double>(m.weight_bytes()) / 1e6, f.model.placement.c_str(), bytes / 1e6);
-  std::printf("KV cache: %lld bytes per token over all layers (f32)\n",
-              static_cast<long long>(m.kv_pool().bytes_per_token()));
+  std::printf("KV cache: %lld bytes per token over all layers (%s); decode after %lld tokens\n",
+              static_cast<long long>(m.kv_pool().bytes_per_token()),
+              std::string(dtype_name(m.kv_pool().layout().dtype)).c_str(),
+              static_cast<long long>(f.depth));
   if (gbs > 0) std::printf("read bandwidth (measured now): %.1f GB/s\n", gbs);
   for (size_t i = 0; i < prefills.size(); ++i)
     std::printf("prefill %5lld tokens: %9.1f tokens/s\n", static_cast<long long>(prefills[i]),
@@ -271,8 +380,22 @@ void run_bench(const BenchFlags& f) {
           100.0 * lora_tps[j][i] / decode_tps[i]);
     }
   }
+  if (f.spec.on()) {
+    std::printf(
+        "speculative (%s, K = %lld): greedy, %zu-token prompt, %lld new tokens per stream\n",
+        f.spec.kind.c_str(), static_cast<long long>(f.spec.draft_tokens), spec_prompt.size(),
+        static_cast<long long>(f.decode_tokens));
+    for (const SpecRun& r : spec_runs) {
+      std::printf(
+          "  batch %3lld: off %9.1f tokens/s | %s %9.1f tokens/s (%.2fx) | %.2f accepted per "
+          "verify step, %.0f%% of %lld drafts | output %s\n",
+          static_cast<long long>(r.batch), r.off_tps, f.spec.kind.c_str(), r.on_tps,
+          r.off_tps > 0 ? r.on_tps / r.off_tps : 0.0, per_step(r.counts), 100.0 * share(r.counts),
+          static_cast<long long>(r.counts.drafted), r.identical ? "identical" : "DIFFERS");
+    }
+  }
   std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);
-  if (f.profile) print_profile(m, f.decode_tokens, longest, f.profile_batch);
+  if (f.profile) print_profile(m, f.depth, f.decode_tokens, longest, f.profile_batch);
 }
 
 void setup(CLI::App& app) {
@@ -285,11 +408,17 @@ void setup(CLI::App& app) {
   f->model.max_rows = 512;
   f->model.add_to(*cmd);
   f->lora.add_to(*cmd);
+  f->spec.add_to(*cmd);
+  cmd->add_option("--spec-prompt", f->spec_prompt,
+                  "with --speculative: the prompt the speculative runs generate from (default: "
+                  "a short text with repeated phrases)");
   cmd->add_option("--lora-mix", f->lora_mix,
                   "decode also with LoRA: per count N, rows cycle through the first N --lora "
                   "adapters (0 = base model rows), comma-separated");
   cmd->add_option("--prefill", f->prefill, "prompt lengths to time, comma-separated");
   cmd->add_option("--batch", f->batch, "decode batch widths to time, comma-separated");
+  cmd->add_option("--depth", f->depth, "tokens of context before the timed decode steps")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--decode-tokens", f->decode_tokens, "decode steps per timing")
       ->check(CLI::Range(int64_t{1}, int64_t{100000}));
   cmd->add_option("--reps", f->reps, "timed repetitions (median reported)")

@@ -1,6 +1,8 @@
 // `metrale generate --model DIR --prompt TEXT`: streams the continuation to stdout, then
 // prints prompt and decode speed on stderr. With --json, prints one JSON line instead of the
-// text: the prompt ids, the generated ids and why it stopped (for comparing engines).
+// text: the prompt ids, the generated ids, why it stopped (for comparing engines), and the
+// speculative drafts fed and accepted. --speculative ngram decodes with drafts (the output is
+// the same).
 #include <cstdio>
 
 #include "cli/command.h"
@@ -14,6 +16,7 @@ namespace {
 struct GenerateFlags {
   ModelFlags model;
   LoraFlags lora;
+  SpeculativeFlags spec;
   std::string prompt;
   std::string ids;
   GenerateOptions gen;
@@ -32,6 +35,7 @@ void run_generate(const GenerateFlags& f) {
   METRALE_CHECK(!(f.prompt.empty() && f.ids.empty()),
                 "generate: give --prompt TEXT or --ids 1,2,3");
   METRALE_CHECK(f.prompt.empty() || f.ids.empty(), "generate: give only one of --prompt and --ids");
+  f.spec.check();
   std::unique_ptr<Model> model = load_model(f.model);
   const std::string adapter = f.lora.apply(*model);
   std::vector<int32_t> prompt;
@@ -45,6 +49,7 @@ void run_generate(const GenerateFlags& f) {
   METRALE_CHECK(!prompt.empty(), "generate: the prompt encodes to no tokens");
   GenerateOptions o = f.gen;
   o.stop_strings = f.stop;
+  o.speculation = f.spec.options(*model);
   Session session(*model, adapter);
   if (!f.prompt.empty() && !f.json) std::fputs(f.prompt.c_str(), stdout);
   const GenerateResult r = session.generate(prompt, o, [&f](std::string_view piece) {
@@ -57,7 +62,10 @@ void run_generate(const GenerateFlags& f) {
     print_ids("prompt_ids", prompt);
     std::printf(", ");
     print_ids("ids", r.tokens);
-    std::printf(", \"stop\": \"%s\"}", std::string(stop_reason_name(r.stop)).c_str());
+    std::printf(", \"stop\": \"%s\", \"drafted\": %lld, \"accepted\": %lld}",
+                std::string(stop_reason_name(r.stop)).c_str(),
+                static_cast<long long>(r.speculation.drafted),
+                static_cast<long long>(r.speculation.accepted));
   } else if (model->tokenizer() == nullptr) {
     for (int32_t t : r.tokens) std::printf("%d ", t);
   }
@@ -72,6 +80,19 @@ void run_generate(const GenerateFlags& f) {
       static_cast<long long>(r.tokens.size()),
       r.decode_seconds > 0 && n_dec > 1 ? (n_dec - 1) / r.decode_seconds : 0.0,
       std::string(stop_reason_name(r.stop)).c_str());
+  if (f.spec.on()) {
+    const SpeculationCounts& c = r.speculation;
+    std::fprintf(
+        stderr,
+        "speculative (%s): %lld verify steps, %lld drafted, %lld accepted (%.1f%%), "
+        "%.2f accepted per verify step\n",
+        f.spec.kind.c_str(), static_cast<long long>(c.verify_steps),
+        static_cast<long long>(c.drafted), static_cast<long long>(c.accepted),
+        c.drafted > 0 ? 100.0 * static_cast<double>(c.accepted) / static_cast<double>(c.drafted)
+                      : 0.0,
+        c.verify_steps > 0 ? static_cast<double>(c.accepted) / static_cast<double>(c.verify_steps)
+                           : 0.0);
+  }
 }
 
 void setup(CLI::App& app) {
@@ -79,6 +100,7 @@ void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "generate text from a prompt");
   f->model.add_to(*cmd);
   f->lora.add_to(*cmd);
+  f->spec.add_to(*cmd);
   cmd->add_option("--prompt,-p", f->prompt, "prompt text (encoded with the model's tokenizer)");
   cmd->add_option("--ids", f->ids, "prompt as comma-separated token ids instead of text");
   cmd->add_flag("--no-special", f->no_special, "do not add the tokenizer's special tokens (bos)");
@@ -97,7 +119,8 @@ void setup(CLI::App& app) {
   cmd->add_option("--stop", f->stop, "stop when the text contains this (repeatable)");
   cmd->add_flag("--ignore-eos", f->gen.ignore_eos, "keep generating past eos tokens");
   cmd->add_flag("--json", f->json,
-                "print one JSON line {prompt_ids, ids, stop} instead of the text");
+                "print one JSON line {prompt_ids, ids, stop, drafted, accepted} instead of the "
+                "text");
   cmd->callback([f] { run_generate(*f); });
 }
 

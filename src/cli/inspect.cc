@@ -97,7 +97,7 @@ void print_kv_bytes(const ModelConfig& config) {
     std::printf(" (uncompressed: %lld, %.1fx)", static_cast<long long>(total_full),
                 total > 0 ? static_cast<double>(total_full) / static_cast<double>(total) : 0.0);
   }
-  std::printf("\n");
+  std::printf("; f16 / bf16 (--kv-dtype): %lld bytes\n", static_cast<long long>(total / 2));
   for (const auto& [bytes, n] : kinds) {
     std::printf("  %lld layer(s): %lld bytes per token per layer", static_cast<long long>(n),
                 static_cast<long long>(bytes.first));

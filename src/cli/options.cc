@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "speculative/ngram_proposer.h"
 
 namespace metrale::cli {
 namespace {
@@ -62,6 +63,10 @@ void ModelFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--kv-tokens", kv_tokens,
                  "KV cache capacity in tokens (default: min(context, 4096))")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd.add_option("--kv-dtype", kv_dtype,
+                 "KV cache storage: f32 (exact), f16 or bf16 (half the bytes; attention "
+                 "computes in f32)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd.add_option("--max-rows", max_rows, "largest prefill chunk / decode batch")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   cmd.add_option("--weights", placement,
@@ -94,6 +99,7 @@ LoadOptions ModelFlags::load_options() const {
                                   : Compute::kF32;
   o.max_seqs = max_seqs;
   o.state_dtype = state_dtype == "f16" ? DType::kF16 : DType::kF32;
+  o.kv_dtype = kv_dtype == "f16" ? DType::kF16 : kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   if (!state_budget.empty()) o.state_budget = parse_byte_size(state_budget, "--state-budget");
   // Progress only where a person watches and the load takes a moment.
   if (isatty(STDERR_FILENO)) o.progress = draw_progress;
@@ -156,6 +162,56 @@ std::string LoraFlags::apply(Model& model) const {
     return adapter;
   }
   return n == 1 ? named[0].first : "";
+}
+
+void SpeculativeFlags::add_to(CLI::App& cmd) {
+  cmd.add_option("--speculative", kind,
+                 "speculative decoding: ngram (prompt lookup: drafts copied from the context), "
+                 "mtp (the checkpoint's multi-token-prediction layers) or off; greedy output is "
+                 "unchanged token for token");
+  cmd.add_option("--draft-tokens", draft_tokens, "most draft tokens per sequence per step (K)");
+  cmd.add_option("--draft-ladder", ladder,
+                 "drafts by batch size: rungs n_max:drafts, e.g. 4:3,8:3,16:1,32:1 (the first "
+                 "rung with n_max >= the sequences decoding, else the last; clamped to 1..K)");
+  cmd.add_option("--dispatch-cap", dispatch_cap,
+                 "most draft rows one step adds over all its sequences (1..128)");
+  cmd.add_option("--ngram-min", ngram_min,
+                 "ngram: the shortest context suffix that may match an earlier occurrence");
+  cmd.add_option("--ngram-max", ngram_max, "ngram: the longest suffix tried first");
+}
+
+void SpeculativeFlags::check() const {
+  METRALE_CHECK(kind == "ngram" || kind == "mtp" || kind == "off", "--speculative '", kind,
+                "': expected ngram, mtp or off");
+  speculative::check_dispatch_cap(dispatch_cap, draft_tokens);
+  if (!ladder.empty()) speculative::DraftLadder::parse(ladder, draft_tokens, "--draft-ladder");
+  METRALE_CHECK(ngram_min >= 1 && ngram_min <= speculative::kNgramMaxN, "--ngram-min: expected 1..",
+                speculative::kNgramMaxN, ", found ", ngram_min);
+  METRALE_CHECK(ngram_max >= ngram_min && ngram_max <= speculative::kNgramMaxN,
+                "--ngram-max: expected --ngram-min (", ngram_min, ") .. ", speculative::kNgramMaxN,
+                ", found ", ngram_max);
+}
+
+SpeculationOptions SpeculativeFlags::options(const Model& model) const {
+  check();
+  SpeculationOptions o;
+  if (!on()) return o;
+  if (kind == "mtp") {
+    METRALE_CHECK(model.config().n_mtp_layers > 0, "--speculative mtp: ", model.dir().string(),
+                  " has no MTP layers (config.json: num_nextn_predict_layers / "
+                  "mtp_num_hidden_layers is 0 or absent); use --speculative ngram");
+    throw make_error("--speculative mtp: ", model.dir().string(), " has ",
+                     model.config().n_mtp_layers,
+                     " MTP layer(s), but this build has no MTP drafter yet; use --speculative "
+                     "ngram");
+  }
+  o.proposer = std::make_shared<speculative::NgramProposer>(
+      speculative::NgramOptions{.min_n = ngram_min, .max_n = ngram_max});
+  o.ladder = ladder.empty()
+                 ? speculative::DraftLadder::constant(draft_tokens)
+                 : speculative::DraftLadder::parse(ladder, draft_tokens, "--draft-ladder");
+  o.dispatch_cap = dispatch_cap;
+  return o;
 }
 
 }  // namespace metrale::cli

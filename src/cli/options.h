@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/model.h"
+#include "engine/speculation.h"
 
 namespace metrale::cli {
 
@@ -27,6 +28,7 @@ struct ModelFlags {
   std::string compute = "f32";
   int64_t max_seqs = 8;             // hybrid models: sequences holding a recurrent state at once
   std::string state_dtype = "f32";  // hybrid models: recurrent-state storage
+  std::string kv_dtype = "f32";     // KV cache storage
   std::string state_budget;         // hybrid models: bytes for the state pool ("" = no limit)
 
   void add_to(CLI::App& cmd);
@@ -47,6 +49,25 @@ struct LoraFlags {
   void add_to(CLI::App& cmd, bool with_adapter = true);
   // Makes the pool and loads the adapters (pinned); returns the adapter to run ("" = base).
   std::string apply(Model& model) const;
+};
+
+// Speculative decoding: `--speculative ngram|mtp|off`, `--draft-tokens K`, `--draft-ladder
+// SPEC` (n_max:drafts rungs, speculative/ladder.h), `--dispatch-cap N`, and the n-gram
+// lookup's `--ngram-min` / `--ngram-max`.
+struct SpeculativeFlags {
+  std::string kind = "off";
+  int64_t draft_tokens = 4;
+  int64_t ngram_min = 1, ngram_max = 4;
+  std::string ladder;  // "": K drafts at every batch size
+  int64_t dispatch_cap = speculative::kDefaultDispatchCap;
+
+  void add_to(CLI::App& cmd);
+  bool on() const { return kind != "off"; }
+  // Checks what needs no model (the kind, the counts, the ladder's syntax); errors name the flag.
+  void check() const;
+  // The engine's options for `model` (off: no proposer). Throws an Error naming the flag for a
+  // drafter the model cannot have (mtp without MTP layers).
+  SpeculationOptions options(const Model& model) const;
 };
 
 // Loads the model, drawing a progress line on stderr while weights stream in.

@@ -26,6 +26,7 @@ namespace {
 struct ServeFlags {
   ModelFlags model;
   LoraFlags lora;  // each --lora NAME=DIR is served as the model NAME
+  SpeculativeFlags spec;
   http::HttpServerOptions http;
   std::string kv_budget;
   std::string chat_template;
@@ -41,11 +42,11 @@ struct ServeFlags {
 };
 
 // --kv-budget BYTES -> KV capacity in tokens: the budget over what one token keeps in every
-// layer's cache (kv_shapes, f32 storage), read from config.json before the load.
-int64_t kv_tokens_for_budget(const std::string& dir, const std::string& budget) {
+// layer's cache (kv_shapes, stored as --kv-dtype), read from config.json before the load.
+int64_t kv_tokens_for_budget(const std::string& dir, const std::string& budget, DType dtype) {
   const uint64_t bytes = parse_byte_size(budget, "--kv-budget");
   int64_t per_token = 0;
-  for (const KvShape& s : kv_shapes(load_model_config(dir))) per_token += s.bytes_per_token();
+  for (const KvShape& s : kv_shapes(load_model_config(dir))) per_token += s.bytes_per_token(dtype);
   METRALE_CHECK(per_token > 0, dir, ": this model keeps no KV cache; --kv-budget does not apply");
   const auto tokens = static_cast<int64_t>(bytes / static_cast<uint64_t>(per_token));
   METRALE_CHECK(tokens >= 16, "--kv-budget ", budget, " holds ", tokens, " tokens at ", per_token,
@@ -114,6 +115,7 @@ void run_serve(ServeFlags f) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  f.spec.check();
   LoadOptions load = f.model.load_options();
   // Hybrid models resume a cached prefix only from a recurrent-state snapshot taken at its
   // page boundary (serve/prefix_cache.h), so the prefix cache needs snapshot blocks in the
@@ -122,7 +124,7 @@ void run_serve(ServeFlags f) {
       f.state_snapshots >= 0 ? f.state_snapshots : (f.no_prefix_cache ? 0 : 2 * f.model.max_seqs);
   if (!f.kv_budget.empty()) {
     METRALE_CHECK(f.model.kv_tokens == 0, "give only one of --kv-budget and --kv-tokens");
-    load.kv_tokens = kv_tokens_for_budget(f.model.dir, f.kv_budget);
+    load.kv_tokens = kv_tokens_for_budget(f.model.dir, f.kv_budget, load.kv_dtype);
   }
   std::unique_ptr<Model> model = Model::load(f.model.dir, load);
   // LoRA adapters, pinned in the slot pool: a request whose "model" is NAME runs with it
@@ -160,20 +162,21 @@ void run_serve(ServeFlags f) {
     std::fprintf(stderr, "metrale serve: no embeddings (%s); /v1/embeddings answers 400\n",
                  e.what());
   }
+  so.speculation = f.spec.options(*model);
   Scheduler scheduler(*model, so);
 
   http::HttpServer server(scheduler, std::move(tmpl), f.http);
   const int port = server.bind();
   std::printf(
       "metrale serve: %s on http://%s:%d/v1 (KV %lld tokens, %lld streams, tool calls: %s, "
-      "reasoning: %s, embeddings: %s)\n",
+      "reasoning: %s, speculative: %s, embeddings: %s)\n",
       server.model_name().c_str(), f.http.host.c_str(), port,
       static_cast<long long>(model->kv_pool().layout().n_pages *
                              model->kv_pool().layout().page_size),
       static_cast<long long>(so.max_seqs),
       std::string(chat::tool_call_format_name(f.http.tool_call_format)).c_str(),
       std::string(chat::reasoning_format_name(f.http.reasoning_format)).c_str(),
-      embeddings.c_str());
+      f.spec.kind.c_str(), embeddings.c_str());
   std::fflush(stdout);
 
   std::thread signal_thread([&] {
@@ -204,6 +207,7 @@ void setup(CLI::App& app) {
                   "address to listen on (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", f->http.port, "TCP port (0: any free one)")
       ->check(CLI::Range(0, 65535));
+  f->spec.add_to(*cmd);
   cmd->add_option("--api-key", f->http.api_key,
                   "require 'Authorization: Bearer KEY' on every endpoint but /health");
   cmd->add_option("--model-name", f->http.model_name,

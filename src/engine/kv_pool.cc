@@ -45,8 +45,10 @@ std::vector<KvShape> uncompressed_kv_shapes(const ModelConfig& c) {
 }
 
 KvPool::KvPool(Backend& backend, int64_t n_pages, int64_t page_size,
-               std::span<const KvShape> layers)
-    : backend_(&backend), layout_{.n_pages = n_pages, .page_size = page_size} {
+               std::span<const KvShape> layers, DType dtype)
+    : backend_(&backend), layout_{.n_pages = n_pages, .page_size = page_size, .dtype = dtype} {
+  METRALE_CHECK(kv_dtype_supported(dtype), "kv cache: element type ", dtype_name(dtype),
+                " is not one of f32, f16, bf16");
   METRALE_CHECK(n_pages > 0 && page_size > 0, "kv cache: bad layout (", n_pages, " pages of ",
                 page_size, " tokens)");
   METRALE_CHECK(n_pages <= INT32_MAX, "kv cache: too many pages: ", n_pages);
@@ -62,13 +64,11 @@ KvPool::KvPool(Backend& backend, int64_t n_pages, int64_t page_size,
     }
     METRALE_CHECK(layout.row_elems() > 0, "kv cache: bad layer shape ", shape.n_kv_heads, " x ",
                   shape.head_dim);
-    bytes_per_token_ += shape.bytes_per_token();
-    const size_t bytes = static_cast<size_t>(layout.layer_elems()) * sizeof(float);
+    bytes_per_token_ += shape.bytes_per_token(dtype);
+    const size_t bytes = static_cast<size_t>(layout.layer_elems() * layout.elem_bytes());
     buffers_.push_back(backend.allocate(shape.keys_only ? bytes : 2 * bytes));
-    float* base = buffers_.back().as<float>();
-    layers_.push_back({.k = base,
-                       .v = shape.keys_only ? nullptr : base + layout.layer_elems(),
-                       .layout = layout});
+    auto* base = buffers_.back().as<std::byte>();
+    layers_.push_back({.k = base, .v = shape.keys_only ? nullptr : base + bytes, .layout = layout});
   }
   free_.reserve(static_cast<size_t>(n_pages));
   for (int64_t p = n_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
@@ -166,10 +166,12 @@ void KvPool::unshare(std::vector<int32_t>& block_table, int64_t index) {
   --refs_[static_cast<size_t>(from)];
   for (const KvLayerView& l : layers_) {
     if (l.k == nullptr) continue;  // a layer that keeps nothing
-    const size_t bytes = static_cast<size_t>(l.layout.page_elems()) * sizeof(float);
-    backend_->copy(l.k + to * l.layout.page_elems(), l.k + from * l.layout.page_elems(), bytes);
-    if (l.v != nullptr)
-      backend_->copy(l.v + to * l.layout.page_elems(), l.v + from * l.layout.page_elems(), bytes);
+    const int64_t bytes = l.layout.page_elems() * l.layout.elem_bytes();
+    const auto page = [&](void* base, int32_t p) {
+      return static_cast<std::byte*>(base) + p * bytes;
+    };
+    backend_->copy(page(l.k, to), page(l.k, from), static_cast<size_t>(bytes));
+    if (l.v != nullptr) backend_->copy(page(l.v, to), page(l.v, from), static_cast<size_t>(bytes));
   }
   block_table[static_cast<size_t>(index)] = to;
 }

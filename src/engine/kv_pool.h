@@ -26,10 +26,12 @@ std::vector<KvShape> uncompressed_kv_shapes(const ModelConfig& config);
 
 class KvPool {
  public:
-  // n_pages pages of page_size tokens; layer i keeps layers[i] per token (nothing when empty).
-  KvPool(Backend& backend, int64_t n_pages, int64_t page_size, std::span<const KvShape> layers);
+  // n_pages pages of page_size tokens; layer i keeps layers[i] per token (nothing when empty),
+  // stored as `dtype` (kF32, kF16 or kBF16; anything else throws).
+  KvPool(Backend& backend, int64_t n_pages, int64_t page_size, std::span<const KvShape> layers,
+         DType dtype = DType::kF32);
 
-  // The pages (n_pages, page_size); each layer's heads are in layer(i).layout.
+  // The pages (n_pages, page_size, dtype); each layer's heads are in layer(i).layout.
   const KvLayout& layout() const { return layout_; }
   // Bytes one token takes over all layers.
   int64_t bytes_per_token() const { return bytes_per_token_; }

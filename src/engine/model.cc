@@ -63,7 +63,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
                     i < kv.size() ? kv[i].elems_per_token() : 0);
     }
     m->kv_ = std::make_unique<KvPool>(*m->backend_, (kv_tokens + o.page_size - 1) / o.page_size,
-                                      o.page_size, kv);
+                                      o.page_size, kv, o.kv_dtype);
     std::vector<LayerStateShape> shapes;
     bool any_state = false;
     for (const DecoderLayer& layer : m->arch_->layers) {
@@ -254,8 +254,6 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
   METRALE_CHECK(pooled.size() == static_cast<size_t>(n_pools * config_.hidden_size),
                 "step: pooled buffer holds ", pooled.size(), " floats, expected ",
                 n_pools * config_.hidden_size, " (", n_pools, " pooling items)");
-  METRALE_CHECK(sink == nullptr || items.size() == 1,
-                "step: hidden states are recorded for one sequence only");
   if (state_ != nullptr) bind_states(items);
   const int64_t page = kv_->layout().page_size;
   for (const StepItem& it : items) {
@@ -353,7 +351,7 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
       // the last ring_depth token counts; after a longer one, only its final state.
       const int64_t depth = state_->plan().ring_depth;
       it.seq->state_floor =
-          len <= depth ? std::max(it.seq->state_floor, have + len - depth) : have + len;
+          len <= depth + 1 ? std::max(it.seq->state_floor, have + len - depth) : have + len;
     }
   }
 }
@@ -377,10 +375,12 @@ void Model::bind_states(std::span<const StepItem> items) {
     const Sequence& seq = *items[i].seq;
     const auto have = static_cast<int64_t>(seq.tokens.size());
     const auto len = static_cast<int64_t>(items[i].ids.size());
-    // Token count t's state lives in version t % versions. A step of at most ring_depth rows
-    // keeps the state after each row (a verify that may be rolled back); a longer one keeps
-    // only its last, which lets the backend use the chunked form.
-    const bool keep_all = len <= depth;
+    // Token count t's state lives in version t % versions. A step of at most ring_depth + 1
+    // rows keeps the state after each row (a verify of up to ring_depth drafts, rolled back to
+    // any count after its first row; with ring_depth + 1 rows the last overwrites the state
+    // before the step, which no rollback of a verify needs); a longer one keeps only its last,
+    // which lets the backend use the chunked form.
+    const bool keep_all = len <= depth + 1;
     for (int64_t j = 0; j < len; ++j) {
       const bool keep = keep_all || j == len - 1;
       state_out_[row + static_cast<size_t>(j)] =

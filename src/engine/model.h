@@ -40,10 +40,11 @@ struct LoadOptions {
   Compute compute = Compute::kF32;
   bool load_tokenizer = true;  // read tokenizer.json when the directory has one
   // Hybrid models (Gated DeltaNet layers): the recurrent-state pool (engine/state_pool.h).
-  int64_t max_seqs = 8;                     // sequences holding a state slot at once
-  DType state_dtype = DType::kF32;          // state storage: kF32 or kF16
-  int64_t state_snapshots = 0;              // snapshot blocks for prefix caching
-  std::optional<uint64_t> state_budget;     // bytes for the pool; none: the deepest ring
+  int64_t max_seqs = 8;                  // sequences holding a state slot at once
+  DType state_dtype = DType::kF32;       // state storage: kF32 or kF16
+  DType kv_dtype = DType::kF32;          // KV cache storage: kF32, kF16 or kBF16 (attention in f32)
+  int64_t state_snapshots = 0;           // snapshot blocks for prefix caching
+  std::optional<uint64_t> state_budget;  // bytes for the pool; none: the deepest ring
   std::optional<int64_t> state_ring_depth;  // force a rollback depth (must fit the budget)
   void (*progress)(uint64_t done_bytes, uint64_t total_bytes) = nullptr;
 };
@@ -67,7 +68,8 @@ struct Sequence {
 };
 
 // Receives the residual stream after the embedding (index 0) and after each layer (1..L;
-// the last one after the final norm, as HF's output_hidden_states). Rows are the step's.
+// the last one after the final norm, as HF's output_hidden_states). Rows are the step's, item
+// by item; the last index has the rows that want logits only (the head runs on those).
 using HiddenSink = std::function<void(int64_t index, ConstRows h)>;
 
 // Which logits rows a step item wants.
@@ -151,7 +153,7 @@ class Model {
   // Keeps the first n tokens of `seq` (rollback of rejected draft tokens); pages no longer
   // needed go back to the pool. A later step recomputes whatever follows. Hybrid models:
   // n >= seq.state_floor (the ring keeps the state after each of the last ring_depth tokens
-  // of steps of at most ring_depth tokens; a longer step keeps only its final state).
+  // of steps of at most ring_depth + 1 tokens; a longer step keeps only its final state).
   void truncate(Sequence& seq, int64_t n);
   // Returns the sequence's pages to the pool and empties it (and drops its adapter).
   void release(Sequence& seq);

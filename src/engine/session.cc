@@ -12,109 +12,38 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Per-sequence generation state shared by Session::generate and generate_batch.
-class Generation {
- public:
-  Generation(Model& model, const GenerateOptions& o, std::vector<int32_t> eos, uint64_t seed)
-      : model_(model), o_(o), eos_(std::move(eos)), rng_(seed), sampler_(model.vocab_size()) {}
-
-  // Picks the next token from `logits` (modified in place by the processors).
-  int32_t pick(std::span<float> logits, const Sequence& seq) {
-    if (o_.sampling.temperature <= 0.0f && o_.sampling.repetition_penalty == 1.0f) {
-      return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    }
-    if (o_.sampling.temperature <= 0.0f) {
-      sampler_.process(logits,
-                       {.temperature = 1.0f, .repetition_penalty = o_.sampling.repetition_penalty},
-                       seq.tokens);
-      return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    }
-    return sampler_.sample(logits, o_.sampling, seq.tokens, rng_);
-  }
-
-  // Records `token`; returns false when generation is over (result.stop says why).
-  bool accept(int32_t token, GenerateResult& r, const TextCallback& on_text) {
-    if (!o_.ignore_eos && std::find(eos_.begin(), eos_.end(), token) != eos_.end()) {
-      r.stop = StopReason::kEos;
-      return false;
-    }
-    r.tokens.push_back(token);
-    if (const Tokenizer* tok = model_.tokenizer()) {
-      // An id the tokenizer lacks (a padding row of a larger embedding) prints nothing, as
-      // the tokenizers library skips it.
-      if (tok->id_to_token(token).has_value()) text_ids_.push_back(token);
-      r.text = tok->decode(text_ids_, /*skip_special_tokens=*/true);
-      for (const std::string& stop : o_.stop_strings) {
-        const size_t at = stop.empty() ? std::string::npos : r.text.find(stop);
-        if (at != std::string::npos) {
-          r.text.resize(at);
-          r.stop = StopReason::kStopString;
-          return false;
-        }
-      }
-      stream(r.text, on_text);
-    }
-    if (static_cast<int64_t>(r.tokens.size()) >= o_.max_new_tokens) {
-      r.stop = StopReason::kMaxTokens;
-      return false;
-    }
-    return true;
-  }
-
-  // Reports the rest of the final text.
-  void finish(const GenerateResult& r, const TextCallback& on_text) {
-    if (on_text && r.text.size() > emitted_) on_text(std::string_view(r.text).substr(emitted_));
-    emitted_ = r.text.size();
-  }
-
- private:
-  // Reports what is certain of `text` so far: not a trailing partial character (the decoder
-  // shows it as U+FFFD), and not the last (longest stop string - 1) bytes, which a stop
-  // string completed by a later token would cut away.
-  void stream(const std::string& text, const TextCallback& on_text) {
-    if (!on_text || text.ends_with("\xEF\xBF\xBD")) return;
-    size_t hold = 0;
-    for (const std::string& s : o_.stop_strings)
-      hold = std::max(hold, s.empty() ? 0 : s.size() - 1);
-    const size_t upto = text.size() > hold ? text.size() - hold : 0;
-    if (upto > emitted_) {
-      on_text(std::string_view(text).substr(emitted_, upto - emitted_));
-      emitted_ = upto;
-    }
-  }
-
-  Model& model_;
-  const GenerateOptions& o_;
-  std::vector<int32_t> eos_;
-  Rng rng_;
-  Sampler sampler_;
-  std::vector<int32_t> text_ids_;  // the generated ids the tokenizer knows
-  size_t emitted_ = 0;
-};
-
-std::vector<int32_t> resolve_eos(const Model& model, const GenerateOptions& o) {
-  return o.eos_ids.empty() ? default_eos_ids(model) : o.eos_ids;
-}
-
 void check_options(const GenerateOptions& o) {
   METRALE_CHECK(o.max_new_tokens >= 0, "max_new_tokens must be >= 0, found ", o.max_new_tokens);
 }
 
-}  // namespace
-
-std::string_view stop_reason_name(StopReason r) {
-  switch (r) {
-    case StopReason::kEos:
-      return "eos";
-    case StopReason::kStopString:
-      return "stop string";
-    case StopReason::kMaxTokens:
-      return "max tokens";
-    case StopReason::kContextFull:
-      return "context full";
-  }
-  return "?";
+GenerationParams params_of(const Model& model, const GenerateOptions& o, uint64_t seed) {
+  return {
+      .sampling = o.sampling,
+      .seed = seed,
+      .eos_ids = o.eos_ids.empty() ? default_eos_ids(model) : o.eos_ids,
+      .ignore_eos = o.ignore_eos,
+      .stop = o.stop_strings,
+      .skip_special_tokens = true,
+      .max_tokens = o.max_new_tokens,
+      // The token that ends generation is never fed, so the input may reach one past what
+      // the sequence can hold.
+      .max_input = model.context_limit() + 1,
+      .end_shows_partial_char = true,
+  };
 }
+
+GenerateResult result_of(const Generation& gen, GenerateResult r) {
+  r.tokens.assign(gen.generated().begin(), gen.generated().end());
+  r.text = gen.text();
+  r.stop = gen.end().value_or(StopReason::kMaxTokens);
+  return r;
+}
+
+void report(const std::string& text, const TextCallback& on_text) {
+  if (on_text && !text.empty()) on_text(text);
+}
+
+}  // namespace
 
 std::vector<int32_t> default_eos_ids(const Model& model) {
   std::vector<int32_t> eos;
@@ -136,27 +65,36 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   check_options(o);
   GenerateResult r;
   r.prompt_tokens = static_cast<int64_t>(prompt.size());
-  Generation gen(model_, o, resolve_eos(model_, o), o.seed);
+  // The context is the whole conversation so far: the repetition penalty sees it.
+  std::vector<int32_t> context = seq_.tokens;
+  context.insert(context.end(), prompt.begin(), prompt.end());
+  Generation gen(params_of(model_, o, o.seed), std::move(context), model_.tokenizer());
+  Speculator spec(model_, o.speculation);
   std::vector<float> logits(static_cast<size_t>(model_.vocab_size()));
   const auto t0 = Clock::now();
-  model_.prefill(seq_, prompt, logits);
+  spec.prefill(seq_, prompt, logits);
   r.prefill_seconds = seconds_since(t0);
   const auto t1 = Clock::now();
-  if (o.max_new_tokens > 0) {
-    int32_t next = gen.pick(logits, seq_);
-    while (gen.accept(next, r, on_text)) {
-      if (static_cast<int64_t>(seq_.tokens.size()) >= model_.context_limit()) {
-        r.stop = StopReason::kContextFull;
-        break;
-      }
-      Sequence* one = &seq_;
-      model_.decode({&one, 1}, {&next, 1}, logits);
-      next = gen.pick(logits, seq_);
+  gen.accept(gen.pick(logits, spec.scratch()));
+  // Taken after every step (with or without a callback), so nothing stays undoable.
+  report(gen.take(Release::kCertain).text, on_text);
+  DecodeStream stream{.seq = &seq_, .gen = &gen};
+  try {
+    if (!gen.ended()) spec.start(stream);
+    DecodeStream* const one = &stream;
+    while (!gen.ended()) {
+      spec.step({&one, 1});
+      report(gen.take(Release::kCertain).text, on_text);
     }
+  } catch (...) {
+    spec.stop(stream);
+    throw;
   }
-  gen.finish(r, on_text);
+  spec.stop(stream);
+  report(gen.take(Release::kAll).text, on_text);
   r.decode_seconds = seconds_since(t1);
-  return r;
+  r.speculation = stream.counts;
+  return result_of(gen, std::move(r));
 }
 
 std::vector<GenerateResult> generate_batch(Model& model,
@@ -170,66 +108,51 @@ std::vector<GenerateResult> generate_batch(Model& model,
   const auto V = static_cast<size_t>(model.vocab_size());
   std::vector<Sequence> seqs(n);
   std::vector<Generation> gens;
+  std::vector<DecodeStream> streams(n);
   std::vector<GenerateResult> results(n);
-  std::vector<int32_t> next(n);
-  std::vector<bool> live(n, o.max_new_tokens > 0);
-  std::vector<float> logits(n * V);
+  std::vector<float> logits(V);
+  Speculator spec(model, o.speculation);
   gens.reserve(n);
-  const std::vector<int32_t> eos = resolve_eos(model, o);
   try {
     for (size_t i = 0; i < n; ++i) {
-      gens.emplace_back(model, o, eos, o.seed + i);
+      gens.emplace_back(params_of(model, o, o.seed + i), prompts[i], model.tokenizer());
       results[i].prompt_tokens = static_cast<int64_t>(prompts[i].size());
       const auto t0 = Clock::now();
-      std::span<float> row(logits.data() + i * V, V);
       if (!adapters.empty()) model.set_adapter(seqs[i], adapters[i]);
-      model.prefill(seqs[i], prompts[i], row);
+      spec.prefill(seqs[i], prompts[i], logits);
       results[i].prefill_seconds = seconds_since(t0);
-      if (live[i]) {
-        next[i] = gens[i].pick(row, seqs[i]);
-        live[i] = gens[i].accept(next[i], results[i], nullptr);
+      streams[i] = {.seq = &seqs[i], .gen = &gens[i]};
+      if (!gens[i].ended()) {
+        gens[i].accept(gens[i].pick(logits, spec.scratch()));
+        gens[i].take(Release::kCertain);
       }
+      if (!gens[i].ended()) spec.start(streams[i]);
     }
     const auto t1 = Clock::now();
-    std::vector<Sequence*> step;
-    std::vector<int32_t> step_tokens;
-    std::vector<size_t> which;
+    std::vector<DecodeStream*> step;
     for (;;) {
+      // Every unfinished stream decodes in the step: the token it accepted last, and its
+      // drafts.
       step.clear();
-      step_tokens.clear();
-      which.clear();
-      for (size_t i = 0; i < n; ++i) {
-        if (!live[i]) continue;
-        if (static_cast<int64_t>(seqs[i].tokens.size()) >= model.context_limit()) {
-          results[i].stop = StopReason::kContextFull;
-          live[i] = false;
-          continue;
-        }
-        step.push_back(&seqs[i]);
-        step_tokens.push_back(next[i]);
-        which.push_back(i);
+      for (DecodeStream& s : streams) {
+        if (!s.gen->ended()) step.push_back(&s);
       }
       if (step.empty()) break;
-      for (size_t b = 0; b < step.size(); b += static_cast<size_t>(model.max_rows())) {
-        const size_t m = std::min(step.size() - b, static_cast<size_t>(model.max_rows()));
-        model.decode(std::span(step).subspan(b, m), std::span(step_tokens).subspan(b, m),
-                     std::span(logits).first(m * V));
-        for (size_t j = 0; j < m; ++j) {
-          const size_t i = which[b + j];
-          std::span<float> row(logits.data() + j * V, V);
-          next[i] = gens[i].pick(row, seqs[i]);
-          live[i] = gens[i].accept(next[i], results[i], nullptr);
-        }
-      }
+      spec.step(step);
+      for (DecodeStream* s : step) s->gen->take(Release::kCertain);  // keeps nothing undoable
     }
     for (size_t i = 0; i < n; ++i) {
       results[i].decode_seconds = seconds_since(t1);
-      gens[i].finish(results[i], nullptr);
+      results[i].speculation = streams[i].counts;
+      gens[i].take(Release::kAll);
+      results[i] = result_of(gens[i], std::move(results[i]));
     }
   } catch (...) {
+    for (DecodeStream& s : streams) spec.stop(s);
     for (Sequence& s : seqs) model.release(s);
     throw;
   }
+  for (DecodeStream& s : streams) spec.stop(s);
   for (Sequence& s : seqs) model.release(s);
   return results;
 }

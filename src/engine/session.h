@@ -1,7 +1,10 @@
 #pragma once
 // Generation on top of Model: prompt -> prefill -> sample -> decode ... until a stop
 // condition, for one sequence (Session) or several decoded together in one step
-// (generate_batch). Text streams out as it becomes whole UTF-8.
+// (generate_batch). What to pick, when to stop and which text is final is the per-stream
+// Generation's (engine/generation.h); the decode steps, with or without speculative drafts,
+// are the Speculator's (engine/speculation.h); these drive them. Text streams out as it becomes
+// whole UTF-8, held back while it may still start a stop string.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -9,8 +12,10 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
+#include "engine/speculation.h"
 
 namespace metrale {
 
@@ -24,22 +29,26 @@ struct GenerateOptions {
   std::vector<std::string> stop_strings;
   SamplingParams sampling{.temperature = 0.0f};  // greedy unless temperature > 0
   uint64_t seed = 0;
+  // Speculative decoding (engine/speculation.h); no proposer: off. The output is the same
+  // either way (greedy: token for token; sampled: for a seed, as the verify draws exactly the
+  // plain picks' draws).
+  SpeculationOptions speculation;
 };
-
-enum class StopReason : uint8_t { kEos, kStopString, kMaxTokens, kContextFull };
-std::string_view stop_reason_name(StopReason r);
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated ids (without the eos that stopped it)
-  std::string text;             // their text (empty without a tokenizer), cut at a stop string
+  // Their text (empty without a tokenizer), cut at a stop string; a reply that ends inside a
+  // character ends with U+FFFD, as the tokenizer's decode of the tokens shows it.
+  std::string text;
   StopReason stop = StopReason::kMaxTokens;
   int64_t prompt_tokens = 0;
   double prefill_seconds = 0;
-  double decode_seconds = 0;  // from the first decode step to the end
+  double decode_seconds = 0;      // from the first decode step to the end
+  SpeculationCounts speculation;  // drafts fed and accepted (zeros without speculation)
 };
 
-// Called with each newly completed piece of text (may be empty for a token that ends
-// mid-character).
+// Called with each piece of text that became final (whole characters, not held back for a
+// stop string; never empty), and at the end with the rest.
 using TextCallback = std::function<void(std::string_view piece)>;
 
 class Session {

@@ -640,6 +640,22 @@ std::string HttpServer::Impl::metrics() const {
          s.cache.evicted_pages);
   metric("metrale_prefix_cache_evicted_snapshots_total", "counter", "Cached snapshots evicted.",
          s.cache.evicted_snapshots);
+  metric("metrale_spec_verify_steps_total", "counter",
+         "Speculative verify steps (a stream's step with at least one draft).",
+         s.speculation.verify_steps);
+  metric("metrale_spec_draft_tokens_total", "counter", "Draft tokens the model verified.",
+         s.speculation.drafted);
+  metric("metrale_spec_accepted_tokens_total", "counter", "Draft tokens the model accepted.",
+         s.speculation.accepted);
+  o << "# HELP metrale_request_draft_acceptance Per finished speculative request: accepted / "
+       "drafted tokens.\n# TYPE metrale_request_draft_acceptance histogram\n";
+  for (size_t b = 0; b < std::size(SchedulerStats::kAcceptanceBuckets); ++b) {
+    o << "metrale_request_draft_acceptance_bucket{le=\"" << SchedulerStats::kAcceptanceBuckets[b]
+      << "\"} " << s.acceptance_le[b] << '\n';
+  }
+  o << "metrale_request_draft_acceptance_bucket{le=\"+Inf\"} " << s.acceptance_count << '\n'
+    << "metrale_request_draft_acceptance_sum " << s.acceptance_sum << '\n'
+    << "metrale_request_draft_acceptance_count " << s.acceptance_count << '\n';
   metric("metrale_http_client_disconnects_total", "counter",
          "Requests whose client went away before the end.", client_disconnects.load());
   std::lock_guard lock(metrics_mu);

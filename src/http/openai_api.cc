@@ -75,6 +75,7 @@ void read_common(const JsonFields& f, OpenAiRequest& r) {
     r.sampling.repetition_penalty = static_cast<float>(*p);
   }
   r.ignore_eos = field("ignore_eos", [&] { return f.bool_or("ignore_eos", false); });
+  r.speculative = field("speculative", [&] { return f.bool_or("speculative", true); });
   r.skip_special_tokens =
       field("skip_special_tokens", [&] { return f.opt_bool("skip_special_tokens"); });
   if (auto s = field("seed", [&] { return f.opt_int("seed"); })) {
@@ -456,6 +457,7 @@ ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> pro
   s.seed = req.seed ? *req.seed : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
   s.stop = req.stop;
   s.ignore_eos = req.ignore_eos;
+  s.speculative = req.speculative;
   // vLLM's tool parsers do the same: a parser whose markers are special tokens must see them.
   s.skip_special_tokens =
       req.skip_special_tokens.value_or(!chat::tool_call_markers_are_special(tool_format));
@@ -513,10 +515,19 @@ nlohmann::json tool_call_json(const chat::ToolCall& call, chat::ToolCallFormat f
 }
 
 nlohmann::json usage_json(const ServeUsage& u) {
-  return json{{"prompt_tokens", u.prompt_tokens},
-              {"completion_tokens", u.completion_tokens},
-              {"total_tokens", u.prompt_tokens + u.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  json j{{"prompt_tokens", u.prompt_tokens},
+         {"completion_tokens", u.completion_tokens},
+         {"total_tokens", u.prompt_tokens + u.completion_tokens},
+         {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  // A speculative request's drafts as OpenAI's predicted-output counts: the draft tokens the
+  // model verified and accepted, and those it rejected (none of which are billed apart: the
+  // completion tokens are what was generated).
+  if (u.speculative) {
+    j["completion_tokens_details"] = {
+        {"accepted_prediction_tokens", u.accepted_draft_tokens},
+        {"rejected_prediction_tokens", u.draft_tokens - u.accepted_draft_tokens}};
+  }
+  return j;
 }
 
 namespace {
@@ -645,7 +656,12 @@ ServeUsage combined_usage(std::span<const ServeUsage> choices) {
   if (choices.empty()) return u;
   u.prompt_tokens = choices[0].prompt_tokens;
   u.cached_tokens = choices[0].cached_tokens;
-  for (const ServeUsage& c : choices) u.completion_tokens += c.completion_tokens;
+  for (const ServeUsage& c : choices) {
+    u.completion_tokens += c.completion_tokens;
+    u.speculative = u.speculative || c.speculative;
+    u.draft_tokens += c.draft_tokens;
+    u.accepted_draft_tokens += c.accepted_draft_tokens;
+  }
   return u;
 }
 

@@ -95,8 +95,11 @@ struct OpenAiRequest {
   int n = 1;
   std::vector<std::string> stop;
   bool stream = false;
-  bool include_usage = false;               // stream_options.include_usage
-  bool ignore_eos = false;                  // vLLM's extension
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // vLLM's extension
+  // metrale's extension: false decodes this request without speculative drafts (the output
+  // is the same; only the speed differs). Default true: the server's --speculative applies.
+  bool speculative = true;
   std::optional<bool> skip_special_tokens;  // vLLM's extension (default true)
   int top_logprobs = -1;                    // -1: no logprobs
   float presence_penalty = 0.0f;            // [-2, 2]

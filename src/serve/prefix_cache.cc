@@ -1,7 +1,6 @@
 #include "serve/prefix_cache.h"
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <utility>
 #include <vector>
@@ -10,10 +9,6 @@
 
 namespace metrale {
 namespace {
-
-std::atomic<int64_t> g_min_tokens{DEFAULT_MARCONI_MIN_TOKENS};
-std::atomic<bool> g_min_tokens_set{false};
-std::atomic<bool> g_cache_made{false};
 
 // Which adapter computed a tree's pages: the LoraRef's slot and generation ((-1, 0): the base
 // model). A slot's generation changes whenever it is loaded or unloaded, so an adapter
@@ -39,18 +34,6 @@ struct FlopModel {
 };
 
 }  // namespace
-
-void set_marconi_min_tokens(int64_t tokens) {
-  METRALE_CHECK(tokens >= 0, "marconi min tokens: expected >= 0, found ", tokens);
-  METRALE_CHECK(!g_min_tokens_set.load(), "marconi min tokens: already set (to ",
-                g_min_tokens.load(), "); it is set once per process");
-  METRALE_CHECK(!g_cache_made.load(), "marconi min tokens: set it before any prefix cache is made");
-  METRALE_CHECK(!g_min_tokens_set.exchange(true), "marconi min tokens: already set (to ",
-                g_min_tokens.load(), "); it is set once per process");
-  g_min_tokens.store(tokens);
-}
-
-int64_t marconi_min_tokens() { return g_min_tokens.load(); }
 
 // The tree. A node is an edge of whole pages (its tokens and the pages holding their K/V)
 // below its parent; children are keyed by the tokens of their first page, so two children
@@ -282,7 +265,7 @@ struct PrefixCache::Impl {
 
 PrefixCache::PrefixCache(Model& model, const PrefixCacheOptions& options)
     : impl_(std::make_unique<Impl>(model, options)) {
-  g_cache_made.store(true);
+  pin_marconi_min_tokens("a prefix cache");
 }
 
 PrefixCache::~PrefixCache() = default;

@@ -28,15 +28,9 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "speculative/marconi.h"  // the floor snapshot admission reads
 
 namespace metrale {
-
-// Marconi's floor: a snapshot is restored only for a match at least this deep (tokens).
-inline constexpr int64_t DEFAULT_MARCONI_MIN_TOKENS = 256;
-// Sets the floor once per process, before any PrefixCache is made; 0 removes it. Throws on a
-// negative value or a second call.
-void set_marconi_min_tokens(int64_t tokens);
-int64_t marconi_min_tokens();
 
 struct PrefixCacheOptions {
   bool enabled = true;

@@ -27,12 +27,17 @@
 // last chunk ran. They are admitted, preempted and cancelled like any stream (up to
 // max_embedding_seqs at once), and adopt a cached prefix only under last-token pooling, where
 // the adopted tokens' hidden states are not needed.
+//
+// What a stream picks, when it ends and which text is final is its Generation's
+// (engine/generation.h), the same object Session runs; the scheduler only runs the steps.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -41,8 +46,10 @@
 
 #include "core/error.h"
 #include "engine/embedding.h"
+#include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
+#include "engine/speculation.h"
 #include "serve/prefix_cache.h"
 
 namespace metrale {
@@ -77,6 +84,9 @@ struct ServeRequest {
   int top_logprobs = -1;                 // -1: no logprobs; k >= 0: the token's and k alternatives
   std::string adapter;                   // a LoRA adapter loaded in the model ("" = base)
   std::chrono::milliseconds timeout{0};  // 0: SchedulerOptions::request_timeout
+  // false: this request decodes without drafts even when the server speculates (its output
+  // is the same either way).
+  bool speculative = true;
   // Set: an embedding request (/v1/embeddings). The prompt is the input and nothing is
   // generated: its final hidden states are pooled (SchedulerOptions::embedding) in the same
   // steps as the generation rows, and the last event carries the embedding. The generation
@@ -93,18 +103,15 @@ enum class FinishReason : uint8_t {
 };
 std::string_view finish_reason_name(FinishReason r);  // "stop", "length", ...
 
-struct TokenLogprob {
-  int32_t id = 0;
-  // log-softmax of the model's logits (before the penalties, logit_bias and sampling's
-  // processors: a bias does not change reported logprobs, as vLLM's default)
-  float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top;  // the top_logprobs most likely, best first
-};
-
 struct ServeUsage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens the prefix cache supplied
+  // Speculative decoding: whether the request decoded with drafts, how many draft tokens the
+  // target verified and how many of them it accepted (OpenAI's accepted / rejected
+  // prediction tokens).
+  bool speculative = false;
+  int64_t draft_tokens = 0, accepted_draft_tokens = 0;
 };
 
 // What a stream reports, in order. A token may add no text (a partial UTF-8 character, or
@@ -152,6 +159,9 @@ struct SchedulerOptions {
   int64_t prefill_chunk = 0;  // prefill tokens per step; 0: the model's max_rows
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
   PrefixCacheOptions cache;
+  // Speculative decoding for every request that does not turn it off (engine/speculation.h);
+  // no proposer: off. Proposers that read the target's hidden states are not wired here yet.
+  SpeculationOptions speculation;
   // How embedding requests are pooled (engine/embedding_config.h); none: they are refused.
   std::optional<EmbeddingConfig> embedding;
   // Embedding inputs prefilled at once beside the max_seqs streams (hybrid models: streams
@@ -176,6 +186,13 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0, prefill_tokens = 0, generated_tokens = 0, steps = 0;
   int64_t kv_pages_total = 0, kv_pages_free = 0;
   PrefixCacheStats cache;
+  // Speculative decoding: totals over all requests, and each finished speculative request's
+  // acceptance (accepted / drafted, of those that drafted) as a histogram.
+  SpeculationCounts speculation;
+  static constexpr double kAcceptanceBuckets[] = {0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
+  int64_t acceptance_le[std::size(kAcceptanceBuckets)] = {};  // cumulative, as Prometheus's
+  int64_t acceptance_count = 0;
+  double acceptance_sum = 0;
 };
 
 class Scheduler {
@@ -202,9 +219,51 @@ class Scheduler {
 
  private:
   struct Active;
-  void loop();
+  using ActivePtr = std::unique_ptr<Active>;
+
   // Validates a request (submit's checks) and makes its Active.
-  std::unique_ptr<Active> prepare(ServeRequest r) const;
+  ActivePtr prepare(ServeRequest r) const;
+
+  // The engine thread: loop() runs these in order, once per step.
+  void loop();
+  // Publishes the last step's figures, waits for work and takes the queued requests that were
+  // cancelled or timed out into `expired`; false when the scheduler stops.
+  bool wait_for_work(std::vector<ActivePtr>& expired);
+  // Ends `expired` and the running streams that were cancelled or timed out.
+  void reap(std::vector<ActivePtr>& expired);
+  // Admission: queued requests join while a stream slot (or an embedding slot) is free and
+  // their pages fit.
+  void admit();
+  // With nothing running after admit(), the head request can never fit: it fails.
+  void refuse_unfittable_head();
+  // Step building: the decode rows of decoding streams, then prefill chunks (an embedding
+  // input's chunks pool their rows). False: no rows.
+  bool build_step();
+  // Paging / preemption: finds the step's pages (evicting cached prefixes, else preempting the
+  // youngest stream). False when the step must be built again.
+  bool reserve_pages();
+  // Runs the step; false when it failed (its streams preempted or retired).
+  bool run_step();
+  // Post-processing: each stream's rows go to its Generation; events, ends, cache inserts.
+  void post_process();
+  // After a bug (not bad input): fails what was running, keeps serving the rest.
+  void fail_running(const std::exception& e);
+  // Stopping: every request still here ends with an error event.
+  void shutdown();
+
+  // The most rows a decoding stream adds to a step, each wanting logits: the token it accepted
+  // last, and as many drafts as speculation may give it (what admission keeps room for; a
+  // step's own drafts are the Speculator's plan). An embedding input never decodes: 0.
+  int64_t decode_width(const Active& a) const;
+  // Drops the drafts of the step being built (out of pages: plain decode rows first).
+  bool drop_drafts();
+  // Reports a's new tokens and text (and its end when `finish` is set).
+  void report(Active& a, std::optional<FinishReason> finish, std::string error = {});
+  // Ends `a` (admitted or not): its last event, its pages to the prefix cache and the pool.
+  void retire(Active& a, FinishReason why, std::string error = {});
+  // Releases the youngest running stream (not `keep`) back to the head of the queue.
+  bool preempt_youngest(const Active* keep);
+  void publish();  // stats_ from the engine's figures; under mu_
 
   Model& model_;
   SchedulerOptions options_;
@@ -215,6 +274,29 @@ class Scheduler {
   bool stopping_ = false;                      // guarded by mu_
   int64_t next_id_ = 1;                        // guarded by mu_
   SchedulerStats stats_;                       // guarded by mu_
+
+  // The engine thread's own (no lock).
+  struct StepRows {
+    Active* owner;
+    bool decoding;   // decode rows, not a prefill chunk
+    int64_t wanted;  // logits rows it asked for
+  };
+  std::vector<ActivePtr> running_;
+  std::vector<StepItem> items_;          // the step being built
+  std::vector<StepRows> step_rows_;      // per item
+  std::vector<int32_t> picks_;           // one stream's picks from its rows
+  std::vector<DecodeStream*> decoding_;  // the step's decoding streams
+  std::vector<float> logits_;
+  std::vector<float> pooled_;  // [pooling items, H] the step's pooled sums
+  Speculator spec_;  // every decode row goes through it (without a proposer: plain decoding)
+  struct Counts {
+    int64_t steps = 0, prefill_tokens = 0, generated_tokens = 0, prompt_tokens = 0;
+    int64_t finished = 0, cancelled = 0, timed_out = 0, failed = 0, preemptions = 0;
+    SpeculationCounts speculation;
+    int64_t acceptance_le[std::size(SchedulerStats::kAcceptanceBuckets)] = {};
+    int64_t acceptance_count = 0;
+    double acceptance_sum = 0;
+  } counts_;
   std::thread thread_;
 };
 

@@ -50,5 +50,66 @@ TEST(GenerateJson, PrintsTheGreedyIdsHfGives) {
   }
 }
 
+// The integer after `"key": ` in `line` (-1 when absent).
+long long integer_of(const std::string& line, const std::string& key) {
+  const size_t at = line.find("\"" + key + "\": ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(line.substr(at + key.size() + 4));
+}
+
+// --speculative ngram prints the same ids, and how many drafts it fed and accepted.
+TEST(GenerateJson, SpeculativeNgramKeepsTheIdsAndCountsItsDrafts) {
+  const std::string fixture = testing::fixture_dir("qwen3_f32");
+  const std::vector<std::string> common = {
+      "--model", fixture,     "--ids", "7,7,7,7,7,7,7,7,7,7,7,7", "-n", "40", "--ignore-eos",
+      "--json",  "--threads", "2"};
+  const CliRun off = run_metrale("generate", common, /*with_stderr=*/false);
+  std::vector<std::string> args = common;
+  for (const char* a : {"--speculative", "ngram", "--draft-tokens", "3"}) args.emplace_back(a);
+  const CliRun on = run_metrale("generate", args, /*with_stderr=*/false);
+  ASSERT_EQ(off.status, 0) << off.out;
+  ASSERT_EQ(on.status, 0) << on.out;
+  EXPECT_EQ(array_of(on.out, "ids"), array_of(off.out, "ids"));
+  EXPECT_EQ(array_of(on.out, "ids").size(), 40u);
+  EXPECT_EQ(integer_of(off.out, "drafted"), 0) << off.out;
+  EXPECT_EQ(integer_of(off.out, "accepted"), 0) << off.out;
+  EXPECT_GT(integer_of(on.out, "accepted"), 0) << on.out;
+  EXPECT_GE(integer_of(on.out, "drafted"), integer_of(on.out, "accepted")) << on.out;
+}
+
+// Bad speculative flags: each a clear error naming the flag, before anything runs.
+TEST(GenerateJson, BadSpeculativeFlagsNameTheFlag) {
+  struct Case {
+    std::string fixture;
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"qwen3_f32",
+       {"--speculative", "eagle"},
+       "--speculative 'eagle': expected ngram, mtp or off"},
+      {"qwen3_f32", {"--speculative", "mtp"}, "--speculative mtp: "},
+      {"qwen3_f32", {"--speculative", "mtp"}, "has no MTP layers"},
+      {"deepseek_v3_mtp_bf16", {"--speculative", "mtp"}, "no MTP drafter yet"},
+      {"qwen3_f32",
+       {"--speculative", "ngram", "--draft-ladder", "4:3,x"},
+       "--draft-ladder: rung 2"},
+      {"qwen3_f32", {"--speculative", "ngram", "--draft-tokens", "0"}, "--draft-tokens"},
+      {"qwen3_f32", {"--speculative", "ngram", "--draft-tokens", "40"}, "--dispatch-cap"},
+      {"qwen3_f32", {"--speculative", "ngram", "--dispatch-cap", "200"}, "--dispatch-cap"},
+      {"qwen3_f32",
+       {"--speculative", "ngram", "--ngram-min", "3", "--ngram-max", "2"},
+       "--ngram-max"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {
+        "--model", testing::fixture_dir(c.fixture), "--ids", "1,2,3", "-n", "4"};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    const CliRun r = run_metrale("generate", args);
+    EXPECT_NE(r.status, 0) << c.says;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace metrale

@@ -202,7 +202,7 @@ TEST(Inspect, KvBytesPerTokenAndMtpLayers) {
   // 3 layers of (kv_lora_rank 24 + rope 8) f32 = 128 B; HF: 4 heads x (16 + 8 + 12) x 4 = 576.
   EXPECT_TRUE(has(r.out,
                   "\nkv cache per token (f32): 384 bytes over 3 layers (uncompressed: "
-                  "1728, 4.5x)\n"))
+                  "1728, 4.5x); f16 / bf16 (--kv-dtype): 192 bytes\n"))
       << r.out;
   EXPECT_TRUE(has(r.out,
                   "  3 layer(s): 128 bytes per token per layer (latent 24 + rope key 8 "
@@ -211,7 +211,10 @@ TEST(Inspect, KvBytesPerTokenAndMtpLayers) {
 
   const CliRun g = inspect({"tests/data/fixtures/glm4_moe_qknorm_bf16"});  // GQA 2 kv x 32
   EXPECT_EQ(0, g.status) << g.out;
-  EXPECT_TRUE(has(g.out, "\nkv cache per token (f32): 1024 bytes over 2 layers\n")) << g.out;
+  EXPECT_TRUE(has(g.out,
+                  "\nkv cache per token (f32): 1024 bytes over 2 layers; f16 / bf16 "
+                  "(--kv-dtype): 512 bytes\n"))
+      << g.out;
   EXPECT_TRUE(has(g.out, "  2 layer(s): 512 bytes per token per layer\n")) << g.out;
 }
 

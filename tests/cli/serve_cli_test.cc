@@ -1,6 +1,6 @@
 // `metrale serve`'s flags that fail before it listens: a reply-parser name it does not know is
-// refused naming the flag and the valid names (the server itself is tested in tests/http and
-// tests/python).
+// refused naming the flag and the valid names, and so are bad speculative flags (the server
+// itself is tested in tests/http and tests/python).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -24,6 +24,19 @@ TEST(ServeCli, UnknownReplyParsersAreRefused) {
   EXPECT_NE(reasoning.out.find("--reasoning-parser: unknown reasoning format 'r1'"),
             std::string::npos)
       << reasoning.out;
+}
+
+TEST(ServeCli, BadSpeculativeFlagsAreRefused) {
+  const CliRun kind =
+      run_metrale("serve", {"--model", "models/demo", "--port", "0", "--speculative", "eagle"});
+  EXPECT_NE(kind.status, 0);
+  EXPECT_NE(kind.out.find("--speculative 'eagle': expected ngram, mtp or off"), std::string::npos)
+      << kind.out;
+  const CliRun mtp =
+      run_metrale("serve", {"--model", "models/demo", "--port", "0", "--speculative", "mtp"});
+  EXPECT_NE(mtp.status, 0);
+  EXPECT_NE(mtp.out.find("--speculative mtp: models/demo has no MTP layers"), std::string::npos)
+      << mtp.out;
 }
 
 }  // namespace

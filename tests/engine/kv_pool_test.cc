@@ -100,9 +100,11 @@ TEST_F(KvPoolRefs, UnshareCopiesEveryLayerIntoAPrivatePage) {
     const KvLayerView l = pool_.layer(i);
     if (l.k == nullptr) continue;
     const int64_t n = l.layout.page_elems();
+    auto* k = static_cast<float*>(l.k);
+    auto* v = static_cast<float*>(l.v);
     for (int64_t j = 0; j < n; ++j) {
-      l.k[a[1] * n + j] = static_cast<float>(j + 100 * i);
-      if (l.v != nullptr) l.v[a[1] * n + j] = static_cast<float>(-j - 100 * i);
+      k[a[1] * n + j] = static_cast<float>(j + 100 * i);
+      if (v != nullptr) v[a[1] * n + j] = static_cast<float>(-j - 100 * i);
     }
   }
   std::vector<int32_t> b = a;
@@ -119,10 +121,12 @@ TEST_F(KvPoolRefs, UnshareCopiesEveryLayerIntoAPrivatePage) {
     const KvLayerView l = pool_.layer(i);
     if (l.k == nullptr) continue;
     const int64_t n = l.layout.page_elems();
+    const auto* k = static_cast<const float*>(l.k);
+    const auto* v = static_cast<const float*>(l.v);
     for (int64_t j = 0; j < n; ++j) {
-      ASSERT_EQ(l.k[b[1] * n + j], l.k[shared * n + j]) << "layer " << i;
-      if (l.v != nullptr) {
-        ASSERT_EQ(l.v[b[1] * n + j], l.v[shared * n + j]) << "layer " << i;
+      ASSERT_EQ(k[b[1] * n + j], k[shared * n + j]) << "layer " << i;
+      if (v != nullptr) {
+        ASSERT_EQ(v[b[1] * n + j], v[shared * n + j]) << "layer " << i;
       }
     }
   }
@@ -139,6 +143,36 @@ TEST_F(KvPoolRefs, UnshareCopiesEveryLayerIntoAPrivatePage) {
   pool_.release(b);
   pool_.release(a);
   EXPECT_EQ(pool_.free_pages(), 6);
+}
+
+// A 16-bit pool: half the bytes per token, and copy-on-write moves its pages byte for byte.
+TEST_F(KvPoolRefs, HalfPrecisionPoolHalvesBytesAndUnsharesItsPages) {
+  KvPool half{*backend_, 6, 4, shapes_, DType::kF16};
+  EXPECT_EQ(2 * half.bytes_per_token(), pool_.bytes_per_token());
+  EXPECT_EQ(half.layout().dtype, DType::kF16);
+  std::vector<int32_t> a;
+  half.reserve(a, 4);
+  for (int64_t i : {0, 2}) {
+    const KvLayerView l = half.layer(i);
+    EXPECT_EQ(l.layout.dtype, DType::kF16);
+    auto* k = static_cast<uint16_t*>(l.k);
+    for (int64_t j = 0; j < l.layout.page_elems(); ++j)
+      k[a[0] * l.layout.page_elems() + j] = static_cast<uint16_t>(j * 7 + i);
+  }
+  std::vector<int32_t> b = a;
+  half.retain(b);
+  half.unshare(b, 0);
+  ASSERT_NE(b[0], a[0]);
+  for (int64_t i : {0, 2}) {
+    const KvLayerView l = half.layer(i);
+    const int64_t n = l.layout.page_elems();
+    const auto* k = static_cast<const uint16_t*>(l.k);
+    for (int64_t j = 0; j < n; ++j) ASSERT_EQ(k[b[0] * n + j], k[a[0] * n + j]) << "layer " << i;
+  }
+  half.release(b);
+  half.release(a);
+  EXPECT_TRUE(contains(error_of([&] { KvPool bad(*backend_, 6, 4, shapes_, DType::kI8); }),
+                       "element type i8 is not one of f32, f16, bf16"));
 }
 
 }  // namespace

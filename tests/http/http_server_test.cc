@@ -18,6 +18,7 @@
 #include "http/openai_api.h"
 #include "http/openai_embeddings.h"
 #include "lora/lora_pool.h"
+#include "speculative/ngram_proposer.h"
 
 namespace metrale::http {
 namespace {
@@ -360,6 +361,44 @@ TEST_F(ServerFixture, MetricsInPrometheusText) {
         "metrale_http_requests_finished_total{endpoint=\"completions\",finish_reason=\"length\"} 1",
         "metrale_http_responses_total{code=\"200\"}"}) {
     EXPECT_NE(r->body.find(name), std::string::npos) << name << "\n" << r->body;
+  }
+}
+
+// `metrale serve --speculative ngram`: replies equal the same request without drafts, the
+// usage counts a speculative request's accepted and rejected drafts, and /metrics has the
+// totals and the per-request acceptance histogram.
+class SpeculativeServer : public ServerFixture {
+ protected:
+  SchedulerOptions scheduler_options() const override {
+    return {.max_seqs = 4,
+            .speculation = {.proposer = std::make_shared<speculative::NgramProposer>()}};
+  }
+};
+
+TEST_F(SpeculativeServer, UsageAndMetricsCountTheDrafts) {
+  const std::string body =
+      R"({"prompt": "And God said, I am the LORD. And God said, I am the LORD. And God said",
+          "max_tokens": 40, "temperature": 0, "ignore_eos": true)";
+  auto on = post("/v1/completions", body + "}");
+  auto off = post("/v1/completions", body + R"(, "speculative": false})");
+  ASSERT_TRUE(on && off);
+  ASSERT_EQ(on->status, 200) << on->body;
+  ASSERT_EQ(off->status, 200) << off->body;
+  const json a = json::parse(on->body), b = json::parse(off->body);
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+  const json& details = a["usage"]["completion_tokens_details"];
+  EXPECT_GT(details["accepted_prediction_tokens"].get<int64_t>(), 0) << a.dump();
+  EXPECT_GE(details["rejected_prediction_tokens"].get<int64_t>(), 0) << a.dump();
+  EXPECT_FALSE(b["usage"].contains("completion_tokens_details")) << b.dump();
+  auto m = client_->Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* name :
+       {"# TYPE metrale_spec_draft_tokens_total counter", "metrale_spec_accepted_tokens_total ",
+        "metrale_spec_verify_steps_total ", "# TYPE metrale_request_draft_acceptance histogram",
+        "metrale_request_draft_acceptance_bucket{le=\"0.5\"} ",
+        "metrale_request_draft_acceptance_bucket{le=\"+Inf\"} 1",
+        "metrale_request_draft_acceptance_count 1"}) {
+    EXPECT_NE(m->body.find(name), std::string::npos) << name << "\n" << m->body;
   }
 }
 

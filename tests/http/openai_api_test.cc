@@ -100,6 +100,7 @@ TEST(OpenAiParse, KnownFieldsOfTheWrongTypeAre400NamingTheField) {
       {R"("n": "1")", "n"},
       {R"("model": 3)", "model"},
       {R"("ignore_eos": "no")", "ignore_eos"},
+      {R"("speculative": 1)", "speculative"},
   };
   for (const auto& [extra, param] : cases) {
     const ApiError c = chat_error(chat_with(extra));
@@ -284,6 +285,31 @@ TEST(OpenAiParse, ChatFieldsMapToTheRequest) {
   EXPECT_EQ(parse_chat_request(chat_with(R"("logprobs": true)")).top_logprobs, 0);
   // top_k -1 is vLLM's "off".
   EXPECT_EQ(parse_chat_request(chat_with(R"("top_k": -1)")).sampling.top_k, 0);
+}
+
+// metrale's extension: a request may decode without the server's speculative drafts.
+TEST(OpenAiParse, SpeculativeTurnsDraftsOffPerRequest) {
+  EXPECT_TRUE(parse_chat_request("{" + kMsgs + "}").speculative);
+  EXPECT_FALSE(parse_chat_request(chat_with(R"("speculative": false)")).speculative);
+  const OpenAiRequest r = parse_completion_request(completion_with(R"("speculative": false)"));
+  EXPECT_FALSE(r.speculative);
+  EXPECT_FALSE(to_serve_request(r, {1, 2}, 100, kVocab).speculative);
+}
+
+// A speculative request's usage carries its drafts as OpenAI's predicted-output counts.
+TEST(OpenAiResponse, UsageCountsAcceptedAndRejectedDrafts) {
+  ServeUsage u{.prompt_tokens = 5, .completion_tokens = 9, .cached_tokens = 0};
+  EXPECT_FALSE(usage_json(u).contains("completion_tokens_details"));
+  u.speculative = true;
+  u.draft_tokens = 12;
+  u.accepted_draft_tokens = 7;
+  const json j = usage_json(u);
+  EXPECT_EQ(j["completion_tokens"], 9);
+  EXPECT_EQ(j["completion_tokens_details"]["accepted_prediction_tokens"], 7);
+  EXPECT_EQ(j["completion_tokens_details"]["rejected_prediction_tokens"], 5);
+  const ServeUsage both[] = {u, u};
+  EXPECT_EQ(combined_usage(both).accepted_draft_tokens, 14);
+  EXPECT_EQ(combined_usage(both).draft_tokens, 24);
 }
 
 TEST(OpenAiParse, ChatKeepsTheRequestsKeyOrderForTheTemplate) {

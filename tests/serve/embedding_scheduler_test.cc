@@ -1,13 +1,15 @@
 // Embedding requests in the scheduler: pooled in the same steps as generation streams, each
 // embedding equals engine/embedding.h's embed() of that input alone (bit for bit) and each
 // stream equals its request run alone, whether inputs are chunked, wait for KV pages or adopt
-// a cached prefix (last-token pooling only); a group of inputs is queued whole or refused.
+// a cached prefix (last-token pooling only) or run beside speculative decode rows (they never
+// get drafts); a group of inputs is queued whole or refused.
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "engine/session.h"
 #include "serve/scheduler.h"
+#include "speculative/ngram_proposer.h"
 
 namespace metrale {
 namespace {
@@ -153,10 +155,14 @@ TEST_P(EmbeddingScheduler, AnInputPreemptedMidPrefillIsRecomputedUnchanged) {
   r.prompt = prompt;
   r.max_tokens = 80;
   r.ignore_eos = true;
-  std::shared_ptr<ServeStream> stream = sched.submit(std::move(r));
+  // One submit_all: the stream and the first input are admitted in the same pass (submitted
+  // apart, the stream could run past the point where the input fits beside it).
   std::vector<ServeRequest> rs;
+  rs.push_back(std::move(r));
   for (int i = 0; i < 3; ++i) rs.push_back(embedding_request(*m, kTexts[1]));
-  const std::vector<std::shared_ptr<ServeStream>> embs = sched.submit_all(std::move(rs));
+  std::vector<std::shared_ptr<ServeStream>> embs = sched.submit_all(std::move(rs));
+  const std::shared_ptr<ServeStream> stream = embs.front();
+  embs.erase(embs.begin());
   for (auto& e : embs) {
     const Done d = drain(*e);
     EXPECT_EQ(d.finish, FinishReason::kStop) << d.error;
@@ -164,6 +170,47 @@ TEST_P(EmbeddingScheduler, AnInputPreemptedMidPrefillIsRecomputedUnchanged) {
   }
   EXPECT_EQ(drain(*stream).tokens, gen.tokens);
   EXPECT_GT(sched.stats().preemptions, 0);
+}
+
+TEST_P(EmbeddingScheduler, EmbeddingsBesideSpeculativeDecodingGetNoDrafts) {
+  auto m = load(GetParam());
+  const EmbeddingConfig c = load_embedding_config(m->dir(), m->config().hidden_size);
+  std::vector<std::vector<float>> want;
+  for (const std::string& t : kTexts) want.push_back(alone(*m, c, t));
+  // A repetitive prompt, so the n-gram drafter has something to propose.
+  const std::vector<int32_t> prompt =
+      m->tokenizer()->encode("a b c a b c a b c a b c a b c a b", false);
+  GenerateOptions g;
+  g.max_new_tokens = 24;
+  g.ignore_eos = true;
+  const GenerateResult gen = Session(*m).generate(prompt, g);
+
+  SpeculationOptions spec{.proposer = std::make_shared<speculative::NgramProposer>(),
+                          .ladder = speculative::DraftLadder::constant(3)};
+  Scheduler sched(*m, {.max_seqs = 2,
+                       .prefill_chunk = 5,
+                       .speculation = spec,
+                       .embedding = c,
+                       .max_embedding_seqs = 2});
+  ServeRequest r;
+  r.prompt = prompt;
+  r.max_tokens = 24;
+  r.ignore_eos = true;
+  std::shared_ptr<ServeStream> stream = sched.submit(std::move(r));
+  std::vector<ServeRequest> rs;
+  for (const std::string& t : kTexts) rs.push_back(embedding_request(*m, t));
+  const std::vector<std::shared_ptr<ServeStream>> embs = sched.submit_all(std::move(rs));
+  for (size_t i = 0; i < embs.size(); ++i) {
+    const Done d = drain(*embs[i]);
+    EXPECT_EQ(d.finish, FinishReason::kStop) << d.error;
+    EXPECT_EQ(d.embedding, want[i]) << i;
+    EXPECT_FALSE(d.usage.speculative) << i;
+    EXPECT_EQ(d.usage.draft_tokens, 0) << i;
+  }
+  const Done d = drain(*stream);
+  EXPECT_EQ(d.tokens, gen.tokens);
+  EXPECT_TRUE(d.usage.speculative);
+  EXPECT_GT(d.usage.draft_tokens, 0);  // the decode rows did speculate
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EmbeddingScheduler, ::testing::Values("lasttoken", "mean"));

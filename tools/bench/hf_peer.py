@@ -102,6 +102,8 @@ def main() -> None:
         "transformers": transformers.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cache": "DynamicCache",
+        "kv_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),  # the cache's
+        "depth": args.decode_prompt,  # tokens of context before the timed decode steps
         "attn_implementation": model.config._attn_implementation,
     }
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))

@@ -24,6 +24,18 @@
   16 (`-npl`), also with `-lm none`, each sequence decoding after a 16-token prompt of its own
   (as `metrale bench` does; llama-bench's tg64 starts from an empty cache). Each call does one repetition (plus llama-bench's own
   warm-up) so the caller can interleave repetitions with the other engines.
+* Depth (--depth N, for bench/compare/run.py --depth): every timed decode step follows N
+  tokens of context. Batch 1: llama-bench's own `-d N` (`-p 0 -n T -d N`: the N-token prompt
+  is processed before the clock starts, then T tokens are timed; the tg warm-up runs on the
+  empty cache first), in a second llama-bench call, because llama-bench crosses -d with every
+  test and the prefill figures stay from an empty cache (`-p P -n 0`), as `metrale bench
+  --depth` times them. Wider batches: llama-batched-bench with an N-token prompt per sequence
+  (`-npp N` instead of 16). Without --depth: the calls as before (tg from an empty cache,
+  batched after 16 tokens).
+* KV cache type (--kv-type, default f16, llama.cpp's own default): `-ctk T -ctv T` on every
+  llama-bench / llama-batched-bench call; the JSON says which ("kv_type", and llama-bench's
+  own type_k / type_v) and kv_cache_per_token sizes the cache in it. tools/bench/
+  llama_lora_bench.cpp and llama_greedy.cpp keep llama.cpp's default f16.
 * LoRA (--lora ADAPTER_DIR, for bench/compare/run.py --lora-mix): the PEFT adapter converted
   by the vendored convert_lora_to_gguf.py (--base <the HF checkpoint> --outtype bf16), cached
   like the model's GGUF; decode with and without it timed in one process by
@@ -34,7 +46,8 @@
   decode at each batch width; one adapter for all rows is llama.cpp's only mode.
 
 Prints (with --json) the same object as `metrale bench --json`:
-{"prefill": {"128": tps, ...}, "decode": {"1": tps, ...}, ...}.
+{"prefill": {"128": tps, ...}, "decode": {"1": tps, ...}, ..., "kv_type": "f16",
+ "depth": N or null, "commands": [every llama.cpp command line it ran]}.
 Nothing from the sdist is copied into the repository.
 """
 
@@ -527,12 +540,17 @@ def gguf_summary(path: Path) -> dict:
 # Bytes of llama.cpp's default KV cache types (llama-bench / llama-batched-bench / the greedy
 # tool leave -ctk / -ctv at f16).
 KV_CACHE_TYPE = ("f16", 2)
+# The -ctk / -ctv values --kv-type offers (a subset of common/arg.cpp's kv_cache_types) ->
+# (bytes per block, values per block), from GGML_TYPES. q8_0 / q4_0 V needs flash attention,
+# which llama-bench and llama-batched-bench leave on "auto".
+KV_TYPES = {"f32": (4, 1), "f16": (2, 1), "bf16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32)}
 
 
-def kv_cache_per_token(path: Path) -> dict | None:
+def kv_cache_per_token(path: Path, kv_type: str = KV_CACHE_TYPE[0]) -> dict | None:
     """The KV cache llama.cpp allocates per token for this GGUF, from its metadata as
     llama_kv_cache sizes it (src/llama-kv-cache.cpp): per layer K of key_length x head_count_kv
-    and V of value_length x head_count_kv values, in the default f16; a model with MLA lengths
+    and V of value_length x head_count_kv values, in kv_type (KV_TYPES; default llama.cpp's
+    f16); a model with MLA lengths
     (<arch>.attention.key_length_mla, deepseek2) is converted as MQA over the latent (one kv
     head, key_length = kv_lora_rank + rope dim) and keeps K only, no V cache. None for an
     architecture whose layers do not all keep K/V (hybrids) or whose lengths are per-layer
@@ -551,43 +569,83 @@ def kv_cache_per_token(path: Path) -> dict | None:
         return None
     mla = f"{arch}.attention.key_length_mla" in meta
     k, v = k_len * n_kv, 0 if mla else v_len * n_kv
-    name, size = KV_CACHE_TYPE
-    return {"bytes": n_layer * (k + v) * size, "layers": n_layer, "k_values": k, "v_values": v,
+    name, (block_bytes, block) = kv_type, KV_TYPES[kv_type]
+    return {"bytes": n_layer * ((k + block - 1) // block + (v + block - 1) // block) * block_bytes,
+            "layers": n_layer, "k_values": k, "v_values": v,
             "dtype": name, "mla_latent": mla,
             "layout": (f"MLA latent: K {k} values (kv_lora_rank + rope) x {n_layer} layers, "
                        f"no V, {name}" if mla else
                        f"K {k} + V {v} values x {n_layer} layers, {name}")}
 
 
+def kv_type_args(kv_type: str | None) -> list[str]:
+    """-ctk / -ctv for llama-bench and llama-batched-bench ([] for None: llama.cpp's default,
+    the calls as they were before --kv-type)."""
+    return [] if kv_type is None else ["-ctk", kv_type, "-ctv", kv_type]
+
+
+def llama_bench_command(bin_dir: Path, gguf: Path, threads: int, prefill: list[int],
+                        decode_tokens: int, depth: int = 0,
+                        kv_type: str | None = None) -> list[str]:
+    """One llama-bench call, one repetition: prompts `prefill` (-p, 0 = none) and a decode of
+    decode_tokens (-n, 0 = none), after `depth` tokens of context when > 0 (-d)."""
+    return [str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads),
+            "-p", ",".join(map(str, prefill)) or "0", "-n", str(decode_tokens),
+            *(["-d", str(depth)] if depth else []), *kv_type_args(kv_type), "-lm", "none",
+            "-r", "1", "-o", "json"]
+
+
 def run_llama_bench(bin_dir: Path, gguf: Path, threads: int, prefill: list[int],
-                    decode_tokens: int) -> dict:
-    cmd = [str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads),
-           "-p", ",".join(map(str, prefill)), "-n", str(decode_tokens), "-lm", "none",
-           "-r", "1", "-o", "json"]
-    log(" ".join(cmd))
-    res = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    rows = json.loads(res.stdout)
+                    decode_tokens: int, depth: int = 0, kv_type: str | None = None,
+                    commands: list | None = None) -> dict:
+    """llama-bench's prefill (depth 0, from an empty cache) and batch-1 decode figures. With
+    depth > 0, two calls: the prefill tests alone (-n 0), then the decode alone at that depth
+    (-p 0 -n T -d depth), since -d applies to every test of a call. Each row's n_depth,
+    type_k and type_v as llama-bench reports them go to "llama_bench_rows"."""
+    calls = ([llama_bench_command(bin_dir, gguf, threads, prefill, decode_tokens, 0, kv_type)]
+             if not depth else
+             [llama_bench_command(bin_dir, gguf, threads, prefill, 0, 0, kv_type),
+              llama_bench_command(bin_dir, gguf, threads, [], decode_tokens, depth, kv_type)])
+    rows = []
+    for cmd in calls:
+        log(" ".join(cmd))
+        if commands is not None:
+            commands.append(cmd)
+        res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        rows += json.loads(res.stdout)
     out = {"prefill": {}, "decode": {}}
     for row in rows:
-        if row["n_prompt"] > 0 and row["n_gen"] == 0:
+        if row["n_prompt"] > 0 and row["n_gen"] == 0 and not row.get("n_depth"):
             out["prefill"][str(row["n_prompt"])] = row["avg_ts"]
-        elif row["n_gen"] > 0 and row["n_prompt"] == 0:
+        elif row["n_gen"] > 0 and row["n_prompt"] == 0 and row.get("n_depth", 0) == depth:
             out["decode"]["1"] = row["avg_ts"]
+    missing = [f"pp{n}" for n in prefill if str(n) not in out["prefill"]] + \
+        ([] if "1" in out["decode"] or not decode_tokens else
+         [f"tg{decode_tokens}" + (f" @ d{depth}" if depth else "")])
+    if missing:
+        sys.exit(f"llama-bench: no result for {missing}; rows were:\n{json.dumps(rows)}")
+    out["llama_bench_rows"] = [{k: row.get(k) for k in ("n_prompt", "n_gen", "n_depth",
+                                                         "type_k", "type_v", "flash_attn",
+                                                         "avg_ts")} for row in rows]
     out["build"] = {"commit": rows[0].get("build_commit"), "number": rows[0].get("build_number"),
                     "cpu": rows[0].get("cpu_info")} if rows else {}
     return out
 
 
 def run_batched_bench(bin_dir: Path, gguf: Path, threads: int, batches: list[int],
-                      decode_tokens: int, prompt: int) -> dict:
+                      decode_tokens: int, prompt: int, kv_type: str | None = None,
+                      commands: list | None = None) -> dict:
     """Aggregate decode tokens/s (S_TG) per batch width, each sequence after a `prompt`-token
     prefill of its own."""
     ctx = max(batches) * (prompt + decode_tokens) + 64
     cmd = [str(bin_dir / "llama-batched-bench"), "-m", str(gguf), "-t", str(threads),
            "-tb", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512",
            "-npp", str(prompt), "-ntg", str(decode_tokens),
-           "-npl", ",".join(map(str, batches)), "-lm", "none", "--output-format", "jsonl"]
+           "-npl", ",".join(map(str, batches)), *kv_type_args(kv_type), "-lm", "none",
+           "--output-format", "jsonl"]
     log(" ".join(cmd))
+    if commands is not None:
+        commands.append(cmd)
     res = subprocess.run(cmd, check=True, capture_output=True, text=True)
     out = {}
     for line in res.stdout.splitlines():
@@ -623,32 +681,46 @@ def run_lora_bench(cache: Path, gguf: Path, lora: Path, threads: int, batches: l
 
 def bench(model_dir: Path, threads: int, prefill: list[int], batches: list[int],
           decode_tokens: int, outtype: str = "bf16", cache: Path = DEFAULT_CACHE,
-          batched_prompt: int = 16, lora: Path | None = None) -> dict:
+          batched_prompt: int = 16, lora: Path | None = None, depth: int | None = None,
+          kv_type: str | None = None) -> dict:
+    """depth: tokens of context before the timed decode steps (None: llama-bench's tg from an
+    empty cache, the batched widths after batched_prompt tokens, as before); kv_type: -ctk /
+    -ctv (None: not passed, llama.cpp's default f16)."""
+    if lora and kv_type not in (None, KV_CACHE_TYPE[0]):
+        sys.exit(f"llama.cpp peer: --lora times with tools/bench/llama_lora_bench.cpp, which "
+                 f"keeps llama.cpp's default {KV_CACHE_TYPE[0]} KV cache; --kv-type {kv_type} "
+                 "is not supported with it")
     src = ensure_source(cache)
     bin_dir = ensure_build(cache, src)
     gguf = ensure_gguf(cache, src, model_dir, outtype)
-    out = run_llama_bench(bin_dir, gguf, threads, prefill, decode_tokens)
+    commands: list[list[str]] = []
+    prompt = depth if depth else batched_prompt
+    out = run_llama_bench(bin_dir, gguf, threads, prefill, decode_tokens, depth or 0, kv_type,
+                          commands)
     wider = [b for b in batches if b != 1]
     if wider:
         out["decode"].update(run_batched_bench(bin_dir, gguf, threads, wider, decode_tokens,
-                                               batched_prompt))
+                                               prompt, kv_type, commands))
     if lora:
         # The adapter's GGUF and tool are made by the caller (run.py prepares them before the
         # timed rounds); made here too when this script runs alone.
         lora_gguf = ensure_lora_gguf(cache, src, model_dir, lora)
         ensure_lora_bench_tool(cache, src)
         res = run_lora_bench(cache, gguf, lora_gguf, threads, batches, decode_tokens,
-                             batched_prompt)
+                             prompt)
         # decode_lora as `metrale bench --json` has it ({"1": {B: tps}}); decode_lora_base:
         # the same tool's base-model figures in the same process (the ratio's denominator).
         out["decode_lora"] = res["decode_lora"]
         out["decode_lora_base"] = res["decode"]
         out["lora"] = {"adapter": str(lora), "gguf": str(lora_gguf), "command": res["command"]}
     out["weight_bytes"] = gguf_summary(gguf)["per_step"]
-    kv = kv_cache_per_token(gguf)
+    kv = kv_cache_per_token(gguf, kv_type or KV_CACHE_TYPE[0])
     if kv:
         out["kv_bytes_per_token"] = kv["bytes"]
         out["kv_cache"] = kv
+    out["kv_type"] = kv_type or KV_CACHE_TYPE[0]
+    out["depth"] = depth
+    out["commands"] = commands + ([out["lora"]["command"]] if lora else [])
     out["format"] = outtype
     out["gguf"] = str(gguf)
     out["llama_cpp_python"] = VERSION
@@ -666,6 +738,16 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}")
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}")
+    return v
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", type=Path, required=True, help="HF checkpoint directory")
@@ -673,6 +755,14 @@ def main() -> None:
     ap.add_argument("--prefill", type=int_list, default=[128, 512])
     ap.add_argument("--batch", type=int_list, default=[1, 4, 16])
     ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--depth", type=positive_int, default=None,
+                    help="tokens of context before the timed decode steps: llama-bench -d N "
+                         "(batch 1), llama-batched-bench -npp N (wider); prefill stays from "
+                         "an empty cache (default: tg from an empty cache, the batched widths "
+                         "after 16 tokens)")
+    ap.add_argument("--kv-type", choices=list(KV_TYPES), default=None,
+                    help="KV cache type, -ctk / -ctv on every llama-bench / llama-batched-bench "
+                         f"call (default: not passed, llama.cpp's {KV_CACHE_TYPE[0]})")
     ap.add_argument("--outtype", choices=list(FORMATS), default="bf16",
                     help="weight format (FORMATS): bf16, or llama-quantize's q4_0 / q8_0 "
                          "(and variants) of the bf16 GGUF; q8_0-convert: the converter's q8_0")
@@ -697,7 +787,8 @@ def main() -> None:
         print(json.dumps(gguf_summary(gguf), indent=2) if args.summary else gguf)
         return
     out = bench(args.model, args.threads, args.prefill, args.batch, args.decode_tokens,
-                args.outtype, args.cache_dir, lora=args.lora)
+                args.outtype, args.cache_dir, lora=args.lora, depth=args.depth,
+                kv_type=args.kv_type)
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
 
 

@@ -14,6 +14,8 @@
 // group) that share one sequence and one kv head, so each K/V element read from the cache
 // serves all of them. Scores put keys on vector lanes: the cache stores K transposed
 // within each page (kv_cache.h), so a page's keys are contiguous for each (head, dim).
+// A cache of f16 or bf16 (KvLayout::dtype) is widened to f32 exactly as it is loaded; the
+// arithmetic above is the same for every element type.
 // Highway re-includes this file once per target: these lines keep their order.
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -24,9 +26,11 @@
 // clang-format on
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kv_elements-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace metrale::cpu::HWY_NAMESPACE {
@@ -44,6 +48,8 @@ constexpr int kScoreQueries = kN >= 16 ? 8 : 2;
 constexpr int kPvQueries = 4;  // queries per P.V register tile (x kPvVecs vectors of dims)
 constexpr int64_t kPvVecs = 4;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using kv::LoadWide;
+using kv::Widen;
 
 struct Query {
   const float* q = nullptr;
@@ -53,14 +59,15 @@ struct Query {
 
 // One block's view of the keys for the score kernel: column d of vector v (kN consecutive
 // keys) is at col[v] + d * stride.
+template <typename T>
 struct KeyColumns {
-  const float* col[kVecs];
+  const T* col[kVecs];
   int64_t stride = 0;
 };
 
 // scores[j][i] = scale * sum_d q_j[d] * key_i[d] for NQ queries and one block of keys.
-template <int NQ>
-HWY_INLINE void BlockScores(const Query* qs, const KeyColumns& kc, int64_t hd, float scale,
+template <int NQ, typename T>
+HWY_INLINE void BlockScores(const Query* qs, const KeyColumns<T>& kc, int64_t hd, float scale,
                             float* scores) {
   const DF df;
   VF acc[NQ][kVecs];
@@ -68,7 +75,7 @@ HWY_INLINE void BlockScores(const Query* qs, const KeyColumns& kc, int64_t hd, f
     for (int64_t v = 0; v < kVecs; ++v) acc[j][v] = hn::Zero(df);
   for (int64_t d = 0; d < hd; ++d) {
     VF k[kVecs];
-    for (int64_t v = 0; v < kVecs; ++v) k[v] = hn::LoadU(df, kc.col[v] + d * kc.stride);
+    for (int64_t v = 0; v < kVecs; ++v) k[v] = LoadWide(df, kc.col[v] + d * kc.stride);
     for (int j = 0; j < NQ; ++j) {
       const VF q = hn::Set(df, qs[j].q[d]);
       for (int64_t v = 0; v < kVecs; ++v) acc[j][v] = hn::MulAdd(q, k[v], acc[j][v]);
@@ -80,34 +87,36 @@ HWY_INLINE void BlockScores(const Query* qs, const KeyColumns& kc, int64_t hd, f
       hn::Store(hn::Mul(acc[j][v], vs), df, scores + j * kAttentionBlock + v * kN);
 }
 
-void Scores(const Query* qs, int n, const KeyColumns& kc, int64_t hd, float scale, float* scores) {
+template <typename T>
+void Scores(const Query* qs, int n, const KeyColumns<T>& kc, int64_t hd, float scale,
+            float* scores) {
   for (int j0 = 0; j0 < n; j0 += kScoreQueries) {
     const Query* q = qs + j0;
     float* s = scores + j0 * kAttentionBlock;
     switch (std::min(kScoreQueries, n - j0)) {
       case 1:
-        BlockScores<1>(q, kc, hd, scale, s);
+        BlockScores<1, T>(q, kc, hd, scale, s);
         break;
       case 2:
-        BlockScores<2>(q, kc, hd, scale, s);
+        BlockScores<2, T>(q, kc, hd, scale, s);
         break;
       case 3:
-        BlockScores<3>(q, kc, hd, scale, s);
+        BlockScores<3, T>(q, kc, hd, scale, s);
         break;
       case 4:
-        BlockScores<4>(q, kc, hd, scale, s);
+        BlockScores<4, T>(q, kc, hd, scale, s);
         break;
       case 5:
-        BlockScores<5>(q, kc, hd, scale, s);
+        BlockScores<5, T>(q, kc, hd, scale, s);
         break;
       case 6:
-        BlockScores<6>(q, kc, hd, scale, s);
+        BlockScores<6, T>(q, kc, hd, scale, s);
         break;
       case 7:
-        BlockScores<7>(q, kc, hd, scale, s);
+        BlockScores<7, T>(q, kc, hd, scale, s);
         break;
       default:
-        BlockScores<8>(q, kc, hd, scale, s);
+        BlockScores<8, T>(q, kc, hd, scale, s);
         break;
     }
   }
@@ -116,9 +125,9 @@ void Scores(const Query* qs, int n, const KeyColumns& kc, int64_t hd, float scal
 // acc_j[d] += p_j[k] * V[k][d] for keys k = 0..n_keys-1 in order, NQ queries at once. The
 // arithmetic per (query, d) is the same for every NQ and tiling: one MulAdd per key on the
 // vector part of the dims, one scalar multiply-add on the tail past the last whole vector.
-template <int NQ>
-HWY_INLINE void BlockPv(float* const* acc, const float* const* p, const float* const* v,
-                        int64_t n_keys, int64_t hd) {
+template <int NQ, typename T>
+HWY_INLINE void BlockPv(float* const* acc, const float* const* p, const T* const* v, int64_t n_keys,
+                        int64_t hd) {
   const DF df;
   int64_t d0 = 0;
   for (; d0 + kPvVecs * kN <= hd; d0 += kPvVecs * kN) {
@@ -127,7 +136,7 @@ HWY_INLINE void BlockPv(float* const* acc, const float* const* p, const float* c
       for (int64_t i = 0; i < kPvVecs; ++i) a[j][i] = hn::Load(df, acc[j] + d0 + i * kN);
     for (int64_t k = 0; k < n_keys; ++k) {
       VF x[kPvVecs];
-      for (int64_t i = 0; i < kPvVecs; ++i) x[i] = hn::LoadU(df, v[k] + d0 + i * kN);
+      for (int64_t i = 0; i < kPvVecs; ++i) x[i] = LoadWide(df, v[k] + d0 + i * kN);
       for (int j = 0; j < NQ; ++j) {
         const VF pk = hn::Set(df, p[j][k]);
         for (int64_t i = 0; i < kPvVecs; ++i) a[j][i] = hn::MulAdd(pk, x[i], a[j][i]);
@@ -140,7 +149,7 @@ HWY_INLINE void BlockPv(float* const* acc, const float* const* p, const float* c
     VF a[NQ];
     for (int j = 0; j < NQ; ++j) a[j] = hn::Load(df, acc[j] + d0);
     for (int64_t k = 0; k < n_keys; ++k) {
-      const VF x = hn::LoadU(df, v[k] + d0);
+      const VF x = LoadWide(df, v[k] + d0);
       for (int j = 0; j < NQ; ++j) a[j] = hn::MulAdd(hn::Set(df, p[j][k]), x, a[j]);
     }
     for (int j = 0; j < NQ; ++j) hn::Store(a[j], df, acc[j] + d0);
@@ -148,27 +157,28 @@ HWY_INLINE void BlockPv(float* const* acc, const float* const* p, const float* c
   for (; d0 < hd; ++d0) {
     for (int j = 0; j < NQ; ++j) {
       float a = acc[j][d0];
-      for (int64_t k = 0; k < n_keys; ++k) a += p[j][k] * v[k][d0];
+      for (int64_t k = 0; k < n_keys; ++k) a += p[j][k] * Widen(v[k][d0]);
       acc[j][d0] = a;
     }
   }
 }
 
-void Pv(float* const* acc, const float* const* p, int n, const float* const* v, int64_t n_keys,
+template <typename T>
+void Pv(float* const* acc, const float* const* p, int n, const T* const* v, int64_t n_keys,
         int64_t hd) {
   for (int j0 = 0; j0 < n; j0 += kPvQueries) {
     switch (std::min(kPvQueries, n - j0)) {
       case 1:
-        BlockPv<1>(acc + j0, p + j0, v, n_keys, hd);
+        BlockPv<1, T>(acc + j0, p + j0, v, n_keys, hd);
         break;
       case 2:
-        BlockPv<2>(acc + j0, p + j0, v, n_keys, hd);
+        BlockPv<2, T>(acc + j0, p + j0, v, n_keys, hd);
         break;
       case 3:
-        BlockPv<3>(acc + j0, p + j0, v, n_keys, hd);
+        BlockPv<3, T>(acc + j0, p + j0, v, n_keys, hd);
         break;
       default:
-        BlockPv<4>(acc + j0, p + j0, v, n_keys, hd);
+        BlockPv<4, T>(acc + j0, p + j0, v, n_keys, hd);
         break;
     }
   }
@@ -177,12 +187,13 @@ void Pv(float* const* acc, const float* const* p, int n, const float* const* v, 
 // The K columns of keys [b0, b0 + kBlock) of kv head `kvh`, of which [first, last] are
 // read (the rest are masked off later). When a page holds whole vectors of keys they are
 // read in place; otherwise the keys are gathered into `scratch` ([hd][kBlock]).
-KeyColumns LocateKeys(const AttentionTask& t, const KvPageTable& table, int64_t kvh, int64_t b0,
-                      int64_t first, int64_t last, float* scratch) {
+template <typename T>
+KeyColumns<T> LocateKeys(const AttentionTask& t, const KvPageTable& table, int64_t kvh, int64_t b0,
+                         int64_t first, int64_t last, T* scratch) {
   const KvLayout& kv = t.cache.layout;
   const int64_t hd = kv.head_dim;
   const int64_t ps = kv.page_size;
-  KeyColumns kc;
+  KeyColumns<T> kc;
   if (ps % kN == 0) {
     kc.stride = ps;
     int64_t live = -1;  // a vector that overlaps [first, last]: stands in for those that do not
@@ -190,7 +201,7 @@ KeyColumns LocateKeys(const AttentionTask& t, const KvPageTable& table, int64_t 
       const int64_t k0 = b0 + v * kN;
       if (k0 + kN - 1 < first || k0 > last) continue;
       const int64_t page = table.block_table[static_cast<size_t>(k0 / ps)];
-      kc.col[v] = t.cache.k_page(page, kvh) + k0 % ps;
+      kc.col[v] = t.cache.k_page<T>(page, kvh) + k0 % ps;
       live = v;
     }
     for (int64_t v = 0; v < kVecs; ++v) {
@@ -203,11 +214,11 @@ KeyColumns LocateKeys(const AttentionTask& t, const KvPageTable& table, int64_t 
   for (int64_t i = 0; i < kAttentionBlock; ++i) {
     const int64_t key = b0 + i;
     if (key < first || key > last) {
-      for (int64_t d = 0; d < hd; ++d) scratch[d * kAttentionBlock + i] = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) std::memset(&scratch[d * kAttentionBlock + i], 0, sizeof(T));
       continue;
     }
     const int64_t page = table.block_table[static_cast<size_t>(key / ps)];
-    const float* col = t.cache.k_page(page, kvh) + key % ps;
+    const T* col = t.cache.k_page<T>(page, kvh) + key % ps;
     for (int64_t d = 0; d < hd; ++d) scratch[d * kAttentionBlock + i] = col[d * ps];
   }
   for (int64_t v = 0; v < kVecs; ++v) kc.col[v] = scratch + v * kN;
@@ -215,6 +226,7 @@ KeyColumns LocateKeys(const AttentionTask& t, const KvPageTable& table, int64_t 
 }
 
 // Runs the queries of one tile: all of them read `table`'s cache at kv head `kvh`.
+template <typename T>
 void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Query* qs, int n) {
   const DF df;
   const DI di;
@@ -222,10 +234,10 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
   const int64_t ps = t.cache.layout.page_size;
   HWY_ALIGN float acc[kMaxQueries][kMaxHeadDim];
   HWY_ALIGN float scores[kMaxQueries * kAttentionBlock];
-  HWY_ALIGN float key_scratch[kMaxHeadDim * kAttentionBlock];
+  HWY_ALIGN T key_scratch[kMaxHeadDim * kAttentionBlock];
   float* acc_of[kMaxQueries];
   const float* p_of[kMaxQueries];
-  const float* v_rows[kAttentionBlock];
+  const T* v_rows[kAttentionBlock];
   float m[kMaxQueries];
   VF l[kMaxQueries];
   int64_t lo = qs[0].lo, hi = qs[0].hi;
@@ -242,7 +254,7 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
     Scores(qs, n, LocateKeys(t, table, kvh, b0, first, last, key_scratch), hd, t.shape.scale,
            scores);
     for (int64_t k = first; k <= last; ++k) {
-      v_rows[k - first] = t.cache.v_row(table.slot(k, ps)) + kvh * hd;
+      v_rows[k - first] = t.cache.v_row<T>(table.slot(k, ps)) + kvh * hd;
     }
     // Online-softmax update of each query that has keys in this block.
     bool uniform = true;  // every active query reads exactly [first, last]
@@ -300,8 +312,9 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
   }
 }
 
-void AttentionItems(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin,
-                    int64_t item_end) {
+template <typename T>
+void AttentionItemsOf(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin,
+                      int64_t item_end) {
   const AttentionShape& sh = t.shape;
   const int64_t hd = sh.head_dim;
   const int64_t group = sh.n_heads / sh.n_kv_heads;
@@ -319,8 +332,15 @@ void AttentionItems(const AttentionTask& t, const AttentionPlan& plan, int64_t i
         qs[n++] = {.q = t.q.row(row) + col, .out = t.out.row(row) + col, .lo = lo, .hi = pos};
       }
     }
-    AttendTile(t, table, tile.kv_head, qs, n);
+    AttendTile<T>(t, table, tile.kv_head, qs, n);
   }
+}
+
+void AttentionItems(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin,
+                    int64_t item_end) {
+  kv::WithElementType(t.cache.layout.dtype, [&](auto e) {
+    AttentionItemsOf<decltype(e)>(t, plan, item_begin, item_end);
+  });
 }
 
 }  // namespace metrale::cpu::HWY_NAMESPACE

@@ -1,10 +1,12 @@
 // CpuBackend's activation ops: rms_norm, rope, kv_store, attention, gated activation. The
 // public Backend ops validated the arguments (backend.cc); these split the work over the pool.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 
 namespace metrale {
@@ -21,18 +23,51 @@ void CpuBackend::do_rope(const RopeArgs& a) {
   });
 }
 
+namespace {
+
+// Writes n values of x into the cache at dst, dst[i * stride] = x[i], as the cache's element
+// type (f16 / bf16 rounded to nearest even, as torch's casts).
+void store_strided(const float* x, int64_t n, const KvLayout& kv, void* dst, int64_t stride) {
+  if (kv.dtype == DType::kF32) {
+    auto* d = static_cast<float*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i * stride] = x[i];
+    return;
+  }
+  auto* d = static_cast<uint16_t*>(dst);
+  constexpr int64_t kChunk = 256;
+  uint16_t narrow[kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - i0);
+    from_f32(x + i0, kv.dtype, narrow, static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) d[(i0 + i) * stride] = narrow[i];
+  }
+}
+
+// Writes one token's K of every kv head into its page column (K is transposed within a page).
+void store_key(const float* k, int64_t slot, const KvLayerView& cache) {
+  const KvLayout& kv = cache.layout;
+  const int64_t page = slot / kv.page_size, offset = slot % kv.page_size;
+  for (int64_t h = 0; h < kv.n_kv_heads; ++h) {
+    void* col = kv.dtype == DType::kF32
+                    ? static_cast<void*>(cache.k_page<float>(page, h) + offset)
+                    : static_cast<void*>(cache.k_page<uint16_t>(page, h) + offset);
+    store_strided(k + h * kv.head_dim, kv.head_dim, kv, col, kv.page_size);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::do_kv_store(const KvStoreArgs& a) {
   const KvLayout& kv = a.cache.layout;
-  const auto row_bytes = static_cast<size_t>(kv.row_elems()) * sizeof(float);
   pool_->parallel_for(a.slots.size(), [&](size_t b, size_t e, int) {
     for (auto i = static_cast<int64_t>(b); i < static_cast<int64_t>(e); ++i) {
       const int64_t slot = a.slots[static_cast<size_t>(i)];
-      const float* k = a.k.row(i);
-      for (int64_t h = 0; h < kv.n_kv_heads; ++h) {  // K is transposed within its page
-        float* col = a.cache.k_page(slot / kv.page_size, h) + slot % kv.page_size;
-        for (int64_t d = 0; d < kv.head_dim; ++d) col[d * kv.page_size] = k[h * kv.head_dim + d];
-      }
-      std::memcpy(a.cache.v_row(slot), a.v.row(i), row_bytes);
+      store_key(a.k.row(i), slot, a.cache);
+      auto* v = static_cast<std::byte*>(a.cache.v) + slot * kv.row_elems() * kv.elem_bytes();
+      if (kv.dtype == DType::kF32)
+        std::memcpy(v, a.v.row(i), static_cast<size_t>(kv.row_elems()) * sizeof(float));
+      else
+        from_f32(a.v.row(i), kv.dtype, v, static_cast<size_t>(kv.row_elems()));
     }
   });
 }
@@ -61,12 +96,8 @@ void CpuBackend::do_latent_attention(const LatentAttentionArgs& a) {
   const KvLayout& kv = a.cache.layout;
   const int64_t n = a.q.n_rows;
   pool_->parallel_for(static_cast<size_t>(n), [&](size_t b, size_t e, int) {
-    for (auto r = static_cast<int64_t>(b); r < static_cast<int64_t>(e); ++r) {
-      const int64_t slot = a.slots[static_cast<size_t>(r)];
-      float* col = a.cache.k_page(slot / kv.page_size, 0) + slot % kv.page_size;
-      const float* x = a.kv.row(r);
-      for (int64_t d = 0; d < kv.head_dim; ++d) col[d * kv.page_size] = x[d];
-    }
+    for (auto r = static_cast<int64_t>(b); r < static_cast<int64_t>(e); ++r)
+      store_key(a.kv.row(r), a.slots[static_cast<size_t>(r)], a.cache);
   });
   // Scratch for as many keys as the cache holds: sized once, so a growing sequence never
   // allocates in a later step.

@@ -14,7 +14,8 @@
 //    order (latent_k[d] for consecutive keys is contiguous in the page), then times 1 / sum.
 // Each query's arithmetic depends only on its own lane: not on the head chunk, the other
 // rows, the thread split or how a prefill was chunked. The scalar twin is
-// reference::latent_attention (two passes, sums in double).
+// reference::latent_attention (two passes, sums in double). A cache of f16 or bf16 is widened
+// to f32 exactly as it is read (kv_elements-inl.h).
 // Highway re-includes this file once per target: these lines keep their order.
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -27,6 +28,7 @@
 #include <limits>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kv_elements-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace metrale::cpu::HWY_NAMESPACE {
@@ -40,33 +42,35 @@ constexpr int kKeyTile = 8;   // keys whose scores accumulate at once
 constexpr int kDimTile = 16;  // latent dims whose P.V sums accumulate at once
 
 // s[i * kN + lane] = sum_d q[d * kN + lane] * col[d * ps + i] for KT keys, d in order.
-template <int KT>
-HWY_INLINE void KeyScores(const float* HWY_RESTRICT q, const float* col, int64_t ps, int64_t dim,
+using kv::Widen;
+
+template <int KT, typename T>
+HWY_INLINE void KeyScores(const float* HWY_RESTRICT q, const T* col, int64_t ps, int64_t dim,
                           float* HWY_RESTRICT s) {
   const DF df;
   VF acc[KT];
   for (int i = 0; i < KT; ++i) acc[i] = hn::Zero(df);
   for (int64_t d = 0; d < dim; ++d) {
     const VF qd = hn::LoadU(df, q + d * kN);
-    const float* c = col + d * ps;
-    for (int i = 0; i < KT; ++i) acc[i] = hn::MulAdd(hn::Set(df, c[i]), qd, acc[i]);
+    const T* c = col + d * ps;
+    for (int i = 0; i < KT; ++i) acc[i] = hn::MulAdd(hn::Set(df, Widen(c[i])), qd, acc[i]);
   }
   for (int i = 0; i < KT; ++i) hn::StoreU(acc[i], df, s + i * kN);
 }
 
 // acc[i] += p[o * kN + lanes] * col[(d0 + i) * ps + o] for keys o = 0..n-1 in order.
-template <int DT>
-HWY_INLINE void DimSums(const float* HWY_RESTRICT p, const float* col, int64_t ps, int64_t n,
-                        VF* acc) {
+template <int DT, typename T>
+HWY_INLINE void DimSums(const float* HWY_RESTRICT p, const T* col, int64_t ps, int64_t n, VF* acc) {
   const DF df;
   for (int64_t o = 0; o < n; ++o) {
     const VF pk = hn::LoadU(df, p + o * kN);
-    for (int i = 0; i < DT; ++i) acc[i] = hn::MulAdd(hn::Set(df, col[i * ps + o]), pk, acc[i]);
+    for (int i = 0; i < DT; ++i)
+      acc[i] = hn::MulAdd(hn::Set(df, Widen(col[i * ps + o])), pk, acc[i]);
   }
 }
 
 // Latent dims [d0, d0 + DT) of the chunk's outputs: out_lane[d] = inv_lane * sum_k p * c_k[d].
-template <int DT>
+template <int DT, typename T>
 HWY_INLINE void OutputTile(const LatentAttentionArgs& a, const KvPageTable& t, int64_t n_keys,
                            const float* HWY_RESTRICT p, VF inv, int64_t d0, float* const* out,
                            int n_lanes) {
@@ -75,8 +79,8 @@ HWY_INLINE void OutputTile(const LatentAttentionArgs& a, const KvPageTable& t, i
   VF acc[DT];
   for (int i = 0; i < DT; ++i) acc[i] = hn::Zero(df);
   for (int64_t first = 0; first < n_keys; first += ps) {
-    const float* page = a.cache.k_page(t.block_table[static_cast<size_t>(first / ps)], 0);
-    DimSums<DT>(p + first * kN, page + d0 * ps, ps, std::min(ps, n_keys - first), acc);
+    const T* page = a.cache.k_page<T>(t.block_table[static_cast<size_t>(first / ps)], 0);
+    DimSums<DT, T>(p + first * kN, page + d0 * ps, ps, std::min(ps, n_keys - first), acc);
   }
   HWY_ALIGN float tile[kDimTile * kLatentMaxLanes];
   for (int i = 0; i < DT; ++i) hn::Store(hn::Mul(acc[i], inv), df, tile + i * kN);
@@ -86,6 +90,7 @@ HWY_INLINE void OutputTile(const LatentAttentionArgs& a, const KvPageTable& t, i
 
 // Heads [h0, h0 + n_lanes) of row r, n_lanes <= kN. scratch (any alignment): dim * kN floats
 // for the queries, then n_keys * kN for the scores.
+template <typename T>
 void AttendChunk(const LatentAttentionArgs& a, int64_t r, int64_t h0, int n_lanes,
                  float* HWY_RESTRICT scratch) {
   const DF df;
@@ -108,13 +113,13 @@ void AttendChunk(const LatentAttentionArgs& a, int64_t r, int64_t h0, int n_lane
   }
   // Scores, key tile by key tile within each page.
   for (int64_t first = 0; first < n_keys; first += ps) {
-    const float* page = a.cache.k_page(t.block_table[static_cast<size_t>(first / ps)], 0);
+    const T* page = a.cache.k_page<T>(t.block_table[static_cast<size_t>(first / ps)], 0);
     const int64_t n = std::min(ps, n_keys - first);
     int64_t o = 0;
     for (; o + kKeyTile <= n; o += kKeyTile)
-      KeyScores<kKeyTile>(q, page + o, ps, dim, s + (first + o) * kN);
-    for (; o + 4 <= n; o += 4) KeyScores<4>(q, page + o, ps, dim, s + (first + o) * kN);
-    for (; o < n; ++o) KeyScores<1>(q, page + o, ps, dim, s + (first + o) * kN);
+      KeyScores<kKeyTile, T>(q, page + o, ps, dim, s + (first + o) * kN);
+    for (; o + 4 <= n; o += 4) KeyScores<4, T>(q, page + o, ps, dim, s + (first + o) * kN);
+    for (; o < n; ++o) KeyScores<1, T>(q, page + o, ps, dim, s + (first + o) * kN);
   }
   // Softmax per lane: max of the scaled scores, then exp and their sum in key order.
   const VF scale = hn::Set(df, a.scale);
@@ -133,20 +138,28 @@ void AttendChunk(const LatentAttentionArgs& a, int64_t r, int64_t h0, int n_lane
   const VF inv = hn::Div(hn::Set(df, 1.0f), sum);
   int64_t d0 = 0;
   for (; d0 + kDimTile <= rank; d0 += kDimTile)
-    OutputTile<kDimTile>(a, t, n_keys, s, inv, d0, out, n_lanes);
-  for (; d0 + 4 <= rank; d0 += 4) OutputTile<4>(a, t, n_keys, s, inv, d0, out, n_lanes);
-  for (; d0 < rank; ++d0) OutputTile<1>(a, t, n_keys, s, inv, d0, out, n_lanes);
+    OutputTile<kDimTile, T>(a, t, n_keys, s, inv, d0, out, n_lanes);
+  for (; d0 + 4 <= rank; d0 += 4) OutputTile<4, T>(a, t, n_keys, s, inv, d0, out, n_lanes);
+  for (; d0 < rank; ++d0) OutputTile<1, T>(a, t, n_keys, s, inv, d0, out, n_lanes);
 }
 
-void LatentAttentionItems(const LatentAttentionArgs& a, int64_t item_begin, int64_t item_end,
-                          float* scratch) {
+template <typename T>
+void LatentAttentionItemsOf(const LatentAttentionArgs& a, int64_t item_begin, int64_t item_end,
+                            float* scratch) {
   const int64_t groups = (a.n_heads + kLatentHeadGroup - 1) / kLatentHeadGroup;
   for (int64_t item = item_begin; item < item_end; ++item) {
     const int64_t r = item / groups;
     const int64_t end = std::min(a.n_heads, (item % groups + 1) * kLatentHeadGroup);
     for (int64_t h0 = item % groups * kLatentHeadGroup; h0 < end; h0 += kN)
-      AttendChunk(a, r, h0, static_cast<int>(std::min(kN, end - h0)), scratch);
+      AttendChunk<T>(a, r, h0, static_cast<int>(std::min(kN, end - h0)), scratch);
   }
+}
+
+void LatentAttentionItems(const LatentAttentionArgs& a, int64_t item_begin, int64_t item_end,
+                          float* scratch) {
+  kv::WithElementType(a.cache.layout.dtype, [&](auto e) {
+    LatentAttentionItemsOf<decltype(e)>(a, item_begin, item_end, scratch);
+  });
 }
 
 }  // namespace metrale::cpu::HWY_NAMESPACE

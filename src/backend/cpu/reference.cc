@@ -129,6 +129,13 @@ namespace {
 
 size_t state_elem_bytes(DType t) { return t == DType::kF32 ? sizeof(float) : sizeof(uint16_t); }
 
+// Element i of a KV cache array of element type t, widened exactly.
+double kv_value(const void* base, int64_t i, DType t) {
+  if (t == DType::kF32) return static_cast<const float*>(base)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(base)[i];
+  return t == DType::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+}
+
 }  // namespace
 
 void latent_attention(const LatentAttentionArgs& a) {
@@ -138,7 +145,8 @@ void latent_attention(const LatentAttentionArgs& a) {
     const KvPageTable& t = a.seqs[static_cast<size_t>(a.row_seq[static_cast<size_t>(r)])];
     const int64_t n_keys = a.positions[static_cast<size_t>(r)] + 1;
     auto key = [&](int64_t k, int64_t d) {
-      return double{a.cache.k_page(t.block_table[static_cast<size_t>(k / ps)], 0)[d * ps + k % ps]};
+      const int64_t page = t.block_table[static_cast<size_t>(k / ps)];
+      return kv_value(a.cache.k, page * kv.page_elems() + d * ps + k % ps, kv.dtype);
     };
     for (int64_t h = 0; h < a.n_heads; ++h) {
       const float* ql = a.q_latent.row(r) + h * rank;

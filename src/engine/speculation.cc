@@ -1,0 +1,274 @@
+#include "engine/speculation.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+
+namespace metrale {
+namespace {
+
+using speculative::ProposeArgs;
+
+// Pages `seq` must gain to hold `rows` more tokens (a shared page it writes into first
+// becomes a private copy: one page more).
+int64_t pages_needed(const KvPool& kv, const Sequence& seq, int64_t rows) {
+  const int64_t page = kv.page_size();
+  const auto have = static_cast<int64_t>(seq.tokens.size());
+  const int64_t held = static_cast<int64_t>(seq.block_table.size());
+  int64_t need = std::max<int64_t>((have + rows + page - 1) / page - held, 0);
+  if (have % page != 0 && have / page < held &&
+      kv.refs(seq.block_table[static_cast<size_t>(have / page)]) > 1) {
+    ++need;
+  }
+  return need;
+}
+
+}  // namespace
+
+Speculator::Speculator(Model& model, SpeculationOptions options)
+    : model_(model), options_(std::move(options)), scratch_(model.vocab_size()) {
+  if (!on()) return;
+  speculative::check_dispatch_cap(options_.dispatch_cap, options_.ladder.num_drafts());
+  const speculative::DraftProposer& p = *options_.proposer;
+  METRALE_CHECK(!p.needs_hidden() || p.hidden_size() == model_.config().hidden_size,
+                "speculative: the ", p.name(), " drafter reads hidden rows of ", p.hidden_size(),
+                " values, but the model's hidden size is ", model_.config().hidden_size);
+}
+
+Speculator::~Speculator() = default;
+
+bool Speculator::needs_hidden() const { return on() && options_.proposer->needs_hidden(); }
+
+HiddenSink Speculator::sink_into(std::vector<float>& out, int64_t first_row) {
+  const int64_t final_index = static_cast<int64_t>(model_.architecture().layers.size());
+  const auto H = static_cast<size_t>(model_.config().hidden_size);
+  return [&out, first_row, final_index, H](int64_t index, ConstRows h) {
+    if (index != final_index) return;
+    out.resize((static_cast<size_t>(first_row) + static_cast<size_t>(h.n_rows)) * H);
+    for (int64_t r = 0; r < h.n_rows; ++r) {
+      std::copy_n(h.row(r), H, out.data() + (static_cast<size_t>(first_row + r)) * H);
+    }
+  };
+}
+
+void Speculator::prefill(Sequence& seq, std::span<const int32_t> prompt,
+                         std::span<float> last_logits) {
+  if (!needs_hidden()) {
+    model_.prefill(seq, prompt, last_logits);
+    return;
+  }
+  // The final norm's rows are recorded for the rows that want logits: every prompt row.
+  const auto V = static_cast<size_t>(model_.vocab_size());
+  const auto n = static_cast<int64_t>(prompt.size());
+  METRALE_CHECK(n > 0, "prefill: no tokens");
+  METRALE_CHECK(last_logits.size() == V, "prefill: logits buffer holds ", last_logits.size(),
+                " floats, expected ", V);
+  METRALE_CHECK(!requires_single_chunk_prefill(model_.config()) || n <= model_.max_rows(),
+                model_.config().model_type, " prompts must be prefilled in one chunk");
+  prompt_hidden_.clear();
+  for (int64_t done = 0; done < n; done += model_.max_rows()) {
+    const int64_t rows = std::min(model_.max_rows(), n - done);
+    logits_.resize(static_cast<size_t>(rows) * V);
+    const StepItem item{.seq = &seq,
+                        .ids = prompt.subspan(static_cast<size_t>(done), static_cast<size_t>(rows)),
+                        .logits = LogitRows::kAll};
+    const HiddenSink sink = sink_into(prompt_hidden_, done);
+    model_.step({&item, 1}, logits_, &sink);
+    if (done + rows == n) {
+      std::copy_n(logits_.data() + static_cast<size_t>(rows - 1) * V, V, last_logits.data());
+    }
+  }
+  prompt_ids_.assign(prompt.begin(), prompt.end());
+}
+
+void Speculator::start(DecodeStream& s) {
+  METRALE_CHECK(s.seq != nullptr && s.gen != nullptr, "speculative: a stream needs its sequence ",
+                "and its generation");
+  if (!on() || s.drafter != nullptr) return;
+  const std::span<const int32_t> context = s.seq->tokens;
+  speculative::DraftProposer& p = *options_.proposer;
+  ConstRows hidden{};
+  if (p.needs_hidden()) {
+    METRALE_CHECK(
+        std::equal(context.begin(), context.end(), prompt_ids_.begin(), prompt_ids_.end()),
+        "speculative: the ", p.name(), " drafter needs the target's hidden rows of the ",
+        "whole context (", context.size(), " tokens); the last prefill recorded ",
+        prompt_ids_.size(), " (a continued conversation cannot speculate with it yet)");
+    const int64_t H = model_.config().hidden_size;
+    hidden = rows_of(prompt_hidden_.data(), static_cast<int64_t>(context.size()), H);
+    s.last_hidden.assign(prompt_hidden_.end() - H, prompt_hidden_.end());
+  }
+  s.drafter = p.alloc_state();
+  p.prefill_drafter(*s.drafter, context, hidden);
+}
+
+void Speculator::stop(DecodeStream& s) {
+  if (s.drafter == nullptr) return;
+  options_.proposer->free_state(*s.drafter);
+  s.drafter.reset();
+  s.ids.clear();
+}
+
+void Speculator::abandon(DecodeStream& s) {
+  if (s.drafter != nullptr && s.drafter->outstanding() >= 0) {
+    options_.proposer->after_verify(*s.drafter, 0);
+  }
+}
+
+int64_t Speculator::draft_limit(const DecodeStream& s, int64_t active) const {
+  const Generation& g = *s.gen;
+  const auto have = static_cast<int64_t>(s.seq->tokens.size());
+  int64_t n = options_.ladder.drafts_for(active);
+  // A step emits accepted + 1 tokens: drafts past the stream's last token are never used.
+  n = std::min(n, g.params().max_tokens - g.completion_tokens() - 1);
+  const auto input = static_cast<int64_t>(g.input().size());
+  if (g.params().max_input - input - 1 < n) n = g.params().max_input - input - 1;
+  n = std::min(n, model_.context_limit() - have - 1);
+  // The ring keeps the state after every row of a step of at most ring_depth + 1 rows.
+  if (const StatePool* state = model_.state_pool(); state != nullptr) {
+    n = std::min(n, state->plan().ring_depth);
+  }
+  return std::max<int64_t>(n, 0);
+}
+
+void Speculator::plan(std::span<DecodeStream* const> streams, int64_t max_draft_rows) {
+  const auto active = static_cast<int64_t>(streams.size());
+  for (DecodeStream* s : streams) {
+    METRALE_CHECK(s->seq != nullptr && s->gen != nullptr && !s->gen->ended(),
+                  "speculative: plan: a stream without a sequence, or one that ended");
+    METRALE_CHECK(s->gen->input().size() == s->seq->tokens.size() + 1,
+                  "speculative: plan: the sequence holds ", s->seq->tokens.size(),
+                  " tokens, its generation's input ", s->gen->input().size(),
+                  " (expected every accepted token but the last)");
+    s->ids.assign(1, s->gen->input().back());
+    s->proposed = 0;
+    // A plan whose step never ran (a failed or rebuilt step) verified nothing.
+    abandon(*s);
+  }
+  if (!on()) return;
+  speculative::DraftProposer& p = *options_.proposer;
+  const int64_t H = model_.config().hidden_size;
+  // Streams without a drafter (not begun, or not speculating) decode their one row.
+  args_.clear();
+  drafting_.clear();
+  for (DecodeStream* s : streams) {
+    if (s->drafter == nullptr) continue;
+    drafting_.push_back(s);
+    args_.push_back(
+        {.state = s->drafter.get(),
+         .last = s->ids[0],
+         .hidden = p.needs_hidden() ? rows_of(s->last_hidden.data(), 1, H) : ConstRows{},
+         .position = static_cast<int64_t>(s->seq->tokens.size()),
+         .n = draft_limit(*s, active)});
+  }
+  if (drafting_.empty()) return;
+  const size_t n = drafting_.size();
+  proposed_.resize(n);
+  p.propose_batch(args_, std::span(proposed_).first(n));
+  counts_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    drafting_[i]->proposed = static_cast<int64_t>(proposed_[i].size());
+    counts_[i] = drafting_[i]->proposed;
+  }
+  speculative::fit_dispatch_cap(
+      std::span(counts_).first(n),
+      std::max<int64_t>(std::min(options_.dispatch_cap, max_draft_rows), 0));
+  // The pages the drafts take must be free beside what every stream's own row needs.
+  const KvPool& kv = model_.kv_pool();
+  int64_t spare = kv.free_pages();
+  for (DecodeStream* s : streams) spare -= pages_needed(kv, *s->seq, 1);
+  for (size_t i = 0; i < n; ++i) {
+    DecodeStream& s = *drafting_[i];
+    const int64_t base = pages_needed(kv, *s.seq, 1);
+    int64_t& k = counts_[i];
+    while (k > 0 && pages_needed(kv, *s.seq, 1 + k) - base > spare) --k;
+    spare -= pages_needed(kv, *s.seq, 1 + k) - base;
+    s.ids.insert(s.ids.end(), proposed_[i].begin(), proposed_[i].begin() + k);
+  }
+}
+
+void Speculator::finish(DecodeStream& s, std::span<float> logits, ConstRows hidden) {
+  const auto V = static_cast<size_t>(model_.vocab_size());
+  const auto rows = static_cast<int64_t>(s.ids.size());
+  const int64_t n = rows - 1;
+  METRALE_CHECK(rows >= 1 && logits.size() == static_cast<size_t>(rows) * V,
+                "speculative: finish: ", logits.size(), " logits for ", rows, " rows");
+  const auto have = static_cast<int64_t>(s.seq->tokens.size()) - rows;  // before the step
+  METRALE_CHECK(have >= 0 && std::equal(s.ids.begin(), s.ids.end(), s.seq->tokens.end() - rows),
+                "speculative: finish: the sequence does not end with the step's rows");
+  Generation& g = *s.gen;
+  // Row i is picked as plain decoding picks it, after the drafts before it were accepted.
+  int64_t accepted = 0;
+  bool ended_on_draft = false;
+  for (int64_t i = 0; i <= n; ++i) {
+    const int32_t tok = g.pick(logits.subspan(static_cast<size_t>(i) * V, V), scratch_);
+    g.accept(tok);
+    if (i == n || tok != s.ids[static_cast<size_t>(i + 1)]) break;
+    ++accepted;
+    if (g.ended()) {
+      ended_on_draft = true;
+      break;
+    }
+  }
+  // Keep t and the accepted drafts, but not one that ended the stream: plain decoding never
+  // feeds the token that ends it.
+  model_.truncate(*s.seq, have + 1 + accepted - (ended_on_draft ? 1 : 0));
+  if (n > 0) {
+    ++s.counts.verify_steps;
+    s.counts.drafted += n;
+    s.counts.accepted += accepted;
+  }
+  if (s.drafter == nullptr) return;
+  speculative::DraftProposer& p = *options_.proposer;
+  p.after_verify(*s.drafter, accepted);
+  if (!p.needs_hidden() || g.ended()) return;
+  const int64_t H = model_.config().hidden_size;
+  METRALE_CHECK(hidden.n_rows == rows && hidden.n_cols == H, "speculative: finish: ", hidden.n_rows,
+                " hidden rows of ", hidden.n_cols, " for ", rows, " rows of ", H);
+  if (accepted > 0) {
+    p.catchup(*s.drafter,
+              {.first_key = have,
+               .ids = std::span<const int32_t>(s.ids).subspan(1, static_cast<size_t>(accepted)),
+               .hidden = {hidden.data, accepted, H, hidden.stride}});
+  }
+  s.last_hidden.assign(hidden.row(accepted), hidden.row(accepted) + H);
+}
+
+void Speculator::step(std::span<DecodeStream* const> streams) {
+  const auto V = static_cast<size_t>(model_.vocab_size());
+  const auto max_rows = static_cast<size_t>(model_.max_rows());
+  const int64_t H = model_.config().hidden_size;
+  for (size_t b = 0; b < streams.size(); b += max_rows) {
+    const std::span<DecodeStream* const> group =
+        streams.subspan(b, std::min(streams.size() - b, max_rows));
+    plan(group, static_cast<int64_t>(max_rows - group.size()));
+    items_.clear();
+    size_t rows = 0;
+    for (DecodeStream* s : group) {
+      items_.push_back({.seq = s->seq, .ids = s->ids, .logits = LogitRows::kAll});
+      rows += s->ids.size();
+    }
+    logits_.resize(rows * V);
+    hidden_.clear();
+    const HiddenSink sink = sink_into(hidden_, 0);
+    try {
+      model_.step(items_, logits_, needs_hidden() ? &sink : nullptr);
+    } catch (...) {
+      for (DecodeStream* s : group) abandon(*s);
+      throw;
+    }
+    size_t row = 0;
+    for (DecodeStream* s : group) {
+      const size_t k = s->ids.size();
+      const ConstRows hidden = needs_hidden()
+                                   ? ConstRows{hidden_.data() + row * static_cast<size_t>(H),
+                                               static_cast<int64_t>(k), H, H}
+                                   : ConstRows{};
+      finish(*s, std::span(logits_).subspan(row * V, k * V), hidden);
+      row += k;
+    }
+  }
+}
+
+}  // namespace metrale

@@ -1,0 +1,134 @@
+#include "speculative/draft_proposer.h"
+
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace metrale::speculative {
+
+std::unique_ptr<ProposerState> DraftProposer::alloc_state() {
+  std::unique_ptr<ProposerState> s = do_alloc_state();
+  METRALE_CHECK(s != nullptr, name(), " proposer: alloc_state made no state");
+  s->owner_ = this;
+  return s;
+}
+
+void DraftProposer::check_owned(const ProposerState& state, std::string_view call) const {
+  METRALE_CHECK(state.owner_ == this, name(), " proposer: ", call,
+                ": the state is not one this proposer allocated (or it was freed)");
+}
+
+void DraftProposer::check_hidden(ConstRows hidden, int64_t rows, std::string_view call) const {
+  if (!needs_hidden()) {
+    METRALE_CHECK(hidden.n_rows == 0, name(), " proposer: ", call,
+                  ": reads no hidden states, but was given ", hidden.n_rows, " rows");
+    return;
+  }
+  METRALE_CHECK(hidden.n_rows == rows, name(), " proposer: ", call, ": expected ", rows,
+                " hidden rows, found ", hidden.n_rows);
+  METRALE_CHECK(rows == 0 || (hidden.data != nullptr && hidden.n_cols == hidden_size() &&
+                              hidden.stride >= hidden.n_cols),
+                name(), " proposer: ", call, ": expected hidden rows of ", hidden_size(),
+                " columns, found ", hidden.n_cols, " (stride ", hidden.stride, ")");
+}
+
+void DraftProposer::prefill_drafter(ProposerState& state, std::span<const int32_t> prompt,
+                                    ConstRows hidden) {
+  check_owned(state, "prefill_drafter");
+  METRALE_CHECK(state.next_position_ < 0, name(),
+                " proposer: prefill_drafter: the state was already prefilled (",
+                state.next_position_, " tokens)");
+  METRALE_CHECK(!prompt.empty(), name(), " proposer: prefill_drafter: empty prompt");
+  for (int32_t id : prompt) {
+    METRALE_CHECK(id >= 0, name(), " proposer: prefill_drafter: token id must be >= 0, found ", id);
+  }
+  check_hidden(hidden, static_cast<int64_t>(prompt.size()), "prefill_drafter");
+  do_prefill(state, prompt, hidden);
+  state.next_position_ = static_cast<int64_t>(prompt.size());
+}
+
+void DraftProposer::check_propose(const ProposeArgs& a) const {
+  METRALE_CHECK(a.state != nullptr, name(), " proposer: propose: no state");
+  const ProposerState& s = *a.state;
+  check_owned(s, "propose");
+  METRALE_CHECK(s.next_position_ >= 0, name(), " proposer: propose before prefill_drafter");
+  METRALE_CHECK(s.outstanding_ < 0, name(), " proposer: propose: the previous ", s.outstanding_,
+                " drafts await after_verify");
+  METRALE_CHECK(a.n >= 0, name(), " proposer: propose: draft count must be >= 0, found ", a.n);
+  METRALE_CHECK(a.last >= 0, name(), " proposer: propose: token id must be >= 0, found ", a.last);
+  METRALE_CHECK(a.position >= 1 && a.position <= s.next_position_, name(),
+                " proposer: propose: position ", a.position, " outside 1..", s.next_position_,
+                " (the context it holds; catchup() the tokens it missed first)");
+  check_hidden(a.hidden, 1, "propose");
+}
+
+void DraftProposer::after_propose(const ProposeArgs& a, std::vector<int32_t>& drafts) const {
+  METRALE_CHECK(static_cast<int64_t>(drafts.size()) <= a.n, name(), " proposer: proposed ",
+                drafts.size(), " drafts, at most ", a.n, " were asked for");
+  a.state->outstanding_ = static_cast<int64_t>(drafts.size());
+  a.state->last_position_ = a.position;
+}
+
+void DraftProposer::propose(const ProposeArgs& args, std::vector<int32_t>& drafts) {
+  check_propose(args);
+  drafts.clear();
+  do_propose(args, drafts);
+  after_propose(args, drafts);
+}
+
+void DraftProposer::propose_batch(std::span<const ProposeArgs> args,
+                                  std::span<std::vector<int32_t>> drafts) {
+  METRALE_CHECK(args.size() == drafts.size(), name(), " proposer: propose_batch: ", args.size(),
+                " sequences but ", drafts.size(), " draft lists");
+  std::unordered_set<const ProposerState*> seen;
+  for (const ProposeArgs& a : args) {
+    check_propose(a);
+    METRALE_CHECK(seen.insert(a.state).second, name(),
+                  " proposer: propose_batch: one state appears twice");
+  }
+  for (std::vector<int32_t>& d : drafts) d.clear();
+  do_propose_batch(args, drafts);
+  for (size_t i = 0; i < args.size(); ++i) after_propose(args[i], drafts[i]);
+}
+
+void DraftProposer::do_propose_batch(std::span<const ProposeArgs> args,
+                                     std::span<std::vector<int32_t>> drafts) {
+  for (size_t i = 0; i < args.size(); ++i) do_propose(args[i], drafts[i]);
+}
+
+void DraftProposer::after_verify(ProposerState& state, int64_t accepted) {
+  check_owned(state, "after_verify");
+  METRALE_CHECK(state.outstanding_ >= 0, name(),
+                " proposer: after_verify without drafts awaiting verification");
+  METRALE_CHECK(accepted >= 0 && accepted <= state.outstanding_, name(),
+                " proposer: after_verify: accepted must be in 0..", state.outstanding_,
+                " (the drafts proposed), found ", accepted);
+  do_after_verify(state, state.outstanding_, accepted);
+  state.next_position_ = state.last_position_ + accepted + 1;
+  state.outstanding_ = -1;
+}
+
+void DraftProposer::catchup(ProposerState& state, const CatchupRows& rows) {
+  check_owned(state, "catchup");
+  METRALE_CHECK(state.next_position_ >= 0, name(), " proposer: catchup before prefill_drafter");
+  METRALE_CHECK(state.outstanding_ < 0, name(), " proposer: catchup: ", state.outstanding_,
+                " drafts await after_verify");
+  METRALE_CHECK(!rows.ids.empty(), name(), " proposer: catchup: no rows");
+  METRALE_CHECK(rows.first_key >= 0 && rows.first_key + 1 <= state.next_position_, name(),
+                " proposer: catchup: first key ", rows.first_key, " outside 0..",
+                state.next_position_ - 1, " (rows must continue the context it holds)");
+  for (int32_t id : rows.ids) {
+    METRALE_CHECK(id >= 0, name(), " proposer: catchup: token id must be >= 0, found ", id);
+  }
+  check_hidden(rows.hidden, static_cast<int64_t>(rows.ids.size()), "catchup");
+  do_catchup(state, rows);
+  state.next_position_ = rows.first_key + 1 + static_cast<int64_t>(rows.ids.size());
+}
+
+void DraftProposer::free_state(ProposerState& state) {
+  check_owned(state, "free_state");
+  do_free(state);
+  state.owner_ = nullptr;
+}
+
+}  // namespace metrale::speculative
