@@ -1,12 +1,12 @@
 // libFuzzer target for the OpenAI request parser of `metrale serve`: any body must become a
 // request or an http::ApiError (a 400 to the client), never a crash, sanitizer report, hang or
 // a stray exception of another type (which the server would answer with a 500).
-// The first byte picks the endpoint (chat, completions, /tokenize, /detokenize); the rest is
-// the body. A chat request that parses is rendered with a small template and tokenized, and
-// every request that parses is mapped to a ServeRequest against a 1024-token context and its
-// responses formatted, as the server does. A chat's reply is its rendered prompt (which holds
-// whatever the messages hold, markers included), split for reasoning and, when the request has
-// tools, for tool calls in a format picked by the prompt's length.
+// The first byte picks the endpoint (chat, completions, /tokenize, /detokenize,
+// /v1/embeddings); the rest is the body. A chat request that parses is rendered with a small
+// template and tokenized, and every request that parses is mapped to a ServeRequest against a
+// 1024-token context and its responses formatted, as the server does. A chat's reply is its
+// rendered prompt (which holds whatever the messages hold, markers included), split for reasoning
+// and, when the request has tools, for tool calls in a format picked by the prompt's length.
 //
 //   ./openai_request_fuzz -dict=fuzz/openai_request.dict -max_len=4096 /tmp/openai_corpus
 // (run from the source root: it reads models/demo/tokenizer.json)
@@ -21,6 +21,7 @@
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "http/openai_api.h"
+#include "http/openai_embeddings.h"
 #include "io/tokenizer/tokenizer.h"
 
 namespace {
@@ -94,7 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
   try {
-    switch (data[0] % 4) {
+    switch (data[0] % 5) {
       case 0: {
         const http::OpenAiRequest r = http::parse_chat_request(body);
         std::string text;
@@ -118,6 +119,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2:
         (void)http::tokenize_response(body, tokenizer());
         break;
+      case 4: {
+        // An embedding of each input's first values, formatted both ways.
+        const http::EmbeddingsRequest r = http::parse_embeddings_request(body);
+        std::vector<std::vector<float>> out;
+        for (size_t i = 0; i < r.size() && i < 8; ++i) {
+          const std::vector<int32_t> ids =
+              r.input_is_ids ? r.ids[i] : tokenizer().encode(r.texts[i], true);
+          std::vector<float> v;
+          for (size_t k = 0; k < ids.size() && k < 5; ++k) v.push_back(static_cast<float>(ids[k]));
+          out.push_back(std::move(v));
+        }
+        (void)http::dump_json(http::embeddings_json(r.model, out, r.base64, 1));
+        (void)http::dump_json(http::embeddings_json(r.model, out, !r.base64, 1));
+        break;
+      }
       default:
         (void)http::detokenize_response(body, tokenizer());
         break;

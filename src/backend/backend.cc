@@ -65,6 +65,8 @@ std::string_view op_name(Op op) {
       return "varlen_attention";
     case Op::kMergeRows:
       return "merge_rows";
+    case Op::kSegmentSum:
+      return "segment_sum";
   }
   return "unknown-op";
 }
@@ -687,6 +689,24 @@ void Backend::scatter_rows(ConstRows x, std::span<const int32_t> rows, Rows out,
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kScatterRows, nullptr);
   do_scatter_rows(x, rows, out, add);
+}
+
+void Backend::segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out) {
+  const int64_t n = out.n_rows;
+  check_rows({"segment_sum", "", "out"}, out, n, x.n_cols);
+  METRALE_CHECK(x.data != nullptr || x.n_rows == 0, "segment_sum: x: null data");
+  check_span({"segment_sum", "", "offsets"}, offsets, n + 1);
+  METRALE_CHECK(offsets[0] == 0 && offsets[static_cast<size_t>(n)] == x.n_rows,
+                "segment_sum: the segments cover rows [", offsets[0], ", ",
+                offsets[static_cast<size_t>(n)], "); expected [0, ", x.n_rows, ")");
+  for (int64_t s = 0; s < n; ++s) {
+    METRALE_CHECK(offsets[static_cast<size_t>(s)] <= offsets[static_cast<size_t>(s + 1)],
+                  "segment_sum: segment ", s, " ends at row ", offsets[static_cast<size_t>(s + 1)],
+                  " before it starts (", offsets[static_cast<size_t>(s)], ")");
+  }
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kSegmentSum, nullptr);
+  do_segment_sum(x, offsets, out);
 }
 
 void Backend::rope_rows(const RopeRowsArgs& a) {

@@ -59,8 +59,9 @@ enum class Op : uint8_t {
   kActivation,       // y = act(x) (a vision MLP's GELU / quick GELU)
   kVarlenAttention,  // non-causal attention within each segment of rows (no KV cache)
   kMergeRows,        // out[i] = x[g i] | x[g i + 1] | ... | x[g i + g - 1] (a patch merger)
+  kSegmentSum,       // out[s] += the rows of segment s (pooling hidden states into embeddings)
 };
-inline constexpr int kOpCount = 25;
+inline constexpr int kOpCount = 26;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -551,6 +552,13 @@ class Backend {
   // out[i] = x[g i] | x[g i + 1] | ... | x[g i + g - 1], g = x.n_rows / out.n_rows: groups of g
   // consecutive rows side by side (torch's view(-1, g * C) of contiguous rows).
   void merge_rows(ConstRows x, Rows out);
+  // out[s] += x[offsets[s]] + x[offsets[s] + 1] + ... + x[offsets[s + 1] - 1] for every
+  // segment s (offsets: [out.n_rows + 1], from 0 up to x.n_rows, non-decreasing; an empty
+  // segment leaves its row as it is). Each column is summed in f32 in ascending row order,
+  // starting from out's value, so continuing a sum in a later call (the next chunk of a long
+  // input) gives the bits one call over all the rows gives. Pools the hidden states of an
+  // embedding's rows (engine/embedding.h).
+  void segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out);
   void token_overlay(const TokenOverlayArgs& a);
   void head_overlay(const HeadOverlayArgs& a);
 
@@ -583,6 +591,7 @@ class Backend {
   virtual void do_activation(const ActivationArgs& a) = 0;
   virtual void do_varlen_attention(const VarlenAttentionArgs& a) = 0;
   virtual void do_merge_rows(ConstRows x, Rows out) = 0;
+  virtual void do_segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out) = 0;
   virtual void do_token_overlay(const TokenOverlayArgs& a) = 0;
   virtual void do_head_overlay(const HeadOverlayArgs& a) = 0;
   virtual void do_upload(void* dst, const void* host_src, size_t bytes) = 0;

@@ -17,6 +17,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "engine/embedding_config.h"
 #include "engine/kv_pool.h"
 #include "engine/state_pool.h"
 #include "http/http_server.h"
@@ -42,6 +43,7 @@ struct ServeFlags {
   double drain_timeout_s = 25;
   int64_t prefill_chunk = 0;
   int64_t max_queue = 256;
+  int64_t max_embedding_seqs = 32;
   int64_t state_snapshots = -1;     // -1: 2 per stream slot with the prefix cache, else 0
   int64_t marconi_min_tokens = -1;  // -1: DEFAULT_MARCONI_MIN_TOKENS
   kvevents::KvEventPublisherOptions kv_events;  // endpoint "": none
@@ -155,6 +157,20 @@ void run_serve(ServeFlags f) {
   so.prefill_chunk = f.prefill_chunk;
   so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.request_timeout_s * 1000));
   so.cache.enabled = !f.no_prefix_cache;
+  so.max_embedding_seqs = f.max_embedding_seqs;
+  // /v1/embeddings pools as the checkpoint's sentence-transformers files say (without them:
+  // last token + L2 normalisation). Files that do not read leave the server generating and
+  // refusing embeddings with their error.
+  std::string embeddings = "off";
+  try {
+    so.embedding = load_embedding_config(model->dir(), model->config().hidden_size);
+    embeddings = std::string(pooling_name(so.embedding->pooling)) +
+                 (so.embedding->normalize ? " + normalize" : "");
+  } catch (const Error& e) {
+    f.http.embeddings_unavailable = e.message();
+    std::fprintf(stderr, "metrale serve: no embeddings (%s); /v1/embeddings answers 400\n",
+                 e.what());
+  }
   so.speculation = f.spec.options(*model);
   // KV-cache events for KV-aware routers (kvevents/kv_event_publisher.h): bound before the
   // engine starts, closed after it stops.
@@ -181,14 +197,14 @@ void run_serve(ServeFlags f) {
   const int port = server.bind();
   std::printf(
       "metrale serve: %s on http://%s:%d/v1 (KV %lld tokens, %lld streams, tool calls: %s, "
-      "reasoning: %s, speculative: %s)\n",
+      "reasoning: %s, speculative: %s, embeddings: %s)\n",
       server.model_name().c_str(), f.http.host.c_str(), port,
       static_cast<long long>(model->kv_pool().layout().n_pages *
                              model->kv_pool().layout().page_size),
       static_cast<long long>(so.max_seqs),
       std::string(chat::tool_call_format_name(f.http.tool_call_format)).c_str(),
       std::string(chat::reasoning_format_name(f.http.reasoning_format)).c_str(),
-      f.spec.kind.c_str());
+      f.spec.kind.c_str(), embeddings.c_str());
   std::fflush(stdout);
 
   // The first signal drains (on a thread of its own, so a second signal can still cut it
@@ -289,6 +305,9 @@ void setup(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--max-queue", f->max_queue, "waiting requests beyond this get 429")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--max-embedding-seqs", f->max_embedding_seqs,
+                  "embedding inputs prefilled at once beside the --max-seqs streams")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   cmd->add_option("--http-threads", f->http.threads,
                   "connections served at once (each streaming client holds one)")
       ->check(CLI::Range(2, 4096));

@@ -153,6 +153,8 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     m->want_slots_.resize(ur);
     m->positions3_.resize(3 * ur);
     m->injected_rows_.resize(ur);
+    m->pool_rows_.resize(ur);
+    m->pool_offsets_.resize(ur + 1);
     m->row_index_.resize(ur);
     for (size_t i = 0; i < ur; ++i) m->row_index_[i] = static_cast<int32_t>(i);
     m->slots_.resize(ur);
@@ -216,12 +218,13 @@ void Model::record_graphs() {
     p->executor = std::make_unique<Executor>(p->graph, p->plan, arena_.data());
 }
 
-void Model::run(const PassInputs& in, float* logits, const HiddenSink* sink) {
+void Model::run(const PassInputs& in, float* logits, float* pooled, const HiddenSink* sink) {
   Pass& p = sink != nullptr ? observed_ : plain_;
   p.executor->bind(p.io.h, h_.data, h_.stride);
   p.executor->bind(p.io.delta, delta_.data, delta_.stride);
   p.executor->bind(p.io.injected, injected_.as<float>(), h_.stride);
   if (in.n_wanted > 0) p.executor->bind(p.io.logits, logits, config_.vocab_size);
+  if (in.n_pools > 0) p.executor->bind(p.io.pooled, pooled, config_.hidden_size);
   if (sink == nullptr) {
     p.executor->run(*backend_, in);
     return;
@@ -232,9 +235,10 @@ void Model::run(const PassInputs& in, float* logits, const HiddenSink* sink) {
   p.executor->run(*backend_, observed);
 }
 
-void Model::step(std::span<const StepItem> items, std::span<float> logits, const HiddenSink* sink) {
+void Model::step(std::span<const StepItem> items, std::span<float> logits, const HiddenSink* sink,
+                 std::span<float> pooled) {
   METRALE_CHECK(!items.empty(), "step: no sequences");
-  int64_t n = 0, n_want = 0;
+  int64_t n = 0, n_want = 0, n_pools = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
     METRALE_CHECK(it.seq != nullptr, "step: item ", i, " has no sequence");
@@ -253,13 +257,22 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
                     " but the model has no LoRA pool");
       lora_->check(it.seq->lora);
     }
+    METRALE_CHECK(it.pool == PoolRows::kNone || it.logits == LogitRows::kNone, "step: item ", i,
+                  " pools its rows and wants logits too; an item does one or the other");
     n += len;
     n_want += it.logits == LogitRows::kAll ? len : it.logits == LogitRows::kLast ? 1 : 0;
+    n_pools += it.pool != PoolRows::kNone ? 1 : 0;
   }
   METRALE_CHECK(n <= max_rows_, "step: ", n, " tokens exceed max_rows ", max_rows_);
+  METRALE_CHECK(n_want == 0 || arch_->has_head(), dir_.string(),
+                ": the checkpoint has no lm_head (a base model saved without its head, as "
+                "sentence-transformers saves embedding models): it embeds but gives no logits");
   METRALE_CHECK(logits.size() == static_cast<size_t>(n_want * config_.vocab_size),
                 "step: logits buffer holds ", logits.size(), " floats, expected ",
                 n_want * config_.vocab_size);
+  METRALE_CHECK(pooled.size() == static_cast<size_t>(n_pools * config_.hidden_size),
+                "step: pooled buffer holds ", pooled.size(), " floats, expected ",
+                n_pools * config_.hidden_size, " (", n_pools, " pooling items)");
   if (state_ != nullptr) bind_states(items);
   const int64_t page = kv_->layout().page_size;
   for (const StepItem& it : items) {
@@ -269,7 +282,8 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     if (have % page != 0) kv_->unshare(it.seq->block_table, have / page);
     kv_->reserve(it.seq->block_table, have + static_cast<int64_t>(it.ids.size()));
   }
-  int64_t row = 0, w = 0, n_injected = 0;
+  int64_t row = 0, w = 0, n_injected = 0, n_pool_rows = 0, pools = 0;
+  pool_offsets_[0] = 0;
   const int64_t H = config_.hidden_size;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
@@ -301,7 +315,13 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
         want_slots_[static_cast<size_t>(w)] = it.seq->lora.slot;
         want_[static_cast<size_t>(w++)] = static_cast<int32_t>(row);
       }
+      if (it.pool == PoolRows::kAll || (it.pool == PoolRows::kFirst && j == 0) ||
+          (it.pool == PoolRows::kLast && j == len - 1)) {
+        pool_rows_[static_cast<size_t>(n_pool_rows++)] = static_cast<int32_t>(row);
+      }
     }
+    if (it.pool != PoolRows::kNone)
+      pool_offsets_[static_cast<size_t>(++pools)] = static_cast<int32_t>(n_pool_rows);
   }
   const auto un = static_cast<size_t>(n);
   bool any_lora = false;
@@ -328,6 +348,10 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
       .wanted = std::span(want_).first(uw),
       .wanted_lora_slots =
           any_lora ? std::span<const int32_t>(want_slots_).first(uw) : std::span<const int32_t>(),
+      .n_pool_rows = n_pool_rows,
+      .n_pools = n_pools,
+      .pool_rows = std::span(pool_rows_).first(static_cast<size_t>(n_pool_rows)),
+      .pool_offsets = std::span(pool_offsets_).first(static_cast<size_t>(n_pools + 1)),
       .seqs = std::span(tables_).first(items.size()),
       .rope = {rope_cos_.data(), rope_sin_.data(), rope_.rotary_dim(), rope_.max_positions()},
       .kv = kv_views_,
@@ -336,7 +360,7 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
       .state_dtype = state_ != nullptr ? state_->layout().dtype : DType::kF32,
       .embed_overlays = any_lora && lora_->has_embedding_overlays(),
       .head_overlays = any_lora && lora_->has_head_overlays()};
-  run(in, logits.data(), sink);
+  run(in, logits.data(), pooled.data(), sink);
   for (const StepItem& it : items) {
     const auto have = static_cast<int64_t>(it.seq->tokens.size());
     const auto len = static_cast<int64_t>(it.ids.size());

@@ -79,11 +79,17 @@ using HiddenSink = std::function<void(int64_t index, ConstRows h)>;
 // Which logits rows a step item wants.
 enum class LogitRows : uint8_t { kNone, kLast, kAll };
 
+// Which rows of a step item are pooled (embeddings, engine/embedding.h): their hidden states
+// after the final norm are added onto the item's row of step()'s `pooled` output.
+enum class PoolRows : uint8_t { kNone, kFirst, kLast, kAll };
+
 // One sequence's share of a step: `ids` are appended to `seq`.
 struct StepItem {
   Sequence* seq = nullptr;
   std::span<const int32_t> ids;
   LogitRows logits = LogitRows::kLast;
+  // Rows to pool; an item that pools wants no logits (logits = kNone).
+  PoolRows pool = PoolRows::kNone;
   // Multimodal rope only: [ids.size() * 3] each row's (t, h, w) rope position; empty: every
   // axis at the row's position + seq->rope_delta. (The KV cache keeps 1-D positions.)
   std::span<const int32_t> positions3;
@@ -136,11 +142,14 @@ class Model {
   const GraphPlan& graph_plan() const { return plain_.plan; }
 
   // One ragged pass over `items` (distinct sequences, at most max_rows() tokens in all).
-  // logits receives, item by item, the rows each asked for: [n_wanted, V]. Throws (leaving
-  // every sequence unchanged) on ids outside the vocabulary, a sequence that would outgrow
-  // context_limit(), or a full KV pool.
+  // logits receives, item by item, the rows each asked for: [n_wanted, V]. pooled holds one
+  // row per item that pools, in item order: [n_pooling, hidden] contiguous, and each gets the
+  // sum of its pooled rows' final hidden states added onto it (Backend::segment_sum: a sum
+  // carried over the steps of a long input's chunks equals one step's, bit for bit; zero it
+  // first for a fresh sum). Throws (leaving every sequence unchanged) on ids outside the
+  // vocabulary, a sequence that would outgrow context_limit(), or a full KV pool.
   void step(std::span<const StepItem> items, std::span<float> logits,
-            const HiddenSink* sink = nullptr);
+            const HiddenSink* sink = nullptr, std::span<float> pooled = {});
   // Appends `ids` to `seq` in chunks of at most max_rows(). logits: [ids.size(), V] when
   // all_logits, else [1, V] for the last token.
   void prefill(Sequence& seq, std::span<const int32_t> ids, std::span<float> logits,
@@ -195,8 +204,9 @@ class Model {
   // Records the model's pass (plain, and with Observe nodes for a HiddenSink), plans its
   // memory and makes the executors: at load, and again when LoRA attaches its nodes.
   void record_graphs();
-  // Runs the recorded pass over the step's inputs; logits: [in.n_wanted, V].
-  void run(const PassInputs& in, float* logits, const HiddenSink* sink);
+  // Runs the recorded pass over the step's inputs; logits: [in.n_wanted, V], pooled:
+  // [in.n_pools, hidden].
+  void run(const PassInputs& in, float* logits, float* pooled, const HiddenSink* sink);
 
   std::filesystem::path dir_;
   ModelConfig config_;
@@ -238,6 +248,7 @@ class Model {
   Rows h_, delta_;
   std::vector<int32_t> ids_, positions_, row_seq_, lora_slots_, want_, want_slots_;
   std::vector<int32_t> positions3_, row_index_, injected_rows_;
+  std::vector<int32_t> pool_rows_, pool_offsets_;  // [max_rows], [max_rows + 1]
   Buffer injected_;  // [max_rows, hidden] the step's injected embeddings (backend memory)
   std::vector<int64_t> slots_;
   std::vector<KvPageTable> tables_;

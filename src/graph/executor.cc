@@ -21,6 +21,7 @@ bool holds(When when, const PassInputs& in) {
   if (has(when, When::kHeadOverlays) && !in.head_overlays) return false;
   if (has(when, When::kWanted) && in.n_wanted == 0) return false;
   if (has(when, When::kInjected) && in.n_injected == 0) return false;
+  if (has(when, When::kPooled) && in.n_pools == 0) return false;
   return true;
 }
 
@@ -99,11 +100,20 @@ void Executor::run(Backend& be, const PassInputs& in) {
       case RowSpace::kMerged:
         n_rows_[b] = in.n_merged;
         break;
+      case RowSpace::kPoolRows:
+        n_rows_[b] = in.n_pool_rows;
+        break;
+      case RowSpace::kPools:
+        n_rows_[b] = in.n_pools;
+        break;
     }
   }
   METRALE_CHECK(in.n_merged <= in.n_rows, "executor: ", in.n_merged, " merged rows of ", in.n_rows);
-  METRALE_CHECK(in.n_rows <= plan_->max_rows && in.n_wanted <= in.n_rows, "executor: a pass of ",
-                in.n_rows, " rows (", in.n_wanted, " wanted) exceeds the plan's ", plan_->max_rows);
+  METRALE_CHECK(in.n_rows <= plan_->max_rows && in.n_wanted <= in.n_rows &&
+                    in.n_pool_rows <= in.n_rows && in.n_pools <= in.n_pool_rows,
+                "executor: a pass of ", in.n_rows, " rows (", in.n_wanted, " wanted, ",
+                in.n_pool_rows, " pooled into ", in.n_pools, ") exceeds the plan's ",
+                plan_->max_rows, " rows");
   for (const Node& node : graph_->nodes()) {
     if (holds(node.when, in)) run_node(be, node, in);
   }
@@ -257,13 +267,16 @@ void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {
           },
           [&](const node::GatherWanted& n) {
             const auto x = static_cast<size_t>(n.x.buf), out = static_cast<size_t>(n.out.buf);
-            const bool range =
-                in.n_wanted > 0 && in.wanted.back() == in.wanted.front() + in.n_wanted - 1;
+            const std::span<const int32_t> which =
+                graph_->buffer_decl(n.out.buf).rows == RowSpace::kPoolRows ? in.pool_rows
+                                                                           : in.wanted;
+            const auto k = static_cast<int64_t>(which.size());
+            const bool range = k > 0 && which.back() == which.front() + k - 1;
             if (range && n.x.col == 0 && n.out.col == 0 && stride_[x] == stride_[out]) {
-              base_[out] = base_[x] + in.wanted.front() * stride_[x];  // a view: no copy
+              base_[out] = base_[x] + which.front() * stride_[x];  // a view: no copy
             } else {
               base_[out] = own_[out];
-              be.gather_rows(rows(n.x), in.wanted, rows(n.out));
+              be.gather_rows(rows(n.x), which, rows(n.out));
             }
           },
           [&](const node::TokenOverlay& n) {
@@ -302,6 +315,9 @@ void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {
                 rows(n.x),
                 n.list == node::RowList::kWindowRows ? in.window_rows : in.merged_inverse,
                 rows(n.out));
+          },
+          [&](const node::SegmentSum& n) {
+            be.segment_sum(rows(n.x), in.pool_offsets, rows(n.out));
           },
           [&](const node::Observe& n) {
             METRALE_CHECK(in.observer != nullptr, "executor: an Observe node without an observer");

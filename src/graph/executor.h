@@ -53,6 +53,13 @@ struct PassInputs {
   std::span<const int32_t> lora_slots;
   std::span<const int32_t> wanted;             // [n_wanted] rows that want logits, ascending
   std::span<const int32_t> wanted_lora_slots;  // [n_wanted]; empty when lora_slots is
+  // Pooling (embeddings): the rows whose final hidden states are pooled, ascending, and each
+  // pooled output's range of them: output s sums pool_rows[pool_offsets[s] ..
+  // pool_offsets[s + 1]) (engine/model.h: StepItem::pool). None may want logits.
+  int64_t n_pool_rows = 0;
+  int64_t n_pools = 0;
+  std::span<const int32_t> pool_rows;     // [n_pool_rows]
+  std::span<const int32_t> pool_offsets;  // [n_pools + 1]
   // The pass's sequences; seq_len counts every stored token, this pass's rows included.
   std::span<const KvPageTable> seqs;
   RopeCache rope;
@@ -71,7 +78,7 @@ class Executor {
   // `plan` too.
   Executor(const Graph& graph, const GraphPlan& plan, void* arena);
 
-  // Binds external buffer `id` for the next passes (its rows: n_rows or n_wanted of them). A
+  // Binds external buffer `id` for the next passes (its rows: as its row space says). A
   // buffer only nodes that do not run read (the logits of a pass that wants none) may stay
   // unbound; an op reading an unbound one is refused by its validation (null rows).
   void bind(BufferId id, float* data, int64_t stride);

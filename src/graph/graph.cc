@@ -98,6 +98,7 @@ Op node_op(const NodeArgs& args) {
                         [](const node::VarlenAttention&) { return Op::kVarlenAttention; },
                         [](const node::MergeRows&) { return Op::kMergeRows; },
                         [](const node::GatherRows&) { return Op::kGatherRows; },
+                        [](const node::SegmentSum&) { return Op::kSegmentSum; },
                     },
                     args);
 }
@@ -181,6 +182,9 @@ void node_tensors(const NodeArgs& args, std::vector<Tensor>& out) {
                    add({n.x, n.out});
                  },
                  [&](const node::GatherRows& n) {
+                   add({n.x, n.out});
+                 },
+                 [&](const node::SegmentSum& n) {
                    add({n.x, n.out});
                  },
              },

@@ -30,6 +30,8 @@ enum class RowSpace : uint8_t {
   kWanted,    // one per logits row the pass asks for
   kInjected,  // one per row whose input embedding the caller supplies (image features)
   kMerged,    // one per merged row of a vision tower's pass (merge_size^2 patches each)
+  kPoolRows,  // one per row whose final hidden state is pooled (embeddings)
+  kPools,     // one per pooled output (an embedding input's sum of its pooled rows)
 };
 
 enum class BufferKind : uint8_t {
@@ -69,6 +71,7 @@ enum class When : uint8_t {
   kHeadOverlays = 4,   // some wanted row's adapter overlays the logits
   kWanted = 8,         // the pass asks for logits
   kInjected = 16,      // the pass injects input embeddings into some rows
+  kPooled = 32,        // the pass pools some rows' final hidden states (embeddings)
 };
 inline When operator|(When a, When b) {
   return static_cast<When>(static_cast<uint8_t>(a) | static_cast<uint8_t>(b));
@@ -202,9 +205,16 @@ struct Lora {  // slots: the pass's per row, or per wanted row for a kWanted x
   Tensor x, y;
   const LoraWeights* weights = nullptr;
 };
-// out = x's wanted rows. The executor makes out a view of x instead when the wanted rows are
-// one range (a decode step, a prefill chunk's last row), so most passes copy nothing.
+// out = x's wanted rows: the rows that want logits when out is a kWanted buffer, the rows
+// that are pooled when it is a kPoolRows one. The executor makes out a view of x instead when
+// those rows are one range (a decode step, a prefill chunk's last row, one input's rows for
+// mean pooling), so most passes copy nothing.
 struct GatherWanted {
+  Tensor x, out;
+};
+// out[s] += the rows of x in pooled output s (Backend::segment_sum over the pass's
+// pool_offsets): x a kPoolRows buffer, out a kPools one.
+struct SegmentSum {
   Tensor x, out;
 };
 struct TokenOverlay {
@@ -258,12 +268,14 @@ struct Observe {
 
 }  // namespace node
 
-using NodeArgs = std::variant<
-    node::Linear, node::Linears, node::Embedding, node::RmsNorm, node::Rope, node::KvStore,
-    node::Attention, node::LatentAttention, node::GatedActivation, node::Route, node::Moe,
-    node::Add, node::CausalConv, node::DeltaRule, node::SigmoidMul, node::Lora, node::GatherWanted,
-    node::TokenOverlay, node::HeadOverlay, node::Observe, node::RopeRows, node::InjectRows,
-    node::LayerNorm, node::Activate, node::VarlenAttention, node::MergeRows, node::GatherRows>;
+using NodeArgs =
+    std::variant<node::Linear, node::Linears, node::Embedding, node::RmsNorm, node::Rope,
+                 node::KvStore, node::Attention, node::LatentAttention, node::GatedActivation,
+                 node::Route, node::Moe, node::Add, node::CausalConv, node::DeltaRule,
+                 node::SigmoidMul, node::Lora, node::GatherWanted, node::TokenOverlay,
+                 node::HeadOverlay, node::Observe, node::RopeRows, node::InjectRows,
+                 node::LayerNorm, node::Activate, node::VarlenAttention, node::MergeRows,
+                 node::GatherRows, node::SegmentSum>;
 
 struct Node {
   NodeArgs args;

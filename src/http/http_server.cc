@@ -20,6 +20,7 @@
 
 #include "http/lifecycle.h"
 #include "http/openai_api.h"
+#include "http/openai_embeddings.h"
 #include "http/worker_api.h"
 #include "io/tokenizer/tokenizer.h"
 
@@ -210,6 +211,10 @@ struct HttpServer::Impl {
   std::shared_ptr<ServeStream> submit(ServeRequest request) const;
   void generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader);
+  // The adapter a request's `model` names ("" for the base model; 404 when it names neither).
+  std::string adapter_of(const std::string& requested) const;
+  void embeddings(const httplib::Request& req, httplib::Response& res,
+                  const httplib::ContentReader& reader);
   // reply: how a chat's text is split (reasoning, tool calls, content).
   // streams: one per choice (n), in order.
   using Streams = std::vector<std::shared_ptr<ServeStream>>;
@@ -314,15 +319,7 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   if (!admitted) throw refuse_draining(res);
   const OpenAiRequest r =
       kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
-  const bool adapter = std::find(options.adapters.begin(), options.adapters.end(), r.model) !=
-                       options.adapters.end();
-  if (!r.model.empty() && r.model != model_name && !adapter) {
-    std::string served = "`" + model_name + "`";
-    for (const std::string& a : options.adapters) served += ", `" + a + "`";
-    throw ApiError(
-        404, "The model `" + r.model + "` does not exist (this server serves " + served + ").",
-        "model", "", "model_not_found");
-  }
+  const std::string adapter = adapter_of(r.model);
   std::string rendered;
   std::vector<int32_t> prompt = encode_prompt(r, rendered);
   ReplyFormat reply;
@@ -335,7 +332,7 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   }
   ServeRequest s = to_serve_request(r, std::move(prompt), model.context_limit(), model.vocab_size(),
                                     reply.tool_calls);
-  if (adapter) s.adapter = r.model;
+  s.adapter = adapter;
   Streams streams;
   try {
     for (ServeRequest& choice : choice_requests(r, std::move(s))) {
@@ -347,13 +344,130 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   }
   ResponseMeta meta{
       (kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(streams.front()->id()),
-      unix_now(), adapter ? r.model : model_name};  // vLLM echoes the adapter's name
+      unix_now(), adapter.empty() ? model_name : r.model};  // vLLM echoes the adapter's name
   if (r.stream) {
     respond_streaming(kind, r, reply, std::move(streams), std::move(meta), std::move(admitted),
                       res);
   } else {
     respond_whole(kind, r, reply, streams, meta, req, res);
   }
+}
+
+std::string HttpServer::Impl::adapter_of(const std::string& requested) const {
+  const bool adapter = std::find(options.adapters.begin(), options.adapters.end(), requested) !=
+                       options.adapters.end();
+  if (!requested.empty() && requested != model_name && !adapter) {
+    std::string served = "`" + model_name + "`";
+    for (const std::string& a : options.adapters) served += ", `" + a + "`";
+    throw ApiError(
+        404, "The model `" + requested + "` does not exist (this server serves " + served + ").",
+        "model", "", "model_not_found");
+  }
+  return adapter ? requested : "";
+}
+
+void HttpServer::Impl::embeddings(const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader& reader) {
+  const std::string body = read_body(req, res, reader);
+  // Held until the response is written: drain() waits for it.
+  std::shared_ptr<void> admitted = lifecycle.admit();
+  if (!admitted) throw refuse_draining(res);
+  const EmbeddingsRequest r = parse_embeddings_request(body);
+  const std::string adapter = adapter_of(r.model);
+  const std::optional<EmbeddingConfig>& config = scheduler.embedding();
+  if (!config) {
+    throw ApiError(400, "this server does not serve embeddings: " + options.embeddings_unavailable,
+                   "", "", "embeddings_unavailable");
+  }
+  if (r.dimensions > config->dimension) {
+    throw ApiError(400,
+                   "dimensions " + std::to_string(r.dimensions) + " is more than the model's " +
+                       std::to_string(config->dimension) + "-value embedding",
+                   "dimensions");
+  }
+  // Each input's ids: a text with the tokenizer's special tokens, as sentence-transformers
+  // encodes it. Every input is checked here so an error can name it.
+  std::vector<ServeRequest> requests(r.size());
+  const int64_t limit = max_embedding_tokens(model, *config);
+  int64_t prompt_tokens = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    std::vector<int32_t> ids = r.input_is_ids ? r.ids[i] : tok.encode(r.texts[i], true);
+    const std::string where = r.size() == 1 ? "input" : "input[" + std::to_string(i) + "]";
+    if (ids.empty()) throw ApiError(400, where + ": the text encodes to no tokens", "input");
+    for (const int32_t id : ids) {
+      if (id >= model.vocab_size()) {
+        throw ApiError(400,
+                       where + ": token id " + std::to_string(id) +
+                           " is outside the vocabulary [0, " + std::to_string(model.vocab_size()) +
+                           ")",
+                       "input");
+      }
+    }
+    if (static_cast<int64_t>(ids.size()) > limit) {
+      throw ApiError(400,
+                     "This model's maximum context length is " + std::to_string(limit) +
+                         " tokens. However, " + where + " has " + std::to_string(ids.size()) +
+                         " tokens. Please reduce the length of the input.",
+                     "input", "", "context_length_exceeded");
+    }
+    prompt_tokens += static_cast<int64_t>(ids.size());
+    requests[i].prompt = std::move(ids);
+    requests[i].embedding = EmbeddingParams{.dimensions = r.dimensions};
+    requests[i].adapter = adapter;
+  }
+  if (stopping) throw ApiError(503, "the server is stopping", "", "", "server_stopping");
+  const Streams streams = scheduler.submit_all(std::move(requests));
+  auto cancel_all = [&] {
+    for (const auto& st : streams) st->cancel();
+  };
+  const int fd = find_connection_socket(req);
+  std::vector<std::vector<float>> out(streams.size());
+  std::vector<bool> done(streams.size(), false);
+  size_t n_done = 0, first = 0;  // first: the first input not done (they finish about in order)
+  std::vector<ServeEvent> events;
+  while (n_done < streams.size()) {
+    if (stopping) {
+      cancel_all();
+      throw ApiError(503, "the server is stopping", "", "", "server_stopping");
+    }
+    // Wait on the oldest unfinished input; take whatever the others have without waiting.
+    for (size_t i = first; i < streams.size(); ++i) {
+      if (done[i]) continue;
+      events.clear();
+      streams[i]->next(events, i == first ? options.poll_interval : std::chrono::milliseconds(0));
+      for (ServeEvent& e : events) {
+        if (!e.done) continue;
+        done[i] = true;
+        ++n_done;
+        // An input that fails fails the request (counted once, as it fails).
+        if (failed(e.finish)) count_finish("embeddings", e.finish);
+        switch (e.finish) {
+          case FinishReason::kStop:
+          case FinishReason::kLength:
+            out[i] = std::move(e.embedding);
+            break;
+          case FinishReason::kTimeout:
+            cancel_all();
+            throw ApiError(503, "the request timed out", "", "", "timeout");
+          case FinishReason::kCancelled:
+            cancel_all();
+            throw ApiError(503, "the request was cancelled", "", "", "cancelled");
+          case FinishReason::kError:
+            cancel_all();
+            throw ApiError(500, "embedding failed: " + e.error);
+        }
+      }
+    }
+    while (first < streams.size() && done[first]) ++first;
+    if (n_done < streams.size() && peer_gone(fd)) {
+      cancel_all();
+      ++client_disconnects;
+      res.status = 499;
+      return;
+    }
+  }
+  count_finish("embeddings", FinishReason::kStop);
+  send_json(res, 200, dump_json(embeddings_json(model_name, out, r.base64, prompt_tokens)));
 }
 
 void HttpServer::Impl::respond_whole(ApiKind kind, const OpenAiRequest& r, const ReplyFormat& reply,
@@ -561,8 +675,9 @@ void HttpServer::Impl::setup() {
     // A request with a body for any path but the POST endpoints is answered before httplib
     // reads that body into memory (it would read a chunked one without limit). The body is
     // left unread, so the connection cannot be reused.
-    static const std::array<std::string_view, 5> kPostPaths = {
-        "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/flush_cache"};
+    static const std::array<std::string_view, 6> kPostPaths = {
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize",
+        "/detokenize",          "/flush_cache"};
     const bool post_endpoint =
         req.method == "POST" &&
         std::find(kPostPaths.begin(), kPostPaths.end(), req.path) != kPostPaths.end();
@@ -571,9 +686,10 @@ void HttpServer::Impl::setup() {
       send_json(res, 404, error_body(404, "no such endpoint: " + req.method + " " + req.path));
       return httplib::Server::HandlerResponse::Handled;
     }
-    // Draining: a generation request is refused before its body is read (generate() checks
-    // again, for one that was past here when the drain began).
-    if (post_endpoint && (req.path == kPostPaths[0] || req.path == kPostPaths[1]) &&
+    // Draining: a generation or embeddings request is refused before its body is read (generate()
+    // checks again, for one that was past here when the drain began).
+    if (post_endpoint &&
+        (req.path == kPostPaths[0] || req.path == kPostPaths[1] || req.path == kPostPaths[2]) &&
         lifecycle.draining()) {
       send_error(res, refuse_draining(res));
       return httplib::Server::HandlerResponse::Handled;
@@ -695,6 +811,10 @@ void HttpServer::Impl::setup() {
   server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
                                         const httplib::ContentReader& reader) {
     guarded(res, [&] { generate(ApiKind::kCompletion, req, res, reader); });
+  });
+  server.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res,
+                                       const httplib::ContentReader& reader) {
+    guarded(res, [&] { embeddings(req, res, reader); });
   });
   server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res,
                                   const httplib::ContentReader& reader) {

@@ -4,6 +4,7 @@
 //
 //   POST /v1/chat/completions   chat template rendered here, then generation (SSE when stream)
 //   POST /v1/completions        text or token-id prompt
+//   POST /v1/embeddings         pooled embeddings (Scheduler embedding requests)
 //   GET  /v1/models             the one model served
 //   POST /tokenize, /detokenize llama-server's shapes
 //   GET  /health                {"status": "ok"}; 503 {"status": "draining"} while draining;
@@ -57,6 +58,9 @@ struct HttpServerOptions {
   // Whether chat replies have their <think> block split out as reasoning_content
   // (chat/reasoning.h); `metrale serve` detects it from the chat template.
   chat::ReasoningFormat reasoning_format = chat::ReasoningFormat::kNone;
+  // Why /v1/embeddings is refused when the scheduler has no embedding config (`metrale
+  // serve`: the error reading the checkpoint's sentence-transformers files).
+  std::string embeddings_unavailable = "this server was started without embeddings";
   size_t max_body_bytes = size_t{16} << 20;
   std::chrono::seconds read_timeout{30};   // a client silent this long mid-request is dropped
   std::chrono::seconds write_timeout{30};  // a client not reading this long is dropped

@@ -5,7 +5,7 @@
 namespace metrale {
 
 ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
-  const int64_t H = embed.n_in, V = lm_head.n_out();
+  const int64_t H = embed.n_in, V = has_head() ? lm_head.n_out() : embed.n_out;
   ModelIo io;
   Residual r{.h = g.buffer("h", H, RowSpace::kRows, BufferKind::kExternal),
              .delta = g.buffer("delta", H, RowSpace::kRows, BufferKind::kExternal)};
@@ -46,6 +46,24 @@ ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
       g.add(node::Observe{.x = r.h, .index = i + 1});
     }
   }
+  // Embeddings: the final norm over the rows the pass pools (a view of them when they are one
+  // range), then each pooled output's sum of its rows. No row is both pooled and wanted
+  // (Model::step refuses it), so this and the head's in-place residual adds touch different
+  // rows of h.
+  {
+    const Graph::Condition pooled(g, When::kPooled);
+    const Graph::Scope scope(g, "pool");
+    Residual tail{.h = g.buffer("h", H, RowSpace::kPoolRows),
+                  .delta = g.buffer("delta", H, RowSpace::kPoolRows),
+                  .pending = r.pending};
+    g.add(node::GatherWanted{.x = r.h, .out = tail.h});
+    if (tail.pending) g.add(node::GatherWanted{.x = r.delta, .out = tail.delta});
+    const Tensor x = g.buffer("x", H, RowSpace::kPoolRows);
+    add_and_norm(g, tail, x, final_norm);
+    const Tensor sums = g.buffer("sums", H, RowSpace::kPools, BufferKind::kExternal);
+    io.pooled = sums.buf;
+    g.add(node::SegmentSum{.x = x, .out = sums});
+  }
   // The head runs over the wanted rows only (a view of them when they are one range).
   const Graph::Condition wanted(g, When::kWanted);
   const Graph::Scope scope(g, "head");
@@ -59,6 +77,7 @@ ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
   if (o.observe) g.add(node::Observe{.x = x, .index = n_layers});
   const Tensor logits = g.buffer("logits", V, RowSpace::kWanted, BufferKind::kExternal);
   io.logits = logits.buf;
+  if (!has_head()) return io;  // Model::step asks no logits of it
   lm_head.record(g, x, logits);
   if (!lora_overlays.empty()) {
     g.add(node::HeadOverlay{.x = x, .logits = logits, .overlays = lora_overlays},
@@ -77,7 +96,7 @@ uint64_t Architecture::active_bytes_per_token() const {
 LoraSites Architecture::lora_sites() {
   LoraSites out;
   for (DecoderLayer& l : layers) l.lora_sites(out);
-  out.linears.push_back(&lm_head);
+  if (has_head()) out.linears.push_back(&lm_head);
   return out;
 }
 

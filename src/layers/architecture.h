@@ -5,8 +5,9 @@
 // line in src/models/registry.cc, which maps config.json's model_type to its builder.
 //
 // record() writes one pass of the model as a Graph (graph/graph.h): the prologue (embedding,
-// LoRA token overlays), every layer, and the epilogue (the wanted rows, final norm, lm_head,
-// logit overlays). The engine records it once at load and runs it for every step.
+// LoRA token overlays), every layer, and the epilogues: the pooled rows (final norm, their
+// sums per embedding input) and the head (the wanted rows, final norm, lm_head, logit
+// overlays). The engine records it once at load and runs it for every step.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -25,6 +26,7 @@ struct ModelIo {
   BufferId delta = -1;     // [rows, hidden] the last sub-block's output, not yet added to h
   BufferId logits = -1;    // [wanted, vocab] contiguous
   BufferId injected = -1;  // [injected, hidden] the caller's input embeddings
+  BufferId pooled = -1;    // [pools, hidden] contiguous: the pooled sums (embeddings)
 };
 
 class Architecture {
@@ -34,8 +36,11 @@ class Architecture {
   WeightTensor embed;  // [V, H] model.embed_tokens.weight
   std::vector<DecoderLayer> layers;
   Norm final_norm;  // [H] model.norm.weight
-  Linear lm_head;   // [V, H] lm_head.weight, or embed's data when tied
+  Linear lm_head;   // [V, H] lm_head.weight, or embed's data when tied; empty: none
   bool tied = false;
+  // Whether there is a head: a base model saved without one (an embedding model) has none,
+  // and its passes give no logits.
+  bool has_head() const { return lm_head.n_out() > 0; }
   // LoRA token overlays per slot (lora/lora_pool.h attaches them; empty: none).
   std::span<const LoraSlotOverlay> lora_overlays;
   // Owns the memory the tensors above point into when they were copied out of the mmap.

@@ -11,7 +11,11 @@ std::unique_ptr<Architecture> build_decoder_stack(const ModelConfig& c, TensorLo
                 ": layer kinds do not cover every layer");
   const int64_t H = c.hidden_size, V = c.vocab_size;
   auto a = std::make_unique<Architecture>();
-  const std::string& m = parts.prefix;
+  // A bare base model (Qwen3Model, no "model." prefix): what sentence-transformers saves for a
+  // decoder used as an embedder (Qwen3-Embedding ships so), often without its lm_head.
+  const bool bare = parts.prefix == "model." && !l.has("model.embed_tokens.weight") &&
+                    l.has("embed_tokens.weight");
+  const std::string m = bare ? "" : parts.prefix;
   a->embed = l.matrix(m + "embed_tokens.weight", V, H);
   a->layers.reserve(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
@@ -30,9 +34,9 @@ std::unique_ptr<Architecture> build_decoder_stack(const ModelConfig& c, TensorLo
     a->lm_head = Linear::separate({a->embed}, {{m + "embed_tokens", 0, V}});
     // Some tied checkpoints still ship lm_head.weight; HF ignores it, so do we.
     l.ignore("lm_head.weight");
-  } else {
+  } else if (!bare || l.has("lm_head.weight")) {
     a->lm_head = Linear::separate({l.linear("lm_head", V, H, false)}, {{"lm_head", 0, V}});
-  }
+  }  // else no head: the model embeds (engine/embedding.h) but gives no logits
   for (const std::string& prefix : parts.unloaded) l.ignore_prefix(prefix);
   l.check_all_claimed();
   a->storage = l.take_storage();

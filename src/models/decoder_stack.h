@@ -14,6 +14,9 @@ namespace metrale {
 struct DecoderStackParts {
   // Where the language model's tensors start: "model." (a *ForCausalLM checkpoint), or
   // "model.language_model." (a vision-language checkpoint); lm_head.weight is top-level in both.
+  // With "model.", a checkpoint of the bare base model (embed_tokens.weight at the top level,
+  // as sentence-transformers saves embedding models) loads too, without a head when it has no
+  // lm_head.weight and its embeddings are not tied.
   std::string prefix = "model.";
   // Checkpoint subtrees that are recognised and deliberately not loaded (a vision tower, MTP
   // layers), each a tensor-name prefix.

@@ -96,6 +96,12 @@ struct Scheduler::Active {
   // state, begun once the prompt is prefilled, ended at a preemption; the counts survive it).
   bool speculative = false;
   DecodeStream ds;
+  bool counted = false;  // its prompt counted in the stats (its first admission)
+  // Embedding requests: what was asked, the sum of the pooled rows' final hidden states so far,
+  // and the embedding once the last chunk ran.
+  std::optional<EmbeddingParams> embed;
+  std::vector<float> pooled;
+  std::vector<float> embedding;
 
   Active(GenerationParams params, std::vector<int32_t> prompt, const Tokenizer* tok)
       : gen(std::move(params), std::move(prompt), tok) {
@@ -103,6 +109,7 @@ struct Scheduler::Active {
     ds.gen = &gen;
   }
 
+  bool embeds() const { return embed.has_value(); }
   int64_t input_size() const { return static_cast<int64_t>(gen.input().size()); }
 };
 
@@ -115,6 +122,13 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
                 options_.max_seqs);
   METRALE_CHECK(options_.max_queue >= 0, "scheduler: max_queue must be >= 0, found ",
                 options_.max_queue);
+  METRALE_CHECK(options_.max_embedding_seqs >= 1,
+                "scheduler: max_embedding_seqs must be >= 1, found ", options_.max_embedding_seqs);
+  METRALE_CHECK(!options_.embedding || options_.embedding->dimension == model_.config().hidden_size,
+                "scheduler: the embedding config (",
+                options_.embedding ? options_.embedding->source : "", ") pools ",
+                options_.embedding ? options_.embedding->dimension : 0,
+                " values; the model's hidden size is ", model_.config().hidden_size);
   METRALE_CHECK(options_.prefill_chunk >= 0, "scheduler: prefill_chunk must be >= 0, found ",
                 options_.prefill_chunk);
   METRALE_CHECK(options_.request_timeout.count() > 0,
@@ -151,18 +165,39 @@ Scheduler::~Scheduler() {
   thread_.join();
 }
 
-std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
+Scheduler::ActivePtr Scheduler::prepare(ServeRequest r) const {
   const auto n = static_cast<int64_t>(r.prompt.size());
   const int64_t vocab = model_.vocab_size();
-  METRALE_CHECK(n >= 1, "the prompt is empty");
+  METRALE_CHECK(n >= 1, r.embedding ? "the input is empty" : "the prompt is empty");
   for (size_t i = 0; i < r.prompt.size(); ++i) {
-    METRALE_CHECK(r.prompt[i] >= 0 && r.prompt[i] < vocab, "prompt token ", i, " is ", r.prompt[i],
-                  ", outside the vocabulary [0, ", vocab, ")");
+    METRALE_CHECK(r.prompt[i] >= 0 && r.prompt[i] < vocab, r.embedding ? "input" : "prompt",
+                  " token ", i, " is ", r.prompt[i], ", outside the vocabulary [0, ", vocab, ")");
+  }
+  const KvLayout& kv = model_.kv_pool().layout();
+  if (r.embedding) {
+    METRALE_CHECK(options_.embedding.has_value(), "this scheduler serves no embeddings");
+    const EmbeddingConfig& c = *options_.embedding;
+    check_dimensions(c, r.embedding->dimensions);
+    const int64_t limit = max_embedding_tokens(model_, c);
+    METRALE_CHECK(n <= limit, "the input has ", n, " tokens; at most ", limit, " fit (",
+                  c.max_seq_length == limit ? "the model's max_seq_length" : "the model's context",
+                  ")");
+    const int64_t pages = (n + kv.page_size - 1) / kv.page_size;
+    METRALE_CHECK(pages <= kv.n_pages, "the input needs ", pages, " KV pages of ", kv.page_size,
+                  " tokens; the KV cache has ", kv.n_pages, " (raise --kv-budget)");
+    METRALE_CHECK(r.timeout.count() >= 0, "timeout must be >= 0");
+    // Nothing is generated: a Generation that ended before its first token holds the input.
+    auto a =
+        std::make_unique<Active>(GenerationParams{.max_tokens = 0}, std::move(r.prompt), nullptr);
+    a->adapter = std::move(r.adapter);
+    a->embed = r.embedding;
+    a->submitted = Clock::now();
+    a->deadline = a->submitted + (r.timeout.count() > 0 ? r.timeout : options_.request_timeout);
+    return a;
   }
   METRALE_CHECK(n < model_.context_limit(), "the prompt has ", n,
                 " tokens; the model's context holds ", model_.context_limit(),
                 " (prompt + at least one generated token)");
-  const KvLayout& kv = model_.kv_pool().layout();
   const int64_t pages = (n + 1 + kv.page_size - 1) / kv.page_size;
   METRALE_CHECK(pages <= kv.n_pages, "the prompt needs ", pages, " KV pages of ", kv.page_size,
                 " tokens; the KV cache has ", kv.n_pages, " (raise --kv-budget)");
@@ -229,7 +264,21 @@ std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
   a->speculative = r.speculative && spec_.on();
   a->submitted = Clock::now();
   a->deadline = a->submitted + (r.timeout.count() > 0 ? r.timeout : options_.request_timeout);
-  std::shared_ptr<ServeStream> stream;
+  return a;
+}
+
+std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
+  std::vector<ServeRequest> one;
+  one.push_back(std::move(r));
+  return submit_all(std::move(one)).front();
+}
+
+std::vector<std::shared_ptr<ServeStream>> Scheduler::submit_all(std::vector<ServeRequest> rs) {
+  METRALE_CHECK(!rs.empty(), "submit_all: no requests");
+  std::vector<ActivePtr> prepared;
+  prepared.reserve(rs.size());
+  for (ServeRequest& r : rs) prepared.push_back(prepare(std::move(r)));
+  std::vector<std::shared_ptr<ServeStream>> streams;
   {
     std::lock_guard lock(mu_);
     if (stopping_) throw SchedulerBusy("the server is stopping", /*stopping=*/true);
@@ -239,13 +288,15 @@ std::shared_ptr<ServeStream> Scheduler::submit(ServeRequest r) {
                               " requests are waiting (--max-queue); retry later",
                           /*stopping=*/false);
     }
-    stream = std::shared_ptr<ServeStream>(new ServeStream(next_id_++));
-    a->stream = stream;
-    queue_.push_back(std::move(a));
+    for (auto& a : prepared) {
+      streams.push_back(std::shared_ptr<ServeStream>(new ServeStream(next_id_++)));
+      a->stream = streams.back();
+      queue_.push_back(std::move(a));
+    }
     stats_.waiting = static_cast<int64_t>(queue_.size());
   }
   cv_.notify_all();
-  return stream;
+  return streams;
 }
 
 SchedulerStats Scheduler::stats() const {
@@ -297,6 +348,7 @@ void Scheduler::loop() {
 }
 
 int64_t Scheduler::decode_width(const Active& a) const {
+  if (a.embeds()) return 0;  // an embedding input never grows past its input
   if (!a.speculative) return 1;
   int64_t drafts = spec_.options().ladder.num_drafts();
   if (const StatePool* state = model_.state_pool(); state != nullptr) {
@@ -400,14 +452,26 @@ void Scheduler::admit() {
     ActivePtr a;
     {
       std::lock_guard lock(mu_);
-      if (queue_.empty() || static_cast<int64_t>(running_.size()) >= options_.max_seqs) break;
+      if (queue_.empty()) break;
       const Active& head = *queue_.front();
+      // Streams and embedding inputs have their own limits; hybrid models hold a state slot
+      // for each of either.
+      const auto n_embed = static_cast<int64_t>(std::count_if(
+          running_.begin(), running_.end(), [](const auto& r) { return r->embeds(); }));
+      const auto n_running = static_cast<int64_t>(running_.size());
+      if (head.embeds() ? n_embed >= options_.max_embedding_seqs
+                        : n_running - n_embed >= options_.max_seqs)
+        break;
+      if (const StatePool* states = model_.state_pool();
+          states != nullptr && n_running >= states->plan().max_seqs)
+        break;
       // A stream preempted for pages waits for a step to run without it: re-admitted at
       // once, it would be preempted again by the same step, forever.
       if (head.preempted_at_step == counts_.steps) break;
       // Its input's pages and its first decode rows, plus the pages the running streams still
       // need for their inputs (a stream admitted but not yet prefilled holds none yet) and
-      // headroom for their next decode rows (a page), so the step that follows can run.
+      // headroom for their next decode rows (a page), so the step that follows can run. (An
+      // embedding input has no decode rows: it never grows past its input.)
       int64_t need = pages(head.input_size() + decode_width(head));
       for (const auto& r : running_) {
         need += std::max<int64_t>(
@@ -424,13 +488,19 @@ void Scheduler::admit() {
       retire(*a, FinishReason::kError, e.message());
       continue;
     }
-    const int64_t adopted = cache_->attach(a->seq, a->gen.input());
+    // An embedding needs the hidden state of every token it pools: a cached prefix only under
+    // last-token pooling (the prefix cache always leaves the last token to run).
+    const bool may_attach = !a->embeds() || options_.embedding->pooling == Pooling::kLastToken;
+    const int64_t adopted = may_attach ? cache_->attach(a->seq, a->gen.input()) : 0;
     a->snapshot_points = cache_->snapshot_points(a->seq, a->gen.input());
-    if (a->gen.generated().empty()) {  // first admission, not a preempted stream's return
+    if (!a->counted) {  // first admission, not a preempted stream's return
+      a->counted = true;
       const auto n_prompt = static_cast<int64_t>(a->gen.context_size());
       a->cached_tokens = std::min(adopted, n_prompt);
       counts_.prompt_tokens += n_prompt;
     }
+    // An embedding input's sum is (re)computed whole: a preempted one starts again.
+    if (a->embeds()) a->pooled.assign(static_cast<size_t>(model_.config().hidden_size), 0.0f);
     a->admitted = true;
     running_.push_back(std::move(a));
   }
@@ -461,7 +531,7 @@ bool Scheduler::build_step() {
   std::vector<Active*> decoders;
   for (auto& owned : running_) {
     Active& a = *owned;
-    if (a.input_size() - static_cast<int64_t>(a.seq.tokens.size()) != 1) continue;
+    if (a.embeds() || a.input_size() - static_cast<int64_t>(a.seq.tokens.size()) != 1) continue;
     if (static_cast<int64_t>(decoders.size()) >= model_.max_rows()) break;
     decoders.push_back(&a);
     decoding_.push_back(&a.ds);
@@ -481,7 +551,8 @@ bool Scheduler::build_step() {
     Active& a = *owned;
     const auto have = static_cast<int64_t>(a.seq.tokens.size());
     const int64_t left = a.input_size() - have;
-    if (left <= 1) continue;
+    // (An embedding input's last token is a prefill row too: it never decodes.)
+    if (left < 1 || (left == 1 && !a.embeds())) continue;
     int64_t len = std::min({left, prefill_budget, model_.max_rows() - rows});
     if (requires_single_chunk_prefill(model_.config()) && len < left) len = 0;
     if (len <= 0) continue;
@@ -493,12 +564,15 @@ bool Scheduler::build_step() {
       }
     }
     prefill_budget -= len;
-    // A chunk that reaches the end of the input wants logits: its last row.
-    const bool last = have + len == a.input_size();
+    // A chunk that reaches the end of the input wants logits: its last row. An embedding
+    // input's chunks want none; their rows are pooled instead.
+    const bool last = have + len == a.input_size() && !a.embeds();
     items_.push_back(
         {.seq = &a.seq,
          .ids = a.gen.input().subspan(static_cast<size_t>(have), static_cast<size_t>(len)),
-         .logits = last ? LogitRows::kLast : LogitRows::kNone});
+         .logits = last ? LogitRows::kLast : LogitRows::kNone,
+         .pool = a.embeds() ? pooled_rows(options_.embedding->pooling, have, len, a.input_size())
+                            : PoolRows::kNone});
     step_rows_.push_back({.owner = &a, .decoding = false, .wanted = last ? 1 : 0});
     rows += len;
   }
@@ -544,8 +618,15 @@ bool Scheduler::run_step() {
   int64_t n_want = 0;
   for (const StepRows& r : step_rows_) n_want += r.wanted;
   logits_.resize(static_cast<size_t>(n_want * model_.vocab_size()));
+  // Each pooling item's row starts from its sum so far (a mean over several chunks).
+  pooled_.clear();
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (items_[i].pool == PoolRows::kNone) continue;
+    const std::vector<float>& sum = step_rows_[i].owner->pooled;
+    pooled_.insert(pooled_.end(), sum.begin(), sum.end());
+  }
   try {
-    model_.step(items_, logits_);
+    model_.step(items_, logits_, nullptr, pooled_);
   } catch (const Error& e) {
     // The step changed no sequence. Out of pages (a shared page copied on write): make room
     // by preempting; anything else fails the step's requests.
@@ -560,12 +641,31 @@ bool Scheduler::run_step() {
 
 void Scheduler::post_process() {
   const auto V = static_cast<size_t>(model_.vocab_size());
+  const auto H = static_cast<size_t>(model_.config().hidden_size);
   size_t w = 0;  // the step's logits row
+  size_t k = 0;  // pooling items seen
   for (size_t i = 0; i < items_.size(); ++i) {
     Active& a = *step_rows_[i].owner;
     const auto len = static_cast<int64_t>(items_[i].ids.size());
     const auto wanted = static_cast<size_t>(step_rows_[i].wanted);
     const int64_t before = a.gen.completion_tokens();
+    if (a.embeds()) {
+      counts_.prefill_tokens += len;
+      if (items_[i].pool != PoolRows::kNone) {
+        const auto row = pooled_.begin() + static_cast<ptrdiff_t>(k++ * H);
+        std::copy(row, row + static_cast<ptrdiff_t>(H), a.pooled.begin());
+      }
+      if (static_cast<int64_t>(a.seq.tokens.size()) < a.input_size()) {
+        cache_->insert(a.seq);
+        continue;
+      }
+      const Pooling p = options_.embedding->pooling;
+      const bool means = p == Pooling::kMean || p == Pooling::kMeanSqrtLen;
+      a.embedding = finish_embedding(*options_.embedding, a.pooled, means ? a.input_size() : 1,
+                                     a.embed->dimensions);
+      retire(a, FinishReason::kStop);
+      continue;
+    }
     if (step_rows_[i].decoding) {
       // The stream's rows (its last token, its drafts) are verified, accepted and rolled back
       // in one place, the same as Session's.
@@ -639,6 +739,7 @@ void Scheduler::report(Active& a, std::optional<FinishReason> finish, std::strin
     e.done = true;
     e.finish = *finish;
     e.error = std::move(error);
+    e.embedding = std::move(a.embedding);
     e.usage = {.prompt_tokens = static_cast<int64_t>(a.gen.context_size()),
                .completion_tokens = a.gen.completion_tokens(),
                .cached_tokens = a.cached_tokens,

@@ -20,6 +20,14 @@
 //
 // Results are those of the same request run alone: the engine's steps are batch-invariant,
 // each stream samples from its own seeded Rng, and prefix-cache hits reuse bit-identical KV.
+//
+// Embedding requests (ServeRequest::embedding) are the same kind of stream without the
+// decode: their input is prefilled in chunks beside the other streams' rows, its pooled rows
+// (StepItem::pool) summed across the chunks, and the stream ends with the embedding when the
+// last chunk ran. They are admitted, preempted and cancelled like any stream (up to
+// max_embedding_seqs at once), and adopt a cached prefix only under last-token pooling, where
+// the adopted tokens' hidden states are not needed.
+//
 // What a stream picks, when it ends and which text is final is its Generation's
 // (engine/generation.h), the same object Session runs; the scheduler only runs the steps.
 #include <chrono>
@@ -39,6 +47,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/embedding.h"
 #include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
@@ -48,6 +57,11 @@
 namespace metrale {
 
 inline constexpr size_t kMaxLogitBias = 1024;  // entries in ServeRequest::logit_bias
+
+// What an embedding request asks for (ServeRequest::embedding).
+struct EmbeddingParams {
+  int64_t dimensions = 0;  // 0: the whole embedding; else its first N values (renormalised)
+};
 
 struct ServeRequest {
   std::vector<int32_t> prompt;  // >= 1 token
@@ -75,6 +89,11 @@ struct ServeRequest {
   // false: this request decodes without drafts even when the server speculates (its output
   // is the same either way).
   bool speculative = true;
+  // Set: an embedding request (/v1/embeddings). The prompt is the input and nothing is
+  // generated: its final hidden states are pooled (SchedulerOptions::embedding) in the same
+  // steps as the generation rows, and the last event carries the embedding. The generation
+  // fields above do not apply; adapter and timeout do.
+  std::optional<EmbeddingParams> embedding;
 };
 
 enum class FinishReason : uint8_t {
@@ -109,6 +128,7 @@ struct ServeEvent {
   std::string error;                          // kError
   ServeUsage usage;                           // when done
   double time_to_first_token = 0;             // seconds from submit; on the first event
+  std::vector<float> embedding;               // an embedding request's, on its last event
 };
 
 // One submitted request, shared by its client and the scheduler.
@@ -148,6 +168,11 @@ struct SchedulerOptions {
   // Speculative decoding for every request that does not turn it off (engine/speculation.h);
   // no proposer: off. Proposers that read the target's hidden states are not wired here yet.
   SpeculationOptions speculation;
+  // How embedding requests are pooled (engine/embedding_config.h); none: they are refused.
+  std::optional<EmbeddingConfig> embedding;
+  // Embedding inputs prefilled at once beside the max_seqs streams (hybrid models: streams
+  // and inputs together hold at most the state pool's slots).
+  int64_t max_embedding_seqs = 32;
 };
 
 // submit() when the queue is full (HTTP 429) or the scheduler is stopping (HTTP 503).
@@ -199,6 +224,9 @@ class Scheduler {
   // that cannot fit the context or the KV pool, bad sampling values, unknown adapter) and
   // queues it; SchedulerBusy when the queue is full.
   std::shared_ptr<ServeStream> submit(ServeRequest request);
+  // Queues every request or none (one that fails validation, or a full queue, refuses them
+  // all): the inputs of one embedding request. They may take the queue past max_queue.
+  std::vector<std::shared_ptr<ServeStream>> submit_all(std::vector<ServeRequest> requests);
   SchedulerStats stats() const;
   const Model& model() const { return model_; }
   const SchedulerOptions& options() const { return options_; }
@@ -206,10 +234,15 @@ class Scheduler {
   // next step boundary; waits up to `wait` for it. Returns the pages freed, or -1 when the
   // engine did not get to it in time.
   int64_t flush_prefix_cache(std::chrono::milliseconds wait);
+  // How embedding requests are pooled; none: the scheduler refuses them.
+  const std::optional<EmbeddingConfig>& embedding() const { return options_.embedding; }
 
  private:
   struct Active;
   using ActivePtr = std::unique_ptr<Active>;
+
+  // Validates a request (submit's checks) and makes its Active.
+  ActivePtr prepare(ServeRequest r) const;
 
   // The engine thread: loop() runs these in order, once per step.
   void loop();
@@ -224,11 +257,13 @@ class Scheduler {
   void emit_events();
   // Ends `expired` and the running streams that were cancelled or timed out.
   void reap(std::vector<ActivePtr>& expired);
-  // Admission: queued requests join while a stream slot is free and their pages fit.
+  // Admission: queued requests join while a stream slot (or an embedding slot) is free and
+  // their pages fit.
   void admit();
   // With nothing running after admit(), the head request can never fit: it fails.
   void refuse_unfittable_head();
-  // Step building: the decode rows of decoding streams, then prefill chunks. False: no rows.
+  // Step building: the decode rows of decoding streams, then prefill chunks (an embedding
+  // input's chunks pool their rows). False: no rows.
   bool build_step();
   // Paging / preemption: finds the step's pages (evicting cached prefixes, else preempting the
   // youngest stream). False when the step must be built again.
@@ -244,7 +279,7 @@ class Scheduler {
 
   // The most rows a decoding stream adds to a step, each wanting logits: the token it accepted
   // last, and as many drafts as speculation may give it (what admission keeps room for; a
-  // step's own drafts are the Speculator's plan).
+  // step's own drafts are the Speculator's plan). An embedding input never decodes: 0.
   int64_t decode_width(const Active& a) const;
   // Drops the drafts of the step being built (out of pages: plain decode rows first).
   bool drop_drafts();
@@ -281,6 +316,7 @@ class Scheduler {
   std::vector<int32_t> picks_;           // one stream's picks from its rows
   std::vector<DecodeStream*> decoding_;  // the step's decoding streams
   std::vector<float> logits_;
+  std::vector<float> pooled_;  // [pooling items, H] the step's pooled sums
   Speculator spec_;  // every decode row goes through it (without a proposer: plain decoding)
   struct Counts {
     int64_t steps = 0, prefill_tokens = 0, generated_tokens = 0, prompt_tokens = 0;

@@ -45,9 +45,12 @@ TEST_P(GraphPlans, LiveBuffersAreDisjointAndEveryLayerIsRecorded) {
   EXPECT_LE(p.arena_bytes, p.unshared_bytes);
   const auto L = static_cast<int>(m->config().n_layers);
   EXPECT_EQ(ops["embedding"], 1);
-  EXPECT_EQ(ops["gather_wanted"], 2);  // h and the pending delta
-  // Two norms per layer plus the final one (and per-head / latent / gated norms inside).
-  EXPECT_GE(ops["rms_norm"], 2 * L + 1);
+  // h and the pending delta, for the head and for the pooled rows (embeddings).
+  EXPECT_EQ(ops["gather_wanted"], 4);
+  EXPECT_EQ(ops["segment_sum"], 1);
+  // Two norms per layer plus the final one for each epilogue (and per-head / latent / gated
+  // norms inside).
+  EXPECT_GE(ops["rms_norm"], 2 * L + 2);
   EXPECT_EQ(ops["attention"] + ops["latent_attention"] + ops["delta_rule"], L);
   EXPECT_EQ(ops["observe"], 0);
 }

@@ -171,7 +171,44 @@ TEST_F(ExecutorTest, WantedRowsAreAViewWhenOneRangeAndACopyOtherwise) {
         EXPECT_EQ(ov[i * 3 + c], hv[static_cast<size_t>(wanted[i]) * 16 + c]);
   }
   EXPECT_EQ(error_of([&] { ex.run(be_, {.n_rows = 6}); }),
-            "executor: a pass of 6 rows (0 wanted) exceeds the plan's 5");
+            "executor: a pass of 6 rows (0 wanted, 0 pooled into 0) exceeds the plan's 5 rows");
+}
+
+TEST_F(ExecutorTest, PooledRowsGatherThenSumPerPoolOnlyInPooledPasses) {
+  Graph g;
+  const Tensor h = g.buffer("h", 3, RowSpace::kRows, BufferKind::kExternal);
+  const Tensor x = g.buffer("x", 3, RowSpace::kPoolRows);
+  const Tensor sums = g.buffer("sums", 3, RowSpace::kPools, BufferKind::kExternal);
+  {
+    const Graph::Condition pooled(g, When::kPooled);
+    g.add(node::GatherWanted{.x = h, .out = x});
+    g.add(node::SegmentSum{.x = x, .out = sums});
+  }
+  const GraphPlan p = plan_graph(g, 5);
+  Buffer arena = be_.allocate(std::max<size_t>(p.arena_bytes, 64));
+  Executor ex(g, p, arena.data());
+  std::vector<float> hv(5 * 16);
+  for (size_t i = 0; i < hv.size(); ++i) hv[i] = static_cast<float>(i);
+  ex.bind(h.buf, hv.data(), 16);
+  // Pool 0: rows 1 and 2 (one range, a view); pool 1: row 4. Then rows 0 and 3 (a copy).
+  const std::vector<int32_t> rows = {1, 2, 4}, offsets = {0, 2, 3};
+  std::vector<float> out(6, 1.0f);
+  ex.bind(sums.buf, out.data(), 3);
+  ex.run(be_,
+         {.n_rows = 5, .n_pool_rows = 3, .n_pools = 2, .pool_rows = rows, .pool_offsets = offsets});
+  for (size_t c = 0; c < 3; ++c) {
+    EXPECT_EQ(out[c], 1.0f + hv[16 + c] + hv[32 + c]);
+    EXPECT_EQ(out[3 + c], 1.0f + hv[64 + c]);
+  }
+  std::vector<float> before = out;
+  ex.run(be_, {.n_rows = 5});  // no pooling: the nodes do not run
+  EXPECT_EQ(out, before);
+  const std::vector<int32_t> apart = {0, 3}, one = {0, 2};
+  std::vector<float> single(3, 0.0f);
+  ex.bind(sums.buf, single.data(), 3);
+  ex.run(be_,
+         {.n_rows = 5, .n_pool_rows = 2, .n_pools = 1, .pool_rows = apart, .pool_offsets = one});
+  for (size_t c = 0; c < 3; ++c) EXPECT_EQ(single[c], hv[c] + hv[48 + c]);
 }
 
 }  // namespace

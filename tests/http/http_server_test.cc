@@ -16,6 +16,7 @@
 
 #include "engine/session.h"
 #include "http/openai_api.h"
+#include "http/openai_embeddings.h"
 #include "lora/lora_pool.h"
 #include "speculative/ngram_proposer.h"
 
@@ -537,6 +538,101 @@ TEST_F(SerialServer, AWaitingClientThatLeavesCancelsItsRequest) {
       << "running " << st.running << " waiting " << st.waiting << " finished "
       << st.requests_finished << " failed " << st.requests_failed << " preemptions "
       << st.preemptions;
+}
+
+// /v1/embeddings over the demo model (no sentence-transformers files: last token + L2).
+class EmbeddingServer : public ServerFixture {
+ protected:
+  void prepare(Model& m, HttpServerOptions&) override {
+    config_ = load_embedding_config(m.dir(), m.config().hidden_size);
+    const std::vector<std::vector<int32_t>> ids = {
+        m.tokenizer()->encode("And God said", true),
+        m.tokenizer()->encode("Let there be light", true)};
+    want_ = embed(m, config_, ids);
+    want_cut_ = embed(m, config_, ids, 16);
+    ids_ = ids;
+  }
+  SchedulerOptions scheduler_options() const override {
+    return {.max_seqs = 4, .embedding = config_};
+  }
+  static std::vector<float> floats(const json& values) { return values.get<std::vector<float>>(); }
+
+  EmbeddingConfig config_;
+  std::vector<std::vector<float>> want_, want_cut_;
+  std::vector<std::vector<int32_t>> ids_;
+};
+
+TEST_F(EmbeddingServer, EmbeddingsEqualTheLibrarysInEveryInputForm) {
+  auto r = post("/v1/embeddings",
+                R"({"input": ["And God said", "Let there be light"], "model": "demo"})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "list");
+  EXPECT_EQ(j["model"], "demo");
+  ASSERT_EQ(j["data"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["data"][i]["object"], "embedding");
+    EXPECT_EQ(j["data"][i]["index"], i);
+    EXPECT_EQ(floats(j["data"][i]["embedding"]), want_[i]) << i;
+  }
+  const auto tokens = static_cast<int64_t>(ids_[0].size() + ids_[1].size());
+  EXPECT_EQ(j["usage"], (json{{"prompt_tokens", tokens}, {"total_tokens", tokens}}));
+  // Token ids, base64, dimensions.
+  auto by_ids = post("/v1/embeddings", json{{"input", ids_}, {"encoding_format", "base64"}}.dump());
+  ASSERT_TRUE(by_ids);
+  ASSERT_EQ(by_ids->status, 200) << by_ids->body;
+  const json b = json::parse(by_ids->body);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(b["data"][i]["embedding"], base64_floats(want_[i])) << i;
+  auto one =
+      post("/v1/embeddings", json{{"input", "Let there be light"}, {"dimensions", 16}}.dump());
+  ASSERT_TRUE(one);
+  ASSERT_EQ(one->status, 200) << one->body;
+  EXPECT_EQ(floats(json::parse(one->body)["data"][0]["embedding"]), want_cut_[1]);
+  // Beside a completion in flight.
+  std::thread gen([&] {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_bearer_token_auth(kKey);
+    c.set_read_timeout(30, 0);
+    auto g = c.Post("/v1/completions", R"({"prompt": "And", "max_tokens": 40, "ignore_eos": true})",
+                    "application/json");
+    EXPECT_TRUE(g && g->status == 200);
+  });
+  auto again = post("/v1/embeddings", R"({"input": ["And God said", "Let there be light"]})");
+  gen.join();
+  ASSERT_TRUE(again);
+  EXPECT_EQ(floats(json::parse(again->body)["data"][1]["embedding"]), want_[1]);
+}
+
+TEST_F(EmbeddingServer, BadRequestsAre400NamingTheField) {
+  auto expect = [&](const std::string& body, int status, const char* param, const char* code = "") {
+    auto r = post("/v1/embeddings", body);
+    ASSERT_TRUE(r) << body;
+    EXPECT_EQ(r->status, status) << body << " -> " << r->body;
+    const json e = error_of(r);
+    EXPECT_EQ(e["param"], param) << body;
+    if (*code) {
+      EXPECT_EQ(e["code"], code) << body;
+    }
+  };
+  expect(R"({"input": []})", 400, "input");
+  expect(R"({"input": "x", "dimensions": 100000})", 400, "dimensions");
+  expect(json{{"input", std::vector<int32_t>(5000, 7)}}.dump(), 400, "input",
+         "context_length_exceeded");
+  expect(R"({"input": [1, 99999]})", 400, "input");
+  expect(R"({"input": "x", "model": "nope"})", 404, "model", "model_not_found");
+  expect(R"({"input": "x", "encoding_format": "hex"})", 400, "encoding_format");
+  // The server keeps serving.
+  auto ok = post("/v1/embeddings", R"({"input": "And God said"})");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(ServerFixture, EmbeddingsWithoutAConfigAre400) {
+  auto r = post("/v1/embeddings", R"({"input": "x"})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(error_of(r)["code"], "embeddings_unavailable");
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// CpuBackend: the row-moving ops (gather_rows, the LoRA token overlays) and the memory ops.
+// CpuBackend: the row-moving ops (gather_rows, scatter_rows, segment_sum, the LoRA token
+// overlays) and the memory ops.
 // Host memory: upload / download / copy are memcpy. The overlays touch a few rows of a step
 // (the rows of slots that saved embed_tokens / lm_head or train tokens), so they run on the
 // calling thread.
@@ -24,6 +25,19 @@ void CpuBackend::do_scatter_rows(ConstRows x, std::span<const int32_t> rows, Row
       for (int64_t c = 0; c < x.n_cols; ++c) dst[c] += src[c];
     } else {
       std::copy_n(src, x.n_cols, dst);
+    }
+  }
+}
+
+void CpuBackend::do_segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out) {
+  // A few pooled rows per step (one per embedding input): on the calling thread. The column
+  // loop vectorises; each column still adds its rows in ascending order.
+  for (int64_t s = 0; s < out.n_rows; ++s) {
+    float* dst = out.row(s);
+    for (int32_t r = offsets[static_cast<size_t>(s)]; r < offsets[static_cast<size_t>(s + 1)];
+         ++r) {
+      const float* src = x.row(r);
+      for (int64_t c = 0; c < x.n_cols; ++c) dst[c] += src[c];
     }
   }
 }

@@ -1,5 +1,5 @@
-// The row-moving ops (gather_rows, the LoRA token / head overlays) and the memory ops, against
-// the loops they replaced in the engine, with their validation.
+// The row-moving ops (gather_rows, scatter_rows, segment_sum, the LoRA token / head overlays)
+// and the memory ops, against the loops they replaced in the engine, with their validation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -172,6 +172,48 @@ TEST(RowOps, ScatterRowsReplacesOrAddsTheNamedRows) {
               be.scatter_rows({x.data(), 2, cols, cols}, bad, {out.data(), 4, cols, cols}, false);
             }),
             "scatter_rows: rows must be ascending (row 1 names 1 after 3)");
+}
+
+TEST(RowOps, SegmentSumAddsEachSegmentsRowsInOrderOntoItsRow) {
+  ThreadPool pool(2);
+  CpuBackend be(pool);
+  const int64_t n = 7, cols = 21, stride = 32;
+  const std::vector<float> x = random_vector(static_cast<size_t>(n * stride), 11);
+  // Segments [0, 3), [3, 3) (empty), [3, 4), [4, 7).
+  const std::vector<int32_t> offsets = {0, 3, 3, 4, 7};
+  std::vector<float> out(static_cast<size_t>(4 * cols), 0.0f);
+  for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(cols + c)] = 5.0f;  // stays
+  be.segment_sum({x.data(), n, cols, stride}, offsets, {out.data(), 4, cols, cols});
+  for (int64_t s = 0; s < 4; ++s) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float want = s == 1 ? 5.0f : 0.0f;  // the formula: from out's value, ascending rows
+      for (int32_t r = offsets[static_cast<size_t>(s)]; r < offsets[static_cast<size_t>(s + 1)];
+           ++r)
+        want += x[static_cast<size_t>(r * stride + c)];
+      EXPECT_EQ(out[static_cast<size_t>(s * cols + c)], want) << s << " " << c;
+    }
+  }
+  // A sum continued over two calls equals one call over all its rows, bit for bit.
+  std::vector<float> whole(static_cast<size_t>(cols), 0.0f), split(whole);
+  const std::vector<int32_t> all = {0, 7}, first = {0, 4}, rest = {0, 3};
+  be.segment_sum({x.data(), n, cols, stride}, all, {whole.data(), 1, cols, cols});
+  be.segment_sum({x.data(), 4, cols, stride}, first, {split.data(), 1, cols, cols});
+  be.segment_sum({x.data() + 4 * stride, 3, cols, stride}, rest, {split.data(), 1, cols, cols});
+  EXPECT_EQ(whole, split);
+  const std::vector<int32_t> backwards = {0, 4, 3, 7};
+  EXPECT_EQ(error_of([&] {
+              be.segment_sum({x.data(), n, cols, stride}, backwards, {out.data(), 3, cols, cols});
+            }),
+            "segment_sum: segment 1 ends at row 3 before it starts (4)");
+  const std::vector<int32_t> short_cover = {0, 3, 6};
+  EXPECT_EQ(error_of([&] {
+              be.segment_sum({x.data(), n, cols, stride}, short_cover, {out.data(), 2, cols, cols});
+            }),
+            "segment_sum: the segments cover rows [0, 6); expected [0, 7)");
+  EXPECT_NE(error_of([&] {
+              be.segment_sum({x.data(), n, cols, stride}, offsets, {out.data(), 3, cols, cols});
+            }).find("offsets: expected 4 values, found 5"),
+            std::string::npos);
 }
 
 TEST(RowOps, RopeRowsEqualTheTableForEqualAxesAndFollowEachFrequencysAxis) {
