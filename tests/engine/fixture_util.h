@@ -13,8 +13,9 @@ inline std::string fixture_dir(const std::string& name) { return "tests/data/fix
 
 class Reference {
  public:
-  explicit Reference(const std::string& name)
-      : file_(SafetensorsFile::open(fixture_dir(name) + "/reference.safetensors")) {}
+  // `file`: the fixture's reference.safetensors, or another file of the same layout beside it.
+  explicit Reference(const std::string& name, const std::string& file = "reference.safetensors")
+      : file_(SafetensorsFile::open(fixture_dir(name) + "/" + file)) {}
 
   bool has(const std::string& key) const { return file_.find(key) != nullptr; }
 

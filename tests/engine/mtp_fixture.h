@@ -15,26 +15,11 @@
 
 namespace metrale::testing {
 
-class MtpReference {
+// The drafter's reference rows (tools/fixtures/models/mtp_fixtures.py), read as Reference reads
+// reference.safetensors.
+class MtpReference : public Reference {
  public:
-  explicit MtpReference(const std::string& dir)
-      : file_(SafetensorsFile::open(fixture_dir(dir) + "/mtp_reference.safetensors")) {}
-
-  std::vector<float> floats(const std::string& key) const {
-    const auto& t = file_.at(key);
-    std::vector<float> out(static_cast<size_t>(t.shape.numel()));
-    std::memcpy(out.data(), file_.bytes(t).data(), out.size() * sizeof(float));
-    return out;
-  }
-  std::vector<int32_t> ids(const std::string& key) const {
-    const auto& t = file_.at(key);
-    std::vector<int64_t> wide(static_cast<size_t>(t.shape.numel()));
-    std::memcpy(wide.data(), file_.bytes(t).data(), wide.size() * sizeof(int64_t));
-    return {wide.begin(), wide.end()};
-  }
-
- private:
-  SafetensorsFile file_;
+  explicit MtpReference(const std::string& dir) : Reference(dir, "mtp_reference.safetensors") {}
 };
 
 // A fixture's target and its MTP drafter, and the rows the drafter's passes computed by key
