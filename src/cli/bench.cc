@@ -258,7 +258,7 @@ void run_bench(const BenchFlags& f) {
   }
   METRALE_CHECK(longest <= m.context_limit(), "--prefill ", longest, " exceeds the context of ",
                 m.context_limit());
-  const SpeculationOptions spec = f.spec.options(m);
+  const SpeculationOptions spec = f.spec.options(m, widest);
   std::vector<int32_t> spec_prompt;
   if (f.spec.on()) {
     spec_prompt =

@@ -193,7 +193,7 @@ void SpeculativeFlags::check() const {
                 ", found ", ngram_max);
 }
 
-SpeculationOptions SpeculativeFlags::options(Model& model) const {
+SpeculationOptions SpeculativeFlags::options(Model& model, int64_t streams) const {
   check();
   SpeculationOptions o;
   if (!on()) return o;
@@ -201,7 +201,8 @@ SpeculationOptions SpeculativeFlags::options(Model& model) const {
     METRALE_CHECK(model.config().n_mtp_layers > 0, "--speculative mtp: ", model.dir().string(),
                   " has no MTP layers (config.json: num_nextn_predict_layers / "
                   "mtp_num_hidden_layers is 0 or absent); use --speculative ngram");
-    o.proposer = MtpProposer::load(model, {.kv_dtype = model.kv_pool().layout().dtype});
+    o.proposer = MtpProposer::load(model, {.kv_tokens = mtp_kv_tokens(model, streams, draft_tokens),
+                                           .kv_dtype = model.kv_pool().layout().dtype});
   } else {
     o.proposer = std::make_shared<speculative::NgramProposer>(
         speculative::NgramOptions{.min_n = ngram_min, .max_n = ngram_max});

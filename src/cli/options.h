@@ -67,7 +67,9 @@ struct SpeculativeFlags {
   void check() const;
   // The engine's options for `model` (off: no proposer). Throws an Error naming the flag for a
   // drafter the model cannot have (mtp without MTP layers).
-  SpeculationOptions options(Model& model) const;
+  // `streams`: the sequences that decode together (serve: --max-seqs), which size the MTP
+  // drafter's own KV pool.
+  SpeculationOptions options(Model& model, int64_t streams = 1) const;
 };
 
 // Loads the model, drawing a progress line on stderr while weights stream in.

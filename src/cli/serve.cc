@@ -171,7 +171,7 @@ void run_serve(ServeFlags f) {
     std::fprintf(stderr, "metrale serve: no embeddings (%s); /v1/embeddings answers 400\n",
                  e.what());
   }
-  so.speculation = f.spec.options(*model);
+  so.speculation = f.spec.options(*model, so.max_seqs);
   // KV-cache events for KV-aware routers (kvevents/kv_event_publisher.h): bound before the
   // engine starts, closed after it stops.
   std::unique_ptr<kvevents::KvEventPublisher> kv_events;

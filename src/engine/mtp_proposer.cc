@@ -44,6 +44,14 @@ void MtpProposer::check_ids(std::span<const int32_t> ids, std::string_view call)
   }
 }
 
+int64_t mtp_kv_tokens(const Model& target, int64_t streams, int64_t drafts) {
+  METRALE_CHECK(streams >= 1 && drafts >= 0, "mtp_kv_tokens: streams ", streams, " and drafts ",
+                drafts, " (expected >= 1 and >= 0)");
+  const KvPool& kv = target.kv_pool();
+  const int64_t page = kv.page_size();
+  return (kv.n_pages() + streams * ((drafts + page - 1) / page + 1)) * page;
+}
+
 std::unique_ptr<MtpProposer> MtpProposer::load(Model& target, const MtpOptions& o) {
   return with_context("loading the MTP drafter of " + target.dir().string(), [&] {
     const ModelConfig& c = target.config();

@@ -46,11 +46,17 @@ namespace metrale {
 
 struct MtpOptions {
   int64_t kv_tokens = 0;  // drafter rows over all sequences; 0: the target's KV capacity
+                          // (enough for one sequence; many: mtp_kv_tokens)
   int64_t page_size = 0;  // 0: the target's
   int64_t max_rows = 0;   // most rows of one drafter pass; 0: the target's max_rows
   DType kv_dtype = DType::kF32;
   WeightPlacement placement = WeightPlacement::kCopy;
 };
+
+// Drafter rows that never run out while the target's KV pool holds `streams` sequences drafting
+// up to `drafts` tokens each: a sequence's drafter holds at most its target tokens plus its
+// drafts' rows, so the target's capacity plus, per sequence, the pages `drafts` rows may open.
+int64_t mtp_kv_tokens(const Model& target, int64_t streams, int64_t drafts);
 
 // Receives every row a drafter pass computes, when set (tests, tools): its sequence's state,
 // its key, its logits [V] and the row a draft would chain on [H] (MtpLayer: y, or norm(y)),

@@ -86,18 +86,35 @@ void Speculator::start(DecodeStream& s) {
   METRALE_CHECK(s.seq != nullptr && s.gen != nullptr, "speculative: a stream needs its sequence ",
                 "and its generation");
   if (!on() || s.drafter != nullptr) return;
-  const std::span<const int32_t> context = s.seq->tokens;
-  speculative::DraftProposer& p = *options_.proposer;
   ConstRows hidden{};
-  if (p.needs_hidden()) {
+  if (needs_hidden()) {
+    const std::span<const int32_t> context = s.seq->tokens;
     METRALE_CHECK(
         std::equal(context.begin(), context.end(), prompt_ids_.begin(), prompt_ids_.end()),
-        "speculative: the ", p.name(), " drafter needs the target's hidden rows of the ",
-        "whole context (", context.size(), " tokens); the last prefill recorded ",
+        "speculative: the ", options_.proposer->name(), " drafter needs the target's hidden ",
+        "rows of the whole context (", context.size(), " tokens); the last prefill recorded ",
         prompt_ids_.size(), " (a continued conversation cannot speculate with it yet)");
+    hidden = rows_of(prompt_hidden_.data(), static_cast<int64_t>(context.size()),
+                     model_.config().hidden_size);
+  }
+  start(s, hidden);
+}
+
+void Speculator::start(DecodeStream& s, ConstRows hidden) {
+  METRALE_CHECK(s.seq != nullptr && s.gen != nullptr, "speculative: a stream needs its sequence ",
+                "and its generation");
+  if (!on() || s.drafter != nullptr) return;
+  const std::span<const int32_t> context = s.seq->tokens;
+  speculative::DraftProposer& p = *options_.proposer;
+  if (p.needs_hidden()) {
     const int64_t H = model_.config().hidden_size;
-    hidden = rows_of(prompt_hidden_.data(), static_cast<int64_t>(context.size()), H);
-    s.last_hidden.assign(prompt_hidden_.end() - H, prompt_hidden_.end());
+    METRALE_CHECK(hidden.n_rows == static_cast<int64_t>(context.size()) && hidden.n_cols == H,
+                  "speculative: the ", p.name(), " drafter needs one hidden row of ", H,
+                  " values per context token (", context.size(), "); given ", hidden.n_rows,
+                  " rows of ", hidden.n_cols);
+    s.last_hidden.assign(hidden.row(hidden.n_rows - 1), hidden.row(hidden.n_rows - 1) + H);
+  } else {
+    hidden = {};
   }
   s.drafter = p.alloc_state();
   p.prefill_drafter(*s.drafter, context, hidden);

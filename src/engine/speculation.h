@@ -116,6 +116,10 @@ class Speculator {
   // the first token: its drafter is prefilled with the sequence's tokens. A hidden-reading
   // proposer needs the sequence to be exactly the last prefill()'s prompt (its hiddens).
   void start(DecodeStream& s);
+  // The same with the target's final-norm hidden rows of the whole sequence given (one per
+  // token of s.seq, [tokens, hidden]), for a caller that recorded them itself (the server,
+  // over its prefill chunks); a proposer that reads no hiddens ignores them.
+  void start(DecodeStream& s, ConstRows hidden);
   // Frees the stream's drafter state (safe to call twice, and for a stream never started).
   void stop(DecodeStream& s);
 

@@ -96,6 +96,10 @@ struct Scheduler::Active {
   // state, begun once the prompt is prefilled, ended at a preemption; the counts survive it).
   bool speculative = false;
   DecodeStream ds;
+  // A drafter that reads the target's hidden states (MTP): the final-norm rows of every token
+  // prefilled so far, [tokens, hidden], handed to the drafter's prefill once the prompt ran.
+  bool reads_hidden = false;
+  std::vector<float> prompt_hidden;
   bool counted = false;  // its prompt counted in the stats (its first admission)
   // Embedding requests: what was asked, the sum of the pooled rows' final hidden states so far,
   // and the embedding once the last chunk ran.
@@ -133,10 +137,6 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
                 options_.prefill_chunk);
   METRALE_CHECK(options_.request_timeout.count() > 0,
                 "scheduler: request_timeout must be positive");
-  METRALE_CHECK(!spec_.needs_hidden(), "scheduler: the ",
-                spec_.on() ? spec_.options().proposer->name() : "",
-                " drafter reads the target's "
-                "hidden states, which the scheduler does not record yet");
   if (options_.prefill_chunk == 0 || options_.prefill_chunk > model_.max_rows())
     options_.prefill_chunk = model_.max_rows();
   if (const StatePool* states = model_.state_pool()) {
@@ -262,6 +262,7 @@ Scheduler::ActivePtr Scheduler::prepare(ServeRequest r) const {
   auto a = std::make_unique<Active>(std::move(params), std::move(r.prompt), model_.tokenizer());
   a->adapter = std::move(r.adapter);
   a->speculative = r.speculative && spec_.on();
+  a->reads_hidden = a->speculative && spec_.needs_hidden();
   a->submitted = Clock::now();
   a->deadline = a->submitted + (r.timeout.count() > 0 ? r.timeout : options_.request_timeout);
   return a;
@@ -490,7 +491,11 @@ void Scheduler::admit() {
     }
     // An embedding needs the hidden state of every token it pools: a cached prefix only under
     // last-token pooling (the prefix cache always leaves the last token to run).
-    const bool may_attach = !a->embeds() || options_.embedding->pooling == Pooling::kLastToken;
+    // A hidden-reading drafter (MTP) is prefilled from the target's hidden state of every
+    // prompt token, which a cached prefix does not keep: such a stream runs its whole input
+    // (and still shares its pages with the cache for the others).
+    const bool may_attach =
+        (!a->embeds() || options_.embedding->pooling == Pooling::kLastToken) && !a->reads_hidden;
     const int64_t adopted = may_attach ? cache_->attach(a->seq, a->gen.input()) : 0;
     a->snapshot_points = cache_->snapshot_points(a->seq, a->gen.input());
     if (!a->counted) {  // first admission, not a preempted stream's return
@@ -501,6 +506,7 @@ void Scheduler::admit() {
     }
     // An embedding input's sum is (re)computed whole: a preempted one starts again.
     if (a->embeds()) a->pooled.assign(static_cast<size_t>(model_.config().hidden_size), 0.0f);
+    a->prompt_hidden.clear();
     a->admitted = true;
     running_.push_back(std::move(a));
   }
@@ -565,15 +571,24 @@ bool Scheduler::build_step() {
     }
     prefill_budget -= len;
     // A chunk that reaches the end of the input wants logits: its last row. An embedding
-    // input's chunks want none; their rows are pooled instead.
+    // input's chunks want none; their rows are pooled instead. A hidden-reading drafter's
+    // stream wants every row: the step records the final-norm rows of those (HiddenSink).
     const bool last = have + len == a.input_size() && !a.embeds();
+    const bool every_row = a.reads_hidden;
     items_.push_back(
         {.seq = &a.seq,
          .ids = a.gen.input().subspan(static_cast<size_t>(have), static_cast<size_t>(len)),
-         .logits = last ? LogitRows::kLast : LogitRows::kNone,
+         .logits = every_row ? LogitRows::kAll
+                   : last    ? LogitRows::kLast
+                             : LogitRows::kNone,
          .pool = a.embeds() ? pooled_rows(options_.embedding->pooling, have, len, a.input_size())
                             : PoolRows::kNone});
-    step_rows_.push_back({.owner = &a, .decoding = false, .wanted = last ? 1 : 0});
+    step_rows_.push_back({.owner = &a,
+                          .decoding = false,
+                          .wanted = every_row ? len
+                                    : last    ? 1
+                                              : 0,
+                          .picks = last});
     rows += len;
   }
   return !items_.empty();
@@ -625,8 +640,14 @@ bool Scheduler::run_step() {
     const std::vector<float>& sum = step_rows_[i].owner->pooled;
     pooled_.insert(pooled_.end(), sum.begin(), sum.end());
   }
+  // The final-norm rows of the wanted rows, when a stream of the step has a hidden-reading
+  // drafter (hidden_ then holds one row per logits row, in the same order).
+  hidden_.clear();
+  const bool record = std::any_of(step_rows_.begin(), step_rows_.end(),
+                                  [](const StepRows& r) { return r.owner->reads_hidden; });
+  const HiddenSink sink = spec_.sink_into(hidden_, 0);
   try {
-    model_.step(items_, logits_, nullptr, pooled_);
+    model_.step(items_, logits_, record ? &sink : nullptr, pooled_);
   } catch (const Error& e) {
     // The step changed no sequence. Out of pages (a shared page copied on write): make room
     // by preempting; anything else fails the step's requests.
@@ -637,6 +658,14 @@ bool Scheduler::run_step() {
   }
   ++counts_.steps;
   return true;
+}
+
+ConstRows Scheduler::hidden_rows(size_t first, size_t n) const {
+  const auto H = static_cast<size_t>(model_.config().hidden_size);
+  METRALE_CHECK((first + n) * H <= hidden_.size(), "scheduler: the step recorded ",
+                hidden_.size() / H, " hidden rows; rows ", first, "..", first + n, " wanted");
+  return {hidden_.data() + first * H, static_cast<int64_t>(n), static_cast<int64_t>(H),
+          static_cast<int64_t>(H)};
 }
 
 void Scheduler::post_process() {
@@ -670,16 +699,27 @@ void Scheduler::post_process() {
       // The stream's rows (its last token, its drafts) are verified, accepted and rolled back
       // in one place, the same as Session's.
       const SpeculationCounts was = a.ds.counts;
-      spec_.finish(a.ds, std::span(logits_).subspan(w * V, wanted * V), {});
+      const ConstRows hidden = a.reads_hidden ? hidden_rows(w, wanted) : ConstRows{};
+      spec_.finish(a.ds, std::span(logits_).subspan(w * V, wanted * V), hidden);
       counts_.speculation.verify_steps += a.ds.counts.verify_steps - was.verify_steps;
       counts_.speculation.drafted += a.ds.counts.drafted - was.drafted;
       counts_.speculation.accepted += a.ds.counts.accepted - was.accepted;
     } else {
       counts_.prefill_tokens += len;
+      const bool picks = step_rows_[i].picks;
       // Share the prompt's whole pages while it is still running.
-      if (wanted == 0 || len > 1) cache_->insert(a.seq);
-      if (wanted == 0) continue;
-      a.gen.accept(a.gen.pick(std::span(logits_).subspan(w * V, V), spec_.scratch()));
+      if (!picks || len > 1) cache_->insert(a.seq);
+      if (a.reads_hidden) {
+        const ConstRows h = hidden_rows(w, wanted);
+        a.prompt_hidden.insert(a.prompt_hidden.end(), h.data,
+                               h.data + static_cast<size_t>(h.n_rows) * H);
+      }
+      if (!picks) {
+        w += wanted;
+        continue;
+      }
+      a.gen.accept(
+          a.gen.pick(std::span(logits_).subspan((w + wanted - 1) * V, V), spec_.scratch()));
     }
     w += wanted;
     counts_.generated_tokens += a.gen.completion_tokens() - before;
@@ -687,8 +727,17 @@ void Scheduler::post_process() {
       retire(a, finish_of(*a.gen.end()));
       continue;
     }
-    // The prompt is in the cache and the first token picked: the drafter starts.
-    if (a.speculative && a.ds.drafter == nullptr) spec_.start(a.ds);
+    // The prompt is in the cache and the first token picked: the drafter starts (a
+    // hidden-reading one prefilled from the prompt's rows, which are then dropped).
+    if (a.speculative && a.ds.drafter == nullptr) {
+      if (!a.reads_hidden) {
+        spec_.start(a.ds);
+      } else if (a.prompt_hidden.size() == a.seq.tokens.size() * H) {
+        spec_.start(a.ds, rows_of(a.prompt_hidden.data(), static_cast<int64_t>(a.seq.tokens.size()),
+                                  static_cast<int64_t>(H)));
+        std::vector<float>().swap(a.prompt_hidden);
+      }
+    }
     report(a, std::nullopt);
   }
   std::erase_if(running_, [](const auto& a) { return !a->admitted; });
@@ -794,6 +843,7 @@ bool Scheduler::preempt_youngest(const Active* keep) {
     Active& a = **it;
     cache_->insert(a.seq);
     spec_.stop(a.ds);  // begun again once it is prefilled anew
+    std::vector<float>().swap(a.prompt_hidden);
     model_.release(a.seq);
     a.admitted = false;
     a.preempted_at_step = counts_.steps;

@@ -166,7 +166,9 @@ struct SchedulerOptions {
   // queues them).
   std::function<void(std::vector<KvCacheEvent>)> kv_events;
   // Speculative decoding for every request that does not turn it off (engine/speculation.h);
-  // no proposer: off. Proposers that read the target's hidden states are not wired here yet.
+  // no proposer: off. A proposer that reads the target's hidden states (MTP) gets them from
+  // the steps: a speculating stream's prefill chunks then want every row's logits, which
+  // records their final-norm rows, and it adopts no cached prefix (whose hiddens are not kept).
   SpeculationOptions speculation;
   // How embedding requests are pooled (engine/embedding_config.h); none: they are refused.
   std::optional<EmbeddingConfig> embedding;
@@ -306,8 +308,9 @@ class Scheduler {
   // The engine thread's own (no lock).
   struct StepRows {
     Active* owner;
-    bool decoding;   // decode rows, not a prefill chunk
-    int64_t wanted;  // logits rows it asked for
+    bool decoding;       // decode rows, not a prefill chunk
+    int64_t wanted;      // logits rows it asked for
+    bool picks = false;  // a prefill chunk that ends the input: its last row is picked
   };
   std::vector<ActivePtr> running_;
   std::vector<std::shared_ptr<std::promise<int64_t>>> flushing_;  // taken from flushes_
@@ -317,6 +320,9 @@ class Scheduler {
   std::vector<DecodeStream*> decoding_;  // the step's decoding streams
   std::vector<float> logits_;
   std::vector<float> pooled_;  // [pooling items, H] the step's pooled sums
+  std::vector<float> hidden_;  // [logits rows, H] their final-norm rows, when recorded
+  // Rows [first, first + n) of hidden_.
+  ConstRows hidden_rows(size_t first, size_t n) const;
   Speculator spec_;  // every decode row goes through it (without a proposer: plain decoding)
   struct Counts {
     int64_t steps = 0, prefill_tokens = 0, generated_tokens = 0, prompt_tokens = 0;
