@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "engine/mtp_proposer.h"
@@ -179,12 +180,21 @@ void SpeculativeFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--ngram-min", ngram_min,
                  "ngram: the shortest context suffix that may match an earlier occurrence");
   cmd.add_option("--ngram-max", ngram_max, "ngram: the longest suffix tried first");
+  cmd.add_option("--drafter-context", context.context,
+                 "what the drafter sees: prefill,carry (default), prefill, carry or none");
+  cmd.add_option("--drafter-prefill", context.prefill,
+                 "1: the drafter is prefilled over the prompt (default; also "
+                 "METRALE_DRAFTER_PREFILL)");
+  cmd.add_option("--mtp-carry", context.carry,
+                 "1: a session's next request adopts its last request's drafter rows (serve, "
+                 "--speculative mtp; default 1; also METRALE_MTP_CARRY)");
 }
 
 void SpeculativeFlags::check() const {
   METRALE_CHECK(kind == "ngram" || kind == "mtp" || kind == "off", "--speculative '", kind,
                 "': expected ngram, mtp or off");
   speculative::check_dispatch_cap(dispatch_cap, draft_tokens);
+  drafter_context();
   if (!ladder.empty()) speculative::DraftLadder::parse(ladder, draft_tokens, "--draft-ladder");
   METRALE_CHECK(ngram_min >= 1 && ngram_min <= speculative::kNgramMaxN, "--ngram-min: expected 1..",
                 speculative::kNgramMaxN, ", found ", ngram_min);
@@ -193,7 +203,19 @@ void SpeculativeFlags::check() const {
                 ", found ", ngram_max);
 }
 
-SpeculationOptions SpeculativeFlags::options(Model& model, int64_t streams) const {
+speculative::DrafterContext SpeculativeFlags::drafter_context() const {
+  const speculative::DrafterContext c =
+      speculative::resolve_drafter_context(context, [](const char* name) {
+        return std::getenv(name);  // NOLINT(concurrency-mt-unsafe): read once, at startup
+      });
+  METRALE_CHECK(c.prefill, "--drafter-prefill 0 / ", speculative::kDrafterPrefillEnv,
+                "=0: a drafter started from the first generated token is not built yet (the MTP "
+                "drafter is always prefilled over the prompt)");
+  return c;
+}
+
+SpeculationOptions SpeculativeFlags::options(Model& model, int64_t streams,
+                                             int64_t carry_tokens) const {
   check();
   SpeculationOptions o;
   if (!on()) return o;
@@ -201,8 +223,9 @@ SpeculationOptions SpeculativeFlags::options(Model& model, int64_t streams) cons
     METRALE_CHECK(model.config().n_mtp_layers > 0, "--speculative mtp: ", model.dir().string(),
                   " has no MTP layers (config.json: num_nextn_predict_layers / "
                   "mtp_num_hidden_layers is 0 or absent); use --speculative ngram");
-    o.proposer = MtpProposer::load(model, {.kv_tokens = mtp_kv_tokens(model, streams, draft_tokens),
-                                           .kv_dtype = model.kv_pool().layout().dtype});
+    o.proposer = MtpProposer::load(
+        model, {.kv_tokens = mtp_kv_tokens(model, streams, draft_tokens) + carry_tokens,
+                .kv_dtype = model.kv_pool().layout().dtype});
   } else {
     o.proposer = std::make_shared<speculative::NgramProposer>(
         speculative::NgramOptions{.min_n = ngram_min, .max_n = ngram_max});

@@ -9,6 +9,7 @@
 
 #include "engine/model.h"
 #include "engine/speculation.h"
+#include "speculative/drafter_context.h"
 
 namespace metrale::cli {
 
@@ -60,16 +61,24 @@ struct SpeculativeFlags {
   int64_t ngram_min = 1, ngram_max = 4;
   std::string ladder;  // "": K drafts at every batch size
   int64_t dispatch_cap = speculative::kDefaultDispatchCap;
+  // What the drafter sees before drafting (speculative/drafter_context.h): --drafter-context
+  // LIST, --drafter-prefill 0|1, --mtp-carry 0|1, and METRALE_DRAFTER_PREFILL /
+  // METRALE_MTP_CARRY ("1" on, "0" off, anything else an error).
+  speculative::DrafterContextFlags context;
 
   void add_to(CLI::App& cmd);
   bool on() const { return kind != "off"; }
+  // The switches, from the flags and the environment. Prefill off is refused (the MTP drafter
+  // holds a row for every context key; drafting from the first generated token is not built).
+  speculative::DrafterContext drafter_context() const;
   // Checks what needs no model (the kind, the counts, the ladder's syntax); errors name the flag.
   void check() const;
   // The engine's options for `model` (off: no proposer). Throws an Error naming the flag for a
   // drafter the model cannot have (mtp without MTP layers).
   // `streams`: the sequences that decode together (serve: --max-seqs), which size the MTP
   // drafter's own KV pool.
-  SpeculationOptions options(Model& model, int64_t streams = 1) const;
+  // `carry_tokens`: drafter rows kept for carried sessions beside them (serve).
+  SpeculationOptions options(Model& model, int64_t streams = 1, int64_t carry_tokens = 0) const;
 };
 
 // Loads the model, drawing a progress line on stderr while weights stream in.

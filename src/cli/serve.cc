@@ -171,7 +171,12 @@ void run_serve(ServeFlags f) {
     std::fprintf(stderr, "metrale serve: no embeddings (%s); /v1/embeddings answers 400\n",
                  e.what());
   }
-  so.speculation = f.spec.options(*model, so.max_seqs);
+  // MTP carry: the sessions' drafter rows may take as many rows as the target's KV cache
+  // holds, in the drafter's own pool beside the running streams'.
+  if (f.spec.kind == "mtp" && f.spec.drafter_context().carry) {
+    so.carry_tokens = model->kv_pool().n_pages() * model->kv_pool().page_size();
+  }
+  so.speculation = f.spec.options(*model, so.max_seqs, so.carry_tokens);
   // KV-cache events for KV-aware routers (kvevents/kv_event_publisher.h): bound before the
   // engine starts, closed after it stops.
   std::unique_ptr<kvevents::KvEventPublisher> kv_events;

@@ -53,9 +53,10 @@ struct MtpOptions {
   WeightPlacement placement = WeightPlacement::kCopy;
 };
 
-// Drafter rows that never run out while the target's KV pool holds `streams` sequences drafting
-// up to `drafts` tokens each: a sequence's drafter holds at most its target tokens plus its
-// drafts' rows, so the target's capacity plus, per sequence, the pages `drafts` rows may open.
+// Drafter rows (add any a carry keeps beside them) that never run out while the target's KV pool
+// holds `streams` sequences drafting up to `drafts` tokens each: a sequence's drafter holds at most
+// its target tokens plus its drafts' rows, so the target's capacity plus, per sequence, the pages
+// `drafts` rows may open.
 int64_t mtp_kv_tokens(const Model& target, int64_t streams, int64_t drafts);
 
 // Receives every row a drafter pass computes, when set (tests, tools): its sequence's state,

@@ -120,6 +120,45 @@ void Speculator::start(DecodeStream& s, ConstRows hidden) {
   p.prefill_drafter(*s.drafter, context, hidden);
 }
 
+std::unique_ptr<speculative::ProposerState> Speculator::take(DecodeStream& s, int64_t& last_key) {
+  last_key = -1;
+  if (s.drafter == nullptr) return nullptr;
+  abandon(s);
+  s.ids.clear();
+  // After after_verify and the catch-up of the accepted span (finish() does both, also on
+  // the step that ends the stream), the drafter holds keys 0 .. next_position - 2.
+  last_key = s.drafter->next_position() - 2;
+  return std::move(s.drafter);
+}
+
+void Speculator::adopt(DecodeStream& s, std::unique_ptr<speculative::ProposerState> state,
+                       int64_t first_key, ConstRows hidden) {
+  METRALE_CHECK(needs_hidden() && state != nullptr && s.drafter == nullptr,
+                "speculative: adopt: a carried state for a hidden-reading drafter, to a stream "
+                "without one");
+  const std::span<const int32_t> context = s.seq->tokens;
+  const auto P = static_cast<int64_t>(context.size());
+  const int64_t H = model_.config().hidden_size;
+  METRALE_CHECK(first_key >= 0 && first_key <= P - 1 && hidden.n_rows == P - first_key &&
+                    hidden.n_cols == H && first_key + 1 <= state->next_position(),
+                "speculative: adopt: keys from ", first_key, " of a ", P, "-token context, given ",
+                hidden.n_rows, " hidden rows of ", hidden.n_cols, " and a state of ",
+                state->next_position(), " tokens");
+  speculative::DraftProposer& p = *options_.proposer;
+  if (P - 1 > first_key) {
+    p.catchup(*state, {.first_key = first_key,
+                       .ids = context.subspan(static_cast<size_t>(first_key + 1)),
+                       .hidden = {hidden.data, P - 1 - first_key, H, hidden.stride}});
+  }
+  // (With nothing to append, the first propose at position P drops the rows past key P - 2.)
+  s.last_hidden.assign(hidden.row(hidden.n_rows - 1), hidden.row(hidden.n_rows - 1) + H);
+  s.drafter = std::move(state);
+}
+
+void Speculator::free(std::unique_ptr<speculative::ProposerState> state) {
+  if (state != nullptr) options_.proposer->free_state(*state);
+}
+
 void Speculator::stop(DecodeStream& s) {
   if (s.drafter == nullptr) return;
   options_.proposer->free_state(*s.drafter);
@@ -239,7 +278,7 @@ void Speculator::finish(DecodeStream& s, std::span<float> logits, ConstRows hidd
   if (s.drafter == nullptr) return;
   speculative::DraftProposer& p = *options_.proposer;
   p.after_verify(*s.drafter, accepted);
-  if (!p.needs_hidden() || g.ended()) return;
+  if (!p.needs_hidden()) return;
   const int64_t H = model_.config().hidden_size;
   METRALE_CHECK(hidden.n_rows == rows && hidden.n_cols == H, "speculative: finish: ", hidden.n_rows,
                 " hidden rows of ", hidden.n_cols, " for ", rows, " rows of ", H);

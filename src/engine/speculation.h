@@ -123,6 +123,19 @@ class Speculator {
   // Frees the stream's drafter state (safe to call twice, and for a stream never started).
   void stop(DecodeStream& s);
 
+  // MTP carry (speculative/mtp_carry.h). take(s): the stream's drafter state, out of the
+  // stream and not freed (nullptr when it has none), with `last_key` the last drafter key it
+  // holds (keys 0..last_key, every row computed from the target's own hiddens; -1: none).
+  std::unique_ptr<speculative::ProposerState> take(DecodeStream& s, int64_t& last_key);
+  // Begins `s` (as start()) with a carried drafter state whose keys 0..first_key - 1 hold for
+  // the sequence's tokens: the rows past them are dropped and keys first_key .. P - 2 appended
+  // from `hidden`, the target's final-norm rows of positions first_key .. P - 1 (P: the
+  // sequence's tokens). Only for a hidden-reading proposer.
+  void adopt(DecodeStream& s, std::unique_ptr<speculative::ProposerState> state, int64_t first_key,
+             ConstRows hidden);
+  // Frees a state take() returned.
+  void free(std::unique_ptr<speculative::ProposerState> state);
+
   // One decode step for `streams` (unended; distinct sequences): proposes their drafts, runs
   // the verify rows (split into steps of at most max_rows rows), verifies and accepts through
   // each Generation, rolls back what was rejected. Tokens wait in each Generation for take().

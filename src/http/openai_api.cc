@@ -76,6 +76,10 @@ void read_common(const JsonFields& f, OpenAiRequest& r) {
   }
   r.ignore_eos = field("ignore_eos", [&] { return f.bool_or("ignore_eos", false); });
   r.speculative = field("speculative", [&] { return f.bool_or("speculative", true); });
+  // SGLang-style: the conversation this request continues (MTP carry).
+  if (auto s = field("session_id", [&] { return f.opt_string("session_id"); })) {
+    r.session = std::move(*s);
+  }
   r.skip_special_tokens =
       field("skip_special_tokens", [&] { return f.opt_bool("skip_special_tokens"); });
   if (auto s = field("seed", [&] { return f.opt_int("seed"); })) {
@@ -458,6 +462,7 @@ ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> pro
   s.stop = req.stop;
   s.ignore_eos = req.ignore_eos;
   s.speculative = req.speculative;
+  s.session = req.session;
   // vLLM's tool parsers do the same: a parser whose markers are special tokens must see them.
   s.skip_special_tokens =
       req.skip_special_tokens.value_or(!chat::tool_call_markers_are_special(tool_format));

@@ -100,6 +100,9 @@ struct OpenAiRequest {
   // metrale's extension: false decodes this request without speculative drafts (the output
   // is the same; only the speed differs). Default true: the server's --speculative applies.
   bool speculative = true;
+  // SGLang's session_id: the conversation this request continues ("": none). With
+  // `--speculative mtp` the session's next request adopts this one's drafter rows (MTP carry).
+  std::string session;
   std::optional<bool> skip_special_tokens;  // vLLM's extension (default true)
   int top_logprobs = -1;                    // -1: no logprobs
   float presence_penalty = 0.0f;            // [-2, 2]

@@ -121,6 +121,20 @@ std::string metrics_text(const SchedulerStats& s, const HttpCounters& http,
   e.out() << "metrale_request_draft_acceptance_bucket{le=\"+Inf\"} " << s.acceptance_count << '\n'
           << "metrale_request_draft_acceptance_sum " << s.acceptance_sum << '\n'
           << "metrale_request_draft_acceptance_count " << s.acceptance_count << '\n';
+  e.header("metrale_mtp_carry_total", "counter",
+           "Speculating requests by what the MTP carry gave them (their session's drafter rows).");
+  for (size_t o = 0; o < std::size(s.carry_outcomes); ++o) {
+    e.out() << "metrale_mtp_carry_total{outcome=\""
+            << speculative::carry_outcome_name(static_cast<speculative::CarryOutcome>(o)) << "\"} "
+            << s.carry_outcomes[o] << '\n';
+  }
+  e.metric("metrale_mtp_carry_rows_adopted_total", "counter",
+           "Drafter rows adopted from a session's previous request.", s.carry_rows_adopted);
+  e.metric("metrale_drafter_prefill_rows_total", "counter",
+           "Drafter rows computed by drafter prefills (the spans carry did not cover).",
+           s.drafter_prefill_rows);
+  e.metric("metrale_mtp_carry_rows_held", "gauge", "Drafter rows kept for sessions.",
+           s.carry_rows_held);
   e.metric("metrale_http_client_disconnects_total", "counter",
            "Requests whose client went away before the end.", http.client_disconnects);
   e.metric("metrale_http_requests_in_flight", "gauge",

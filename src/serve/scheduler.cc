@@ -18,6 +18,19 @@ using Clock = std::chrono::steady_clock;
 constexpr int kMaxTopLogprobs = 20;
 // The most stop strings one request may give.
 constexpr size_t kMaxStopStrings = 16;
+// The longest session name a request may give.
+constexpr size_t kMaxSessionBytes = 256;
+
+// FNV-1a, never 0 (0 is "no session" to the carry).
+uint64_t hash_name(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -100,6 +113,12 @@ struct Scheduler::Active {
   // prefilled so far, [tokens, hidden], handed to the drafter's prefill once the prompt ran.
   bool reads_hidden = false;
   std::vector<float> prompt_hidden;
+  int64_t hidden_from = 0;  // the position of prompt_hidden's first row (a cached prefix's end)
+  // MTP carry: the session's and the target's hashes, and the state adopted at admission
+  // (its keys 0 .. carry_first_key - 1 hold), begun once the prompt ran.
+  uint64_t session = 0, hidden_source = 0;
+  std::unique_ptr<speculative::ProposerState> carried;
+  int64_t carry_first_key = 0;
   bool counted = false;  // its prompt counted in the stats (its first admission)
   // Embedding requests: what was asked, the sum of the pooled rows' final hidden states so far,
   // and the embedding once the last chunk ran.
@@ -241,6 +260,8 @@ Scheduler::ActivePtr Scheduler::prepare(ServeRequest r) const {
                 " stop strings, found ", r.stop.size());
   for (const std::string& stop : r.stop) METRALE_CHECK(!stop.empty(), "a stop string is empty");
   METRALE_CHECK(r.timeout.count() >= 0, "timeout must be >= 0");
+  METRALE_CHECK(r.session.size() <= kMaxSessionBytes, "session_id: at most ", kMaxSessionBytes,
+                " bytes, found ", r.session.size());
   for (int32_t id : r.eos_ids) {
     METRALE_CHECK(id >= 0 && id < vocab, "eos id ", id, " is outside the vocabulary");
   }
@@ -263,6 +284,9 @@ Scheduler::ActivePtr Scheduler::prepare(ServeRequest r) const {
   a->adapter = std::move(r.adapter);
   a->speculative = r.speculative && spec_.on();
   a->reads_hidden = a->speculative && spec_.needs_hidden();
+  a->session = r.session.empty() ? 0 : hash_name(r.session);
+  // The drafter's rows are computed from the target's hiddens: the model with this adapter.
+  a->hidden_source = hash_name("adapter:" + a->adapter);
   a->submitted = Clock::now();
   a->deadline = a->submitted + (r.timeout.count() > 0 ? r.timeout : options_.request_timeout);
   return a;
@@ -392,6 +416,91 @@ void Scheduler::publish() {
             std::begin(stats_.acceptance_le));
   stats_.acceptance_count = counts_.acceptance_count;
   stats_.acceptance_sum = counts_.acceptance_sum;
+  std::copy(std::begin(counts_.carry_outcomes), std::end(counts_.carry_outcomes),
+            std::begin(stats_.carry_outcomes));
+  stats_.carry_rows_adopted = counts_.carry_rows_adopted;
+  stats_.drafter_prefill_rows = counts_.drafter_prefill_rows;
+  stats_.carry_rows_held = carry_rows_held_;
+}
+
+int64_t Scheduler::plan_carry(Active& a, bool count) {
+  spec_.free(std::move(a.carried));
+  if (options_.carry_tokens <= 0) return -1;
+  // The session's own record; without one, the record sharing the longest prefix (at least 2
+  // tokens) with the prompt — another session's conversation, which this one may not use
+  // (kForeignSession); without either, nothing (kNoCarry).
+  const std::span<const int32_t> input = a.gen.input();
+  auto own = std::find_if(carried_.begin(), carried_.end(), [&](const Carried& c) {
+    return a.session != 0 && c.record.session == a.session;
+  });
+  const Carried* record = own != carried_.end() ? &*own : nullptr;
+  if (record == nullptr) {
+    size_t best = 1;
+    for (const Carried& c : carried_) {
+      const size_t n = std::min(c.record.tokens.size(), input.size());
+      const auto common = static_cast<size_t>(
+          std::mismatch(c.record.tokens.begin(), c.record.tokens.begin() + n, input.begin()).first -
+          c.record.tokens.begin());
+      if (common > best) {
+        best = common;
+        record = &c;
+      }
+    }
+  }
+  const speculative::CarryDecision d = speculative::usable_by(
+      record == nullptr ? nullptr : &record->record,
+      {.session = a.session, .hidden_source = a.hidden_source, .prompt = input});
+  if (count) ++counts_.carry_outcomes[static_cast<size_t>(d.outcome)];
+  if (own == carried_.end()) return -1;
+  // The session's record is used up either way: adopted, or stale for this session.
+  carry_rows_held_ -= own->record.last_key + 1;
+  std::unique_ptr<speculative::ProposerState> state = std::move(own->state);
+  carried_.erase(own);
+  if (d.outcome != speculative::CarryOutcome::kAdopted) {
+    spec_.free(std::move(state));
+    return -1;
+  }
+  a.carried = std::move(state);
+  a.carry_first_key = d.adopt_through + 1;
+  return d.adopt_through;
+}
+
+void Scheduler::keep_carry(Active& a) {
+  if (options_.carry_tokens <= 0 || !a.reads_hidden || a.session == 0 || !a.admitted) return;
+  int64_t last_key = -1;
+  std::unique_ptr<speculative::ProposerState> state = spec_.take(a.ds, last_key);
+  if (state == nullptr) last_key = -1;
+  const std::span<const int32_t> context = a.gen.input();
+  last_key = std::min<int64_t>(last_key, static_cast<int64_t>(context.size()) - 2);
+  if (last_key < 0) {
+    spec_.free(std::move(state));
+    last_key = -1;
+  }
+  // One record per session: its latest request's.
+  for (auto it = carried_.begin(); it != carried_.end(); ++it) {
+    if (it->record.session != a.session) continue;
+    carry_rows_held_ -= it->record.last_key + 1;
+    spec_.free(std::move(it->state));
+    carried_.erase(it);
+    break;
+  }
+  carried_.push_back({.record = {.session = a.session,
+                                 .hidden_source = a.hidden_source,
+                                 .tokens = std::vector<int32_t>(context.begin(), context.end()),
+                                 .last_key = last_key},
+                      .state = std::move(state)});
+  carry_rows_held_ += last_key + 1;
+  // Past the budget, the least recently finished sessions' rows go first.
+  const int64_t page = model_.kv_pool().layout().page_size;
+  auto pages = [page](int64_t rows) { return (rows + page - 1) / page; };
+  for (;;) {
+    int64_t held = 0;
+    for (const Carried& c : carried_) held += pages(c.record.last_key + 1) * page;
+    if (held <= options_.carry_tokens || carried_.empty()) break;
+    carry_rows_held_ -= carried_.front().record.last_key + 1;
+    spec_.free(std::move(carried_.front().state));
+    carried_.erase(carried_.begin());
+  }
 }
 
 bool Scheduler::wait_for_work(std::vector<ActivePtr>& expired) {
@@ -494,9 +603,17 @@ void Scheduler::admit() {
     // A hidden-reading drafter (MTP) is prefilled from the target's hidden state of every
     // prompt token, which a cached prefix does not keep: such a stream runs its whole input
     // (and still shares its pages with the cache for the others).
-    const bool may_attach =
-        (!a->embeds() || options_.embedding->pooling == Pooling::kLastToken) && !a->reads_hidden;
-    const int64_t adopted = may_attach ? cache_->attach(a->seq, a->gen.input()) : 0;
+    // With the session's carried drafter rows adopted through key k, the hiddens are needed
+    // from position k + 1 on only: a cached prefix of up to k + 1 tokens may be attached.
+    const bool may_attach = !a->embeds() || options_.embedding->pooling == Pooling::kLastToken;
+    std::span<const int32_t> attachable = a->gen.input();
+    if (a->reads_hidden) {
+      const int64_t through = plan_carry(*a, !a->counted);
+      attachable = attachable.first(static_cast<size_t>(through + 2 > 1 ? through + 2 : 0));
+    }
+    const int64_t adopted =
+        may_attach && !attachable.empty() ? cache_->attach(a->seq, attachable) : 0;
+    a->hidden_from = adopted;
     a->snapshot_points = cache_->snapshot_points(a->seq, a->gen.input());
     if (!a->counted) {  // first admission, not a preempted stream's return
       a->counted = true;
@@ -732,9 +849,23 @@ void Scheduler::post_process() {
     if (a.speculative && a.ds.drafter == nullptr) {
       if (!a.reads_hidden) {
         spec_.start(a.ds);
-      } else if (a.prompt_hidden.size() == a.seq.tokens.size() * H) {
-        spec_.start(a.ds, rows_of(a.prompt_hidden.data(), static_cast<int64_t>(a.seq.tokens.size()),
-                                  static_cast<int64_t>(H)));
+      } else {
+        const auto P = static_cast<int64_t>(a.seq.tokens.size());
+        const int64_t rows = P - a.hidden_from;
+        const ConstRows h = rows_of(a.prompt_hidden.data(), rows, static_cast<int64_t>(H));
+        if (a.prompt_hidden.size() != static_cast<size_t>(rows) * H) {
+          // (Not expected: the drafter needs every row; the stream decodes without drafts.)
+        } else if (a.carried != nullptr && a.carry_first_key >= a.hidden_from) {
+          const int64_t skip = a.carry_first_key - a.hidden_from;
+          spec_.adopt(a.ds, std::move(a.carried), a.carry_first_key,
+                      {h.row(skip), rows - skip, h.n_cols, h.stride});
+          counts_.carry_rows_adopted += a.carry_first_key;
+          counts_.drafter_prefill_rows += P - 1 - a.carry_first_key;
+        } else if (a.hidden_from == 0) {
+          spec_.start(a.ds, h);
+          counts_.drafter_prefill_rows += P - 1;
+        }
+        spec_.free(std::move(a.carried));
         std::vector<float>().swap(a.prompt_hidden);
       }
     }
@@ -764,6 +895,9 @@ void Scheduler::shutdown() {
   }
   for (auto& a : running_) retire(*a, FinishReason::kError, "server stopping");
   for (auto& a : left) retire(*a, FinishReason::kError, "server stopping");
+  for (Carried& c : carried_) spec_.free(std::move(c.state));
+  carried_.clear();
+  carry_rows_held_ = 0;
   std::lock_guard lock(mu_);
   running_.clear();
   publish();
@@ -804,7 +938,9 @@ void Scheduler::report(Active& a, std::optional<FinishReason> finish, std::strin
 void Scheduler::retire(Active& a, FinishReason why, std::string error) {
   if (a.done) return;
   a.done = true;
+  if (why != FinishReason::kError) keep_carry(a);
   spec_.stop(a.ds);
+  spec_.free(std::move(a.carried));
   report(a, why, std::move(error));
   if (a.speculative && a.ds.counts.drafted > 0) {
     const double rate =
@@ -843,6 +979,7 @@ bool Scheduler::preempt_youngest(const Active* keep) {
     Active& a = **it;
     cache_->insert(a.seq);
     spec_.stop(a.ds);  // begun again once it is prefilled anew
+    spec_.free(std::move(a.carried));
     std::vector<float>().swap(a.prompt_hidden);
     model_.release(a.seq);
     a.admitted = false;

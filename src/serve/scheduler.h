@@ -53,6 +53,7 @@
 #include "engine/sampling.h"
 #include "engine/speculation.h"
 #include "serve/prefix_cache.h"
+#include "speculative/mtp_carry.h"
 
 namespace metrale {
 
@@ -89,6 +90,11 @@ struct ServeRequest {
   // false: this request decodes without drafts even when the server speculates (its output
   // is the same either way).
   bool speculative = true;
+  // The conversation this request continues ("": none), as the client names it (HTTP: the
+  // body's "session_id"). With MTP carry on, a request of a session adopts the drafter rows
+  // the session's last request computed (speculative/mtp_carry.h) and prefills its drafter
+  // only over the new span; the output is the same either way.
+  std::string session;
   // Set: an embedding request (/v1/embeddings). The prompt is the input and nothing is
   // generated: its final hidden states are pooled (SchedulerOptions::embedding) in the same
   // steps as the generation rows, and the last event carries the embedding. The generation
@@ -170,6 +176,11 @@ struct SchedulerOptions {
   // the steps: a speculating stream's prefill chunks then want every row's logits, which
   // records their final-norm rows, and it adopts no cached prefix (whose hiddens are not kept).
   SpeculationOptions speculation;
+  // MTP carry: drafter rows the finished requests of sessions may keep for their session's
+  // next request (0: carry off). The drafter's own KV pool must hold them beside the running
+  // streams' (mtp_kv_tokens(model, max_seqs, drafts, carry_tokens)); past the budget the
+  // least recently finished session's rows go first.
+  int64_t carry_tokens = 0;
   // How embedding requests are pooled (engine/embedding_config.h); none: they are refused.
   std::optional<EmbeddingConfig> embedding;
   // Embedding inputs prefilled at once beside the max_seqs streams (hybrid models: streams
@@ -210,6 +221,10 @@ struct SchedulerStats {
   int64_t acceptance_le[std::size(kAcceptanceBuckets)] = {};  // cumulative, as Prometheus's
   int64_t acceptance_count = 0;
   double acceptance_sum = 0;
+  // MTP carry: each speculating request's outcome (by speculative::CarryOutcome), the drafter
+  // rows adopted and the rows its drafter prefill computed, and the sessions' rows held now.
+  int64_t carry_outcomes[6] = {};
+  int64_t carry_rows_adopted = 0, drafter_prefill_rows = 0, carry_rows_held = 0;
 };
 
 class Scheduler {
@@ -283,6 +298,11 @@ class Scheduler {
   // last, and as many drafts as speculation may give it (what admission keeps room for; a
   // step's own drafts are the Speculator's plan). An embedding input never decodes: 0.
   int64_t decode_width(const Active& a) const;
+  // MTP carry: decides what a's session carry gives it (counting the outcome when `count`: a
+  // first admission) and returns the last adopted key (-1: none; a.carried is then set).
+  int64_t plan_carry(Active& a, bool count);
+  // Keeps a's drafter rows for its session's next request (retire), within carry_tokens.
+  void keep_carry(Active& a);
   // Drops the drafts of the step being built (out of pages: plain decode rows first).
   bool drop_drafts();
   // Reports a's new tokens and text (and its end when `finish` is set).
@@ -331,7 +351,16 @@ class Scheduler {
     int64_t acceptance_le[std::size(SchedulerStats::kAcceptanceBuckets)] = {};
     int64_t acceptance_count = 0;
     double acceptance_sum = 0;
+    int64_t carry_outcomes[6] = {};
+    int64_t carry_rows_adopted = 0, drafter_prefill_rows = 0;
   } counts_;
+  // MTP carry: per session (its hash), the rows its last request left, least recent first.
+  struct Carried {
+    speculative::CarryRecord record;
+    std::unique_ptr<speculative::ProposerState> state;  // nullptr: no rows (kNoHiddens)
+  };
+  std::vector<Carried> carried_;
+  int64_t carry_rows_held_ = 0;
   std::thread thread_;
 };
 

@@ -7,6 +7,7 @@
 // recompute rebuilds the drafter; every drafter page goes back with its stream.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 #include <thread>
 
@@ -192,6 +193,131 @@ TEST(SchedulerMtpAlone, PreemptionRebuildsTheDrafter) {
   }
   EXPECT_GT(drafted, 0);
   EXPECT_GT(settled(sched).preemptions, 0);
+  EXPECT_EQ(mtp.drafter->kv_pool().free_pages(), mtp.drafter->kv_pool().n_pages());
+}
+
+// MTP carry (SchedulerOptions::carry_tokens): a session's next request adopts the drafter
+// rows its last request left and prefills its drafter only over the new span. Every row the
+// drafter then computes (its logits, by key) equals, bit for bit, the row a fresh drafter
+// prefill of the whole prompt gives — so the adopted KV rows are the fresh prefill's — and the
+// output is the plain decode's.
+struct Traced {
+  std::shared_ptr<MtpProposer> drafter;
+  SpeculationOptions options;
+  std::map<int64_t, std::vector<float>> logits;  // by key: the last row computed
+  Traced(Model& m, int64_t carry_tokens)
+      : drafter(MtpProposer::load(m, {.kv_tokens = mtp_kv_tokens(m, 3, 3) + carry_tokens})) {
+    options = {.proposer = drafter, .ladder = speculative::DraftLadder::constant(3)};
+    const int64_t V = m.vocab_size();
+    drafter->set_trace([this, V](const speculative::ProposerState&, int64_t key, const float* l,
+                                 const float*) { logits[key].assign(l, l + V); });
+  }
+};
+
+ServeRequest turn(std::vector<int32_t> prompt, std::string session, int64_t max_tokens = 16) {
+  ServeRequest r;
+  r.prompt = std::move(prompt);
+  r.session = std::move(session);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+int64_t outcome(const SchedulerStats& st, speculative::CarryOutcome o) {
+  return st.carry_outcomes[static_cast<size_t>(o)];
+}
+
+TEST(SchedulerMtpCarry, TheNextTurnAdoptsRowsEqualToAFreshPrefill) {
+  auto model = load("deepseek_v3_mtp_bf16");
+  const ServeRequest first = turn(requests(16)[1].prompt, "chat");
+  // Turn 1 and the second turn's prompt: the first prompt, its reply, a new user span.
+  std::vector<int32_t> second_prompt;
+  {
+    Scheduler sched(*model, {.max_seqs = 3, .speculation = Mtp(*model).options});
+    second_prompt = first.prompt;
+    const Outcome reply = drain(*sched.submit(first));
+    second_prompt.insert(second_prompt.end(), reply.tokens.begin(), reply.tokens.end());
+    second_prompt.insert(second_prompt.end(), {7, 8, 9, 10, 12, 5, 9});
+  }
+  const ServeRequest second = turn(second_prompt, "chat", 20);
+  const GenerateResult want = alone(*model, second);
+
+  // Fresh: the second turn alone, its drafter prefilled over the whole prompt.
+  Traced fresh(*model, 0);
+  Outcome fresh_out;
+  {
+    Scheduler sched(*model, {.max_seqs = 3, .speculation = fresh.options});
+    fresh_out = drain(*sched.submit(second));
+    EXPECT_EQ(outcome(settled(sched), speculative::CarryOutcome::kAdopted), 0);
+  }
+  // Carried: turn 1, then turn 2 adopts its rows.
+  Traced carried(*model, 1024);
+  Scheduler sched(*model, {.max_seqs = 3, .speculation = carried.options, .carry_tokens = 1024});
+  drain(*sched.submit(first));
+  const SchedulerStats after_first = settled(sched);
+  EXPECT_EQ(outcome(after_first, speculative::CarryOutcome::kNoCarry), 1);
+  EXPECT_GT(after_first.carry_rows_held, 0);
+  const int64_t prefill_rows_first = after_first.drafter_prefill_rows;
+  EXPECT_EQ(prefill_rows_first, static_cast<int64_t>(first.prompt.size()) - 1);
+  carried.logits.clear();
+  const Outcome got = drain(*sched.submit(second));
+  const SchedulerStats st = settled(sched);
+
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(fresh_out.tokens, want.tokens);
+  EXPECT_EQ(outcome(st, speculative::CarryOutcome::kAdopted), 1);
+  // Turn 1's context but its last token (key k needs t_{k+1}) and the reply's last row
+  // (computed only once its successor is known): at least the first prompt's keys.
+  const int64_t adopted = st.carry_rows_adopted;
+  EXPECT_GE(adopted, static_cast<int64_t>(first.prompt.size()) - 1);
+  const int64_t appended = st.drafter_prefill_rows - prefill_rows_first;
+  EXPECT_EQ(adopted + appended, static_cast<int64_t>(second.prompt.size()) - 1)
+      << "adopted " << adopted << " + appended " << appended;
+  EXPECT_LT(appended, static_cast<int64_t>(second.prompt.size()) - 1);
+  // The same drafts, and every drafter row computed after the adoption equal to the fresh one.
+  EXPECT_EQ(got.usage.draft_tokens, fresh_out.usage.draft_tokens);
+  EXPECT_EQ(got.usage.accepted_draft_tokens, fresh_out.usage.accepted_draft_tokens);
+  ASSERT_FALSE(carried.logits.empty());
+  for (const auto& [key, row] : carried.logits) {
+    if (key < adopted) continue;  // turn 1's rows computed late (pending at its end)
+    ASSERT_TRUE(fresh.logits.count(key)) << "key " << key;
+    EXPECT_EQ(row, fresh.logits[key]) << "key " << key;
+  }
+}
+
+// Each outcome is counted once per request: no session or nothing carried (kNoCarry), adopted,
+// another session's conversation (kForeignSession), the same session with another prefix
+// (kPrefixMismatch), and a session whose last request left no drafter rows (kNoHiddens: it
+// ended on its first token, before its drafter began). (kForeignHiddens needs a LoRA adapter:
+// speculative/mtp_carry's tests.) The budget bounds the rows held, and every drafter page is
+// back once the scheduler stops.
+TEST(SchedulerMtpCarry, EachOutcomeIsCounted) {
+  using speculative::CarryOutcome;
+  auto model = load("deepseek_v3_mtp_bf16");
+  Traced mtp(*model, 1024);
+  {
+    Scheduler sched(*model, {.max_seqs = 3, .speculation = mtp.options, .carry_tokens = 1024});
+    const std::vector<int32_t> p = requests(8)[2].prompt;
+    const Outcome a1 = drain(*sched.submit(turn(p, "a")));  // no record: kNoCarry
+    std::vector<int32_t> next = p;
+    next.insert(next.end(), a1.tokens.begin(), a1.tokens.end());
+    next.push_back(42);
+    drain(*sched.submit(turn(next, "a")));                  // kAdopted
+    drain(*sched.submit(turn(next, "b")));                  // a's conversation: kForeignSession
+    drain(*sched.submit(turn({100, 101, 102, 103}, "a")));  // kPrefixMismatch
+    drain(*sched.submit(turn({60, 61, 62}, "c", 1)));       // kNoCarry; no drafter rows
+    drain(*sched.submit(turn({60, 61, 62, 63}, "c")));      // kNoHiddens
+    drain(*sched.submit(turn(next, "")));                   // no session: kNoCarry
+    const SchedulerStats st = settled(sched);
+    EXPECT_EQ(outcome(st, CarryOutcome::kNoCarry), 3);
+    EXPECT_EQ(outcome(st, CarryOutcome::kAdopted), 1);
+    EXPECT_EQ(outcome(st, CarryOutcome::kForeignSession), 1);
+    EXPECT_EQ(outcome(st, CarryOutcome::kPrefixMismatch), 1);
+    EXPECT_EQ(outcome(st, CarryOutcome::kNoHiddens), 1);
+    EXPECT_EQ(outcome(st, CarryOutcome::kForeignHiddens), 0);
+    EXPECT_GT(st.carry_rows_held, 0);
+    EXPECT_LE(st.carry_rows_held, 1024);
+  }
   EXPECT_EQ(mtp.drafter->kv_pool().free_pages(), mtp.drafter->kv_pool().n_pages());
 }
 
