@@ -15,6 +15,7 @@ import pathlib
 import random
 import tempfile
 import unittest
+import urllib.request
 
 import openai
 
@@ -32,6 +33,14 @@ def prompts():
             for n in (4, 20, 37, 11)]
 
 
+def labelled(server):
+    """/metrics as {sample: value}, labelled samples included."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
 class MtpServerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -46,12 +55,15 @@ class MtpServerTest(unittest.TestCase):
         cls.plain = Server(*FLAGS, model=model, chat_template=None)
         cls.spec = Server(*FLAGS, "--speculative", "mtp", "--draft-tokens", "3", model=model,
                           chat_template=None)
+        cls.no_carry = Server(*FLAGS, "--speculative", "mtp", "--mtp-carry", "0", model=model,
+                              chat_template=None)
 
     @classmethod
     def tearDownClass(cls):
         try:
             assert cls.plain.stop() == 0
             assert cls.spec.stop() == 0
+            assert cls.no_carry.stop() == 0
         finally:
             cls.dir.cleanup()
 
@@ -99,6 +111,27 @@ class MtpServerTest(unittest.TestCase):
         self.assertGreater(m["metrale_spec_draft_tokens_total"], 0)
         self.assertGreater(m["metrale_request_draft_acceptance_count"], 0)
         self.assertEqual(self.plain.metrics()["metrale_spec_draft_tokens_total"], 0)
+
+    def test_a_sessions_next_turn_adopts_its_drafter_rows(self):
+        first = prompts()[2]
+        reply = self.complete(self.spec, first, extra_body={"session_id": "conversation-1"})
+        # The next turn: the first prompt, the reply (its text tokenized again) and a new span.
+        ids = self.plain.post("/tokenize", {"content": reply.choices[0].text})["tokens"]
+        second = first + ids + [7, 8, 9, 10]
+        before = labelled(self.spec)
+        on = self.complete(self.spec, second, extra_body={"session_id": "conversation-1"})
+        after = labelled(self.spec)
+        self.assertEqual(self.tokens(on), self.tokens(self.complete(self.plain, second)))
+        adopted = 'metrale_mtp_carry_total{outcome="adopted"}'
+        self.assertEqual(after[adopted] - before[adopted], 1)
+        self.assertGreater(after["metrale_mtp_carry_rows_adopted_total"],
+                           before["metrale_mtp_carry_rows_adopted_total"])
+        # Carry off: the same reply, nothing adopted.
+        off = self.complete(self.no_carry, second, extra_body={"session_id": "conversation-1"})
+        self.assertEqual(self.tokens(off), self.tokens(on))
+        self.assertEqual(labelled(self.no_carry)[adopted], 0)
+        with self.assertRaises(openai.BadRequestError):
+            self.complete(self.spec, first, extra_body={"session_id": 7})
 
 
 if __name__ == "__main__":
