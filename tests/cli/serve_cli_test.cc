@@ -3,6 +3,7 @@
 // itself is tested in tests/http and tests/python).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "cli_run.h"
@@ -37,6 +38,33 @@ TEST(ServeCli, BadSpeculativeFlagsAreRefused) {
   EXPECT_NE(mtp.status, 0);
   EXPECT_NE(mtp.out.find("--speculative mtp: models/demo has no MTP layers"), std::string::npos)
       << mtp.out;
+}
+
+// The drafter-context switches: only "1" and "0" read, from a flag or the environment (a flag
+// beats it); a drafter without its prompt prefill is refused, not silently run.
+TEST(ServeCli, DrafterContextSwitchesReadOnlyOneOrZero) {
+  const std::vector<std::string> base = {"--model", "models/demo",   "--port",
+                                         "0",       "--speculative", "ngram"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_metrale("serve", args);
+  };
+  const CliRun flag = with({"--mtp-carry", "yes"});
+  EXPECT_NE(flag.status, 0);
+  EXPECT_NE(flag.out.find("--mtp-carry: expected \"1\" (on) or \"0\" (off), found 'yes'"),
+            std::string::npos)
+      << flag.out;
+  ::setenv("METRALE_MTP_CARRY", "true", 1);
+  const CliRun env = with({});
+  ::unsetenv("METRALE_MTP_CARRY");
+  EXPECT_NE(env.status, 0);
+  EXPECT_NE(env.out.find("METRALE_MTP_CARRY: expected \"1\" (on) or \"0\" (off), found 'true'"),
+            std::string::npos)
+      << env.out;
+  const CliRun prefill = with({"--drafter-prefill", "0"});
+  EXPECT_NE(prefill.status, 0);
+  EXPECT_NE(prefill.out.find("--drafter-prefill 0"), std::string::npos) << prefill.out;
 }
 
 }  // namespace
