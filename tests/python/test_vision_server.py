@@ -9,6 +9,7 @@ server keeps serving.
 
 Run: build/venv/bin/python tests/python/test_vision_server.py (ctest runs it).
 """
+import array
 import base64
 import json
 import re
@@ -103,6 +104,16 @@ def generate(model, prompt, flag, media):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def read_f32(path, name):
+    """One f32 tensor of a safetensors file: (shape, values)."""
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    info = json.loads(raw[8:8 + n])[name]
+    begin, end = info["data_offsets"]
+    values = array.array("f", raw[8 + n + begin:8 + n + end])
+    return info["shape"], values
+
+
 def metric(server, name):
     with urllib.request.urlopen(server.url + "/metrics") as r:
         text = r.read().decode()
@@ -141,6 +152,18 @@ class VisionServerTest(unittest.TestCase):
         ref = generate(self.model, render("what is it?", "image"), "--image",
                        self.media / "photo.png")
         want = self.detokenize(ref["ids"])
+        # `metrale forward --image` on the same prompt: the tower's rows, the expanded prompt,
+        # and logits whose last row picks generate's first token.
+        out = self.tmp / "forward.safetensors"
+        subprocess.run([metrale_bin(), "forward", "--model", str(self.model), "--prompt",
+                        render("what is it?", "image"), "--image", str(self.media / "photo.png"),
+                        "-o", str(out), "--threads", "2"], check=True, capture_output=True)
+        shape, logits = read_f32(out, "logits")
+        self.assertEqual(shape[0], len(ref["prompt_ids"]))
+        last = logits[(shape[0] - 1) * shape[1]:]
+        self.assertEqual(max(range(shape[1]), key=lambda i: last[i]), ref["ids"][0])
+        vision_shape, _ = read_f32(out, "vision")
+        self.assertEqual(vision_shape[0], ref["prompt_ids"].count(250))
         url = data_url(self.media / "photo.png", "image/png")
         whole = self.chat([image_part(url), {"type": "text", "text": "what is it?"}])
         self.assertEqual(whole.choices[0].message.content, want)

@@ -87,20 +87,21 @@ Outcome drain(ServeStream& s) {
 constexpr int64_t kTokens = 8;
 
 std::vector<int32_t> alone(Model& m, const std::vector<int32_t>& ids,
-                           const std::vector<vision::VisionItem>& items) {
+                           const std::vector<vision::VisionItem>& items, int64_t n = kTokens) {
   GenerateOptions o;
-  o.max_new_tokens = kTokens;
+  o.max_new_tokens = n;
   o.ignore_eos = true;
   Session session(m);
   if (items.empty()) return session.generate(ids, o).tokens;
   return session.generate(make_multimodal_prompt(m, ids, items), o).tokens;
 }
 
-ServeRequest request(std::vector<int32_t> ids, std::vector<vision::VisionItem> items) {
+ServeRequest request(std::vector<int32_t> ids, std::vector<vision::VisionItem> items,
+                     int64_t n = kTokens) {
   ServeRequest r;
   r.prompt = std::move(ids);
   r.media = std::move(items);
-  r.max_tokens = kTokens;
+  r.max_tokens = n;
   r.ignore_eos = true;
   return r;
 }
@@ -152,6 +153,32 @@ TEST(SchedulerMedia, ImagesRunBatchedAndCachedByContent) {
   EXPECT_EQ(st.media_items, 3);
   EXPECT_EQ(st.media_encoded, 2);  // the first image once, the second once
   EXPECT_EQ(st.media_cache_hits, 1);
+}
+
+// Two image streams that outgrow the KV cache together: the youngest is preempted and
+// recomputed with its image (its tower output kept), and both equal their runs alone.
+TEST(SchedulerMedia, PreemptionKeepsTheMedia) {
+  const Tower tower;
+  auto m = Model::load(testing::fixture_dir("qwen2_vl_f32"),
+                       {.n_threads = 2, .kv_tokens = 64, .max_image_patches = 256});
+  const int64_t page = m->kv_pool().layout().page_size;
+  const std::vector<int32_t> ids = tower.ids("one_image");
+  // Each stream alone fits; together their decode runs out of pages (half the pool and one
+  // token more each).
+  const int64_t n = m->kv_pool().layout().n_pages / 2 * page + 1 - static_cast<int64_t>(ids.size());
+  ASSERT_GT(n, 0);
+  const std::vector<int32_t> want_a = alone(*m, ids, {tower.item(0)}, n);
+  const std::vector<int32_t> want_b = alone(*m, ids, {tower.item(1)}, n);
+  Scheduler sched(*m, {.max_seqs = 2});
+  auto a = sched.submit(request(ids, {tower.item(0)}, n));
+  auto b = sched.submit(request(ids, {tower.item(1)}, n));
+  const Outcome oa = drain(*a), ob = drain(*b);
+  EXPECT_EQ(oa.tokens, want_a);
+  EXPECT_EQ(ob.tokens, want_b);
+  std::this_thread::sleep_for(50ms);
+  const SchedulerStats st = sched.stats();
+  EXPECT_GE(st.preemptions, 1);
+  EXPECT_EQ(st.media_encoded, 2);  // the preempted stream was not encoded again
 }
 
 TEST(SchedulerMedia, BadMediaRequestsAreRefused) {
