@@ -52,18 +52,10 @@ MultimodalPrompt MediaFlags::prompt(Model& model, const std::vector<int32_t>& id
       }));
     }
   }
-  const VisionConfig& vc = model.vision()->config();
-  const std::vector<int32_t> expanded = expand_placeholders(
-      vc, ids, items, static_cast<int32_t>(model.config().bos_token_id.value_or(-1)));
-  // The items in the order their placeholders appear.
-  std::vector<vision::VisionItem> ordered;
-  size_t next[2] = {0, images.size()};
-  for (size_t i = 0; i < expanded.size(); ++i) {
-    const bool image = expanded[i] == vc.image_token_id, video = expanded[i] == vc.video_token_id;
-    if (!(image || video) || (i > 0 && expanded[i - 1] == expanded[i])) continue;
-    ordered.push_back(std::move(items[next[video ? 1 : 0]++]));
-  }
-  return make_multimodal_prompt(model, expanded, ordered);
+  const std::vector<int32_t> expanded =
+      place_media(model.vision()->config(), ids, items,
+                  static_cast<int32_t>(model.config().bos_token_id.value_or(-1)));
+  return make_multimodal_prompt(model, expanded, items);
 }
 
 }  // namespace metrale::cli

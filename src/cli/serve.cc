@@ -48,6 +48,8 @@ struct ServeFlags {
   int64_t marconi_min_tokens = -1;  // -1: DEFAULT_MARCONI_MIN_TOKENS
   kvevents::KvEventPublisherOptions kv_events;  // endpoint "": none
   std::string kv_events_encoding = "map";
+  std::vector<std::string> allowed_media_dirs;
+  int64_t vision_cache_mb = 256;
 };
 
 // --kv-budget BYTES -> KV capacity in tokens: the budget over what one token keeps in every
@@ -158,6 +160,8 @@ void run_serve(ServeFlags f) {
   so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.request_timeout_s * 1000));
   so.cache.enabled = !f.no_prefix_cache;
   so.max_embedding_seqs = f.max_embedding_seqs;
+  so.vision_cache_bytes = static_cast<size_t>(f.vision_cache_mb) << 20;
+  f.http.media.allowed_dirs = http::canonical_media_dirs(f.allowed_media_dirs);
   // /v1/embeddings pools as the checkpoint's sentence-transformers files say (without them:
   // last token + L2 normalisation). Files that do not read leave the server generating and
   // refusing embeddings with their error.
@@ -313,6 +317,26 @@ void setup(CLI::App& app) {
   cmd->add_option("--max-embedding-seqs", f->max_embedding_seqs,
                   "embedding inputs prefilled at once beside the --max-seqs streams")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  http::MediaOptions& media = f->http.media;
+  cmd->add_option("--allowed-media-dir", f->allowed_media_dirs,
+                  "a directory whose files chat requests may name as file:// image / video URLs "
+                  "(repeatable; none: file:// URLs are refused; http(s) URLs always are)");
+  cmd->add_option("--max-media-bytes", media.max_bytes,
+                  "the most encoded bytes of one image or video")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 32));
+  cmd->add_option("--max-image-pixels", media.max_image_pixels,
+                  "the most pixels of one decoded image (or video frame)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+  cmd->add_option("--max-video-frames", media.max_video_frames, "the most frames of one video")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--max-video-seconds", media.max_video_seconds, "the longest video accepted")
+      ->check(CLI::Range(0.001, 86400.0));
+  cmd->add_option("--max-media-items", media.max_items, "the most images and videos in one request")
+      ->check(CLI::Range(int64_t{0}, int64_t{1024}));
+  cmd->add_option("--vision-cache-mb", f->vision_cache_mb,
+                  "MiB of vision-tower outputs kept by content hash (0: none), so a chat about one "
+                  "image encodes it once")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_option("--http-threads", f->http.threads,
                   "connections served at once (each streaming client holds one)")
       ->check(CLI::Range(2, 4096));

@@ -117,6 +117,7 @@ class Model {
   // The checkpoint's vision tower (engine/vision_encoder.h); nullptr for text-only models and
   // for towers not built yet (whose tensors are then recognised and left unloaded).
   VisionEncoder* vision() { return vision_.get(); }
+  const VisionEncoder* vision() const { return vision_.get(); }
   // Whether the rope is multimodal (M-RoPE: StepItem::positions3 and Sequence::rope_delta).
   bool multimodal_rope() const { return !mrope_inv_freq_.empty(); }
   // The most tokens one sequence can hold: the rope table and KV capacity bound it.

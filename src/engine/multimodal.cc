@@ -55,9 +55,9 @@ std::vector<int32_t> expand_placeholders(const VisionConfig& c, std::span<const 
   return out;
 }
 
-MultimodalPrompt make_multimodal_prompt(Model& model, std::span<const int32_t> ids,
+MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int32_t> ids,
                                         std::span<const vision::VisionItem> items) {
-  VisionEncoder* enc = model.vision();
+  const VisionEncoder* enc = model.vision();
   METRALE_CHECK(enc != nullptr, model.config().source, ": model_type \"", model.config().model_type,
                 "\" has no vision tower metrale runs (images and videos need one)");
   METRALE_CHECK(model.multimodal_rope(), model.config().source,
@@ -67,7 +67,7 @@ MultimodalPrompt make_multimodal_prompt(Model& model, std::span<const int32_t> i
   p.ids.assign(ids.begin(), ids.end());
   const std::vector<int32_t> types = vision::mm_token_types(
       ids, static_cast<int32_t>(vc.image_token_id), static_cast<int32_t>(vc.video_token_id));
-  std::vector<std::array<int64_t, 3>> images, videos, all;
+  std::vector<std::array<int64_t, 3>> images, videos;
   int64_t patches = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const vision::VisionItem& it = items[i];
@@ -82,7 +82,6 @@ MultimodalPrompt make_multimodal_prompt(Model& model, std::span<const int32_t> i
                   "media item ", i, ": videos for ", model.config().model_type,
                   " are not supported yet (second_per_grid_ts)");
     (it.kind == vision::VisionKind::kImage ? images : videos).push_back(it.grid_thw);
-    all.push_back(it.grid_thw);
     patches += it.n_patches();
   }
   // The items in prompt order must be the placeholder runs' kinds in order.
@@ -109,20 +108,126 @@ MultimodalPrompt make_multimodal_prompt(Model& model, std::span<const int32_t> i
   p.rope_delta = pos.rope_delta;
   for (size_t r = 0; r < types.size(); ++r)
     if (types[r] != vision::kTextToken) p.embed_rows.push_back(static_cast<int32_t>(r));
-  // One tower pass over every item; its rows are the placeholders' in order.
-  std::vector<float> pixels;
-  pixels.reserve(static_cast<size_t>(patches * vc.patch_dim()));
-  for (const vision::VisionItem& it : items)
-    pixels.insert(pixels.end(), it.pixels.begin(), it.pixels.end());
-  const int64_t rows = patches / vc.merge_rows(), H = vc.out_width;
+  const int64_t rows = patches / vc.merge_rows();
   METRALE_CHECK(rows == static_cast<int64_t>(p.embed_rows.size()), "prompt: ", p.embed_rows.size(),
                 " placeholder tokens for media of ", rows);
-  p.embeds.resize(static_cast<size_t>(rows * H));
-  if (!items.empty()) {
-    enc->encode(all, ConstRows{pixels.data(), patches, vc.patch_dim(), vc.patch_dim()},
-                Rows{p.embeds.data(), rows, H, H});
-  }
   return p;
+}
+
+int64_t encode_multimodal_prompt(Model& model, MultimodalPrompt& p,
+                                 std::span<const vision::VisionItem> items, VisionEmbedCache* cache,
+                                 std::span<const uint64_t> hashes) {
+  VisionEncoder* enc = model.vision();
+  METRALE_CHECK(enc != nullptr, model.config().source, ": no vision tower");
+  METRALE_CHECK(cache == nullptr || hashes.size() == items.size(),
+                "encode_multimodal_prompt: ", hashes.size(), " hashes for ", items.size(),
+                " items");
+  const VisionConfig& vc = enc->config();
+  const int64_t H = vc.out_width;
+  // The items the cache lacks go through the tower in one pass; their rows are in item order.
+  std::vector<std::array<int64_t, 3>> grids;
+  std::vector<float> pixels;
+  std::vector<size_t> missed;
+  std::vector<std::vector<float>> hit(items.size());  // copies: a put below may evict
+  int64_t patches = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (const std::vector<float>* got = cache ? cache->find(hashes[i]) : nullptr) {
+      hit[i] = *got;
+      continue;
+    }
+    missed.push_back(i);
+    grids.push_back(items[i].grid_thw);
+    pixels.insert(pixels.end(), items[i].pixels.begin(), items[i].pixels.end());
+    patches += items[i].n_patches();
+  }
+  std::vector<float> fresh(static_cast<size_t>(patches / vc.merge_rows() * H));
+  if (!missed.empty()) {
+    enc->encode(grids, ConstRows{pixels.data(), patches, vc.patch_dim(), vc.patch_dim()},
+                Rows{fresh.data(), patches / vc.merge_rows(), H, H});
+  }
+  p.embeds.clear();
+  p.embeds.reserve(p.embed_rows.size() * static_cast<size_t>(H));
+  size_t m = 0, at = 0;  // the next missed item, and its first value in `fresh`
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto n = static_cast<size_t>(items[i].n_tokens() * H);
+    if (m < missed.size() && missed[m] == i) {
+      p.embeds.insert(p.embeds.end(), fresh.begin() + static_cast<ptrdiff_t>(at),
+                      fresh.begin() + static_cast<ptrdiff_t>(at + n));
+      if (cache != nullptr) {
+        cache->put(hashes[i], std::vector<float>(fresh.begin() + static_cast<ptrdiff_t>(at),
+                                                 fresh.begin() + static_cast<ptrdiff_t>(at + n)));
+      }
+      at += n;
+      ++m;
+    } else {
+      p.embeds.insert(p.embeds.end(), hit[i].begin(), hit[i].end());
+    }
+  }
+  return static_cast<int64_t>(missed.size());
+}
+
+MultimodalPrompt make_multimodal_prompt(Model& model, std::span<const int32_t> ids,
+                                        std::span<const vision::VisionItem> items) {
+  MultimodalPrompt p = plan_multimodal_prompt(model, ids, items);
+  encode_multimodal_prompt(model, p, items);
+  return p;
+}
+
+std::vector<int32_t> place_media(const VisionConfig& vc, std::span<const int32_t> ids,
+                                 std::vector<vision::VisionItem>& items, int32_t bos) {
+  std::vector<int32_t> expanded = expand_placeholders(vc, ids, items, bos);
+  // Each kind's items in their order; taken as the placeholders appear.
+  std::vector<size_t> of_kind[2];
+  for (size_t i = 0; i < items.size(); ++i)
+    of_kind[items[i].kind == vision::VisionKind::kVideo ? 1 : 0].push_back(i);
+  std::vector<vision::VisionItem> ordered;
+  size_t next[2] = {0, 0};
+  for (size_t i = 0; i < expanded.size(); ++i) {
+    const bool image = expanded[i] == vc.image_token_id, video = expanded[i] == vc.video_token_id;
+    if (!(image || video) || (i > 0 && expanded[i - 1] == expanded[i])) continue;
+    const size_t k = video ? 1 : 0;
+    ordered.push_back(std::move(items[of_kind[k][next[k]++]]));
+  }
+  items = std::move(ordered);
+  return expanded;
+}
+
+uint64_t media_hash(const vision::VisionItem& item) {
+  // FNV-1a over the kind, the grid and the patch values' bytes.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  const auto kind = static_cast<uint8_t>(item.kind);
+  mix(&kind, 1);
+  mix(item.grid_thw.data(), sizeof(item.grid_thw));
+  mix(item.pixels.data(), item.pixels.size() * sizeof(float));
+  return h;
+}
+
+const std::vector<float>* VisionEmbedCache::find(uint64_t hash) {
+  const auto it = index_.find(hash);
+  if (it == index_.end()) {
+    ++misses;
+    return nullptr;
+  }
+  ++hits;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return &it->second->embeds;
+}
+
+void VisionEmbedCache::put(uint64_t hash, std::vector<float> embeds) {
+  const size_t size = embeds.size() * sizeof(float);
+  if (size > max_bytes_ || index_.count(hash) != 0) return;
+  while (bytes_ + size > max_bytes_ && !lru_.empty()) {
+    bytes_ -= lru_.back().embeds.size() * sizeof(float);
+    index_.erase(lru_.back().hash);
+    lru_.pop_back();
+  }
+  lru_.push_front({hash, std::move(embeds)});
+  index_[hash] = lru_.begin();
+  bytes_ += size;
 }
 
 void prefill_multimodal(Model& model, Sequence& seq, const MultimodalPrompt& p,

@@ -4,7 +4,9 @@
 // decode carries (transformers' get_rope_index), then a chunked prefill that hands each chunk
 // its share of them (StepItem::positions3 / embeds / embed_rows).
 #include <cstdint>
+#include <list>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/model.h"
@@ -29,6 +31,47 @@ struct MultimodalPrompt {
 std::vector<int32_t> expand_placeholders(const VisionConfig& config, std::span<const int32_t> ids,
                                          std::span<const vision::VisionItem> items,
                                          int32_t bos = -1);
+
+// expand_placeholders, then `items` (each kind in its own order, kinds in any order) reordered
+// to the order their placeholders appear in the returned ids: what make_multimodal_prompt takes.
+// `generate --image` and `serve`'s chat content parts both place their media through this.
+std::vector<int32_t> place_media(const VisionConfig& config, std::span<const int32_t> ids,
+                                 std::vector<vision::VisionItem>& items, int32_t bos = -1);
+
+// A 64-bit content hash of what the tower sees (kind, grid, patch values): the key of the
+// tower-output cache and of media rows in the server's prefix cache.
+uint64_t media_hash(const vision::VisionItem& item);
+
+// The tower's output for one item, [item.n_tokens(), out_width], by content hash: a bounded
+// LRU (in bytes), so a multi-turn chat about one image encodes it once. Not thread-safe.
+class VisionEmbedCache {
+ public:
+  explicit VisionEmbedCache(size_t max_bytes) : max_bytes_(max_bytes) {}
+  const std::vector<float>* find(uint64_t hash);  // nullptr: not cached; else touched
+  void put(uint64_t hash, std::vector<float> embeds);
+  size_t bytes() const { return bytes_; }
+  int64_t hits = 0, misses = 0;  // find() results
+
+ private:
+  struct Entry {
+    uint64_t hash;
+    std::vector<float> embeds;
+  };
+  size_t max_bytes_, bytes_ = 0;
+  std::list<Entry> lru_;  // most recent first
+  std::unordered_map<uint64_t, std::list<Entry>::iterator> index_;
+};
+
+// make_multimodal_prompt without the tower: every check, the ids, positions, rope delta and
+// embed rows; embeds left empty (encode_multimodal_prompt fills them).
+MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int32_t> ids,
+                                        std::span<const vision::VisionItem> items);
+// Runs the tower over the items `cache` does not hold (one pass), filling p.embeds; returns
+// how many items were encoded. `hashes`: media_hash of each item (needed with a cache).
+int64_t encode_multimodal_prompt(Model& model, MultimodalPrompt& p,
+                                 std::span<const vision::VisionItem> items,
+                                 VisionEmbedCache* cache = nullptr,
+                                 std::span<const uint64_t> hashes = {});
 
 // `ids` already hold every item's placeholders (image_token_id / video_token_id, one per merged
 // patch, as the processor expands them); `items` are the preprocessed media in prompt order.

@@ -23,6 +23,10 @@
 #include "http/openai_embeddings.h"
 #include "http/worker_api.h"
 #include "io/tokenizer/tokenizer.h"
+#include "vision/decode.h"
+#include "vision/preprocess.h"
+#include "vision/processor_config.h"
+#include "vision/video.h"
 
 namespace metrale::http {
 namespace {
@@ -208,6 +212,10 @@ struct HttpServer::Impl {
                         const httplib::ContentReader& reader) const;
   // The prompt's ids; a chat's rendered text goes to `rendered`.
   std::vector<int32_t> encode_prompt(const OpenAiRequest& r, std::string& rendered) const;
+  // The request's media parts read, decoded and preprocessed, and `prompt`'s placeholders
+  // expanded for them (place_media); the items in placeholder order. 400 naming the part.
+  std::vector<vision::VisionItem> load_media(const OpenAiRequest& r,
+                                             std::vector<int32_t>& prompt) const;
   std::shared_ptr<ServeStream> submit(ServeRequest request) const;
   void generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader);
@@ -306,6 +314,60 @@ std::vector<int32_t> HttpServer::Impl::encode_prompt(const OpenAiRequest& r,
   return tok.encode(rendered, /*add_special_tokens=*/false);
 }
 
+std::vector<vision::VisionItem> HttpServer::Impl::load_media(const OpenAiRequest& r,
+                                                             std::vector<int32_t>& prompt) const {
+  std::vector<vision::VisionItem> items;
+  if (r.media.empty()) return items;
+  const MediaOptions& o = options.media;
+  const VisionEncoder* vision = model.vision();
+  if (static_cast<int64_t>(r.media.size()) > o.max_items) {
+    const std::string& where = r.media[static_cast<size_t>(o.max_items)].where;
+    throw ApiError(400,
+                   where + ": " + std::to_string(r.media.size()) +
+                       " images and videos in the request; at most " + std::to_string(o.max_items) +
+                       " are accepted (--max-media-items)",
+                   where);
+  }
+  for (const MediaPart& part : r.media) {
+    const std::vector<uint8_t> bytes = read_media_part(part, o);
+    try {
+      vision::DecodeLimits limits;
+      limits.max_pixels = o.max_image_pixels;
+      if (part.kind == vision::VisionKind::kImage) {
+        const vision::Image image = vision::decode_image(bytes, limits);
+        items.push_back(
+            vision::preprocess_image(image, vision::load_image_processor_config(model.dir())));
+        continue;
+      }
+      vision::VideoOptions vo;
+      vo.limits = limits;
+      vo.max_frames = static_cast<size_t>(o.max_video_frames);
+      const vision::VideoInfo info = vision::probe_video(bytes, vo);
+      METRALE_CHECK(info.total_frames <= o.max_video_frames, "the video has ", info.total_frames,
+                    " frames; at most ", o.max_video_frames, " are accepted (--max-video-frames)");
+      const double fps = info.fps > 0 ? info.fps : 24.0;  // HF's default when unknown
+      const double seconds = static_cast<double>(info.total_frames) / fps;
+      METRALE_CHECK(seconds <= o.max_video_seconds, "the video lasts ", seconds, " s; at most ",
+                    o.max_video_seconds, " s are accepted (--max-video-seconds)");
+      const vision::VideoFrames frames = vision::decode_video(bytes, vo);
+      METRALE_CHECK(!frames.frames.empty(), "the video decoded to no frames");
+      items.push_back(vision::preprocess_video(frames.frames, frames.fps > 0 ? frames.fps : 24.0,
+                                               vision::load_video_processor_config(model.dir())));
+    } catch (const ApiError&) {
+      throw;
+    } catch (const Error& e) {
+      throw ApiError(400, part.where + ": " + e.message(), part.where);
+    }
+  }
+  try {
+    prompt = place_media(vision->config(), prompt, items,
+                         static_cast<int32_t>(model.config().bos_token_id.value_or(-1)));
+  } catch (const Error& e) {
+    throw ApiError(400, "messages: " + e.message(), "messages");
+  }
+  return items;
+}
+
 std::shared_ptr<ServeStream> HttpServer::Impl::submit(ServeRequest request) const {
   if (stopping) throw ApiError(503, "the server is stopping", "", "", "server_stopping");
   return scheduler.submit(std::move(request));
@@ -320,8 +382,18 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   const OpenAiRequest r =
       kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
   const std::string adapter = adapter_of(r.model);
+  // Media to a text-only model: refused before the template sees them.
+  if (!r.media.empty() && model.vision() == nullptr) {
+    throw ApiError(400,
+                   r.media.front().where + ": this model (model_type \"" +
+                       model.config().model_type +
+                       "\") has no vision tower metrale runs, so it "
+                       "takes no images or videos",
+                   r.media.front().where);
+  }
   std::string rendered;
   std::vector<int32_t> prompt = encode_prompt(r, rendered);
+  std::vector<vision::VisionItem> media = load_media(r, prompt);
   ReplyFormat reply;
   if (kind == ApiKind::kChat) {
     reply.reasoning = options.reasoning_format;
@@ -333,6 +405,7 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   ServeRequest s = to_serve_request(r, std::move(prompt), model.context_limit(), model.vocab_size(),
                                     reply.tool_calls);
   s.adapter = adapter;
+  s.media = std::move(media);
   Streams streams;
   try {
     for (ServeRequest& choice : choice_requests(r, std::move(s))) {

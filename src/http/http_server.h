@@ -36,6 +36,7 @@
 #include "chat/chat_template.h"
 #include "chat/reasoning.h"
 #include "chat/tool_calls.h"
+#include "http/media_parts.h"
 #include "serve/scheduler.h"
 
 namespace metrale::http {
@@ -61,6 +62,8 @@ struct HttpServerOptions {
   // Why /v1/embeddings is refused when the scheduler has no embedding config (`metrale
   // serve`: the error reading the checkpoint's sentence-transformers files).
   std::string embeddings_unavailable = "this server was started without embeddings";
+  // Images and videos in chat content parts: where file:// URLs may read, and the limits.
+  MediaOptions media;
   size_t max_body_bytes = size_t{16} << 20;
   std::chrono::seconds read_timeout{30};   // a client silent this long mid-request is dropped
   std::chrono::seconds write_timeout{30};  // a client not reading this long is dropped

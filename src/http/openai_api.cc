@@ -350,6 +350,7 @@ OpenAiRequest parse_chat_request(std::string_view body) {
   nlohmann::ordered_json sub = nlohmann::ordered_json::object();
   sub["messages"] = ordered["messages"];
   arguments_as_objects(sub["messages"]);
+  r.media = take_media_parts(sub["messages"]);
   for (const char* key : {"tools", "chat_template_kwargs"}) {
     if (ordered.contains(key) && !ordered[key].is_null()) sub[key] = ordered[key];
   }

@@ -24,6 +24,7 @@
 #include "chat/reasoning.h"
 #include "chat/tool_calls.h"
 #include "core/error.h"
+#include "http/media_parts.h"
 #include "serve/scheduler.h"
 
 namespace metrale {
@@ -82,6 +83,9 @@ struct OpenAiRequest {
   nlohmann::json tools;
   bool wants_tool_calls = false;
   bool include_reasoning = true;  // vLLM's: false drops reasoning_content from the reply
+  // kChat: the image_url / video_url parts in order (http/media_parts.h); in `chat` each is
+  // now {"type": "image"} / {"type": "video"}, which templates render as placeholders.
+  std::vector<MediaPart> media;
   // kCompletion: the prompt, text or token ids (prompt_is_ids).
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;

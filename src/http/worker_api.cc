@@ -79,6 +79,10 @@ std::string metrics_text(const SchedulerStats& s, const HttpCounters& http,
            s.requests_rejected);
   e.metric("metrale_preemptions_total", "counter", "Streams preempted for KV pages (recomputed).",
            s.preemptions);
+  e.metric("metrale_media_items_total", "counter", "Images and videos admitted.", s.media_items);
+  e.metric("metrale_media_encoded_total", "counter",
+           "Images and videos the vision tower encoded (the rest came from its output cache).",
+           s.media_encoded);
   e.metric("metrale_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
            s.prompt_tokens);
   e.metric("metrale_prefill_tokens_total", "counter",

@@ -292,7 +292,8 @@ PrefixCache::~PrefixCache() = default;
 
 bool PrefixCache::enabled() const { return impl_->options.enabled; }
 
-int64_t PrefixCache::attach(Sequence& seq, std::span<const int32_t> prompt) {
+int64_t PrefixCache::attach(Sequence& seq, std::span<const int32_t> prompt,
+                            std::span<const int32_t> key) {
   Impl& m = *impl_;
   ++m.stats.lookups;
   if (!m.options.enabled) return 0;
@@ -300,6 +301,9 @@ int64_t PrefixCache::attach(Sequence& seq, std::span<const int32_t> prompt) {
                 "prefix cache: attach to a sequence that already holds ", seq.tokens.size(),
                 " tokens");
   METRALE_CHECK(!prompt.empty(), "prefix cache: attach of an empty prompt");
+  METRALE_CHECK(key.empty() || key.size() == prompt.size(), "prefix cache: a key of ", key.size(),
+                " entries for a prompt of ", prompt.size());
+  if (key.empty()) key = prompt;
   const auto found = m.roots.find(adapter_key(seq));
   if (found == m.roots.end()) return 0;
   // At least one prompt token is left to compute: its logits are the first sample.
@@ -310,7 +314,7 @@ int64_t PrefixCache::attach(Sequence& seq, std::span<const int32_t> prompt) {
   int64_t restore = 0;  // hybrid: pages down to the deepest usable snapshot
   int64_t snapshot = -1;
   const int64_t matched =
-      m.walk(found->second.get(), prompt, limit, [&](Impl::Node* c, int64_t k, bool whole) {
+      m.walk(found->second.get(), key, limit, [&](Impl::Node* c, int64_t k, bool whole) {
         pages.insert(pages.end(), c->pages.begin(), c->pages.begin() + k);
         path.push_back(c);
         if (whole && m.hybrid && c->snapshot >= 0 && c->depth >= min_depth) {
@@ -331,7 +335,7 @@ int64_t PrefixCache::attach(Sequence& seq, std::span<const int32_t> prompt) {
   return n;
 }
 
-void PrefixCache::insert(const Sequence& seq) {
+void PrefixCache::insert(const Sequence& seq, std::span<const int32_t> key) {
   Impl& m = *impl_;
   if (!m.options.enabled) return;
   const auto n_tokens = static_cast<int64_t>(seq.tokens.size());
@@ -346,7 +350,10 @@ void PrefixCache::insert(const Sequence& seq) {
   std::unique_ptr<Impl::Node>& root = m.roots[adapter_key(seq)];
   if (root == nullptr) root = std::make_unique<Impl::Node>();
   Impl::Node* x = root.get();
-  const std::span<const int32_t> tokens(seq.tokens);
+  METRALE_CHECK(key.empty() || key.size() >= seq.tokens.size(), "prefix cache: a key of ",
+                key.size(), " entries for a sequence of ", seq.tokens.size());
+  const std::span<const int32_t> tokens =
+      key.empty() ? std::span<const int32_t>(seq.tokens) : key.first(seq.tokens.size());
   int64_t at = 0;  // pages
   while (at < n_pages) {
     const auto child = x->children.find(m.page_tokens(tokens, at));

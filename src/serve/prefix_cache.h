@@ -64,7 +64,9 @@ class PrefixCache {
   // Before the first step of `seq` (empty; its adapter already set): adopts the longest
   // cached prefix of `prompt` this model can resume from, leaving at least one token of the
   // prompt to compute. Returns the number of tokens adopted (0: nothing; seq unchanged).
-  int64_t attach(Sequence& seq, std::span<const int32_t> prompt);
+  // `key` (empty: the prompt itself) is what the tree matches, one entry per prompt token: the
+  // server keys image rows by content hash (negative ids no token has).
+  int64_t attach(Sequence& seq, std::span<const int32_t> prompt, std::span<const int32_t> key = {});
   // Records `seq`'s whole pages (all of its tokens up to the last page boundary) in the tree,
   // sharing them (where the tree already holds the same tokens, its pages stay). Hybrid
   // models: only when wants_snapshot_at(seq's token count) — the pages together with a
@@ -72,7 +74,8 @@ class PrefixCache {
   // count nothing is recorded, since a hybrid model cannot resume from pages alone. Call
   // after steps (a prefill chunk ending at a page boundary; a finished request before
   // release).
-  void insert(const Sequence& seq);
+  // `key`: as attach's, covering at least seq.tokens (empty: the tokens).
+  void insert(const Sequence& seq, std::span<const int32_t> key = {});
   // Whether insert() would take a snapshot for a sequence of `n_tokens` (hybrid models: a
   // page boundary at or past the Marconi floor). The scheduler ends prefill chunks there.
   bool wants_snapshot_at(int64_t n_tokens) const;

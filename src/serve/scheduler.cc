@@ -125,6 +125,14 @@ struct Scheduler::Active {
   std::optional<EmbeddingParams> embed;
   std::vector<float> pooled;
   std::vector<float> embedding;
+  // Media requests: the items, their content hashes, the prompt's rows, positions and rope
+  // delta (the tower's output once first admitted; kept across preemptions), the prompt as
+  // the prefix cache keys it, and a prefill chunk's positions / embed rows.
+  std::vector<vision::VisionItem> media;
+  std::vector<uint64_t> hashes;
+  std::unique_ptr<MultimodalPrompt> mm;
+  std::vector<int32_t> key;
+  std::vector<int32_t> chunk_pos3, chunk_rows;
 
   Active(GenerationParams params, std::vector<int32_t> prompt, const Tokenizer* tok)
       : gen(std::move(params), std::move(prompt), tok) {
@@ -140,7 +148,10 @@ struct Scheduler::Active {
 // Scheduler
 
 Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
-    : model_(model), options_(options), spec_(model, options.speculation) {
+    : model_(model),
+      options_(options),
+      vision_cache_(options.vision_cache_bytes),
+      spec_(model, options.speculation) {
   METRALE_CHECK(options_.max_seqs >= 1, "scheduler: max_seqs must be >= 1, found ",
                 options_.max_seqs);
   METRALE_CHECK(options_.max_queue >= 0, "scheduler: max_queue must be >= 0, found ",
@@ -194,6 +205,7 @@ Scheduler::ActivePtr Scheduler::prepare(ServeRequest r) const {
   }
   const KvLayout& kv = model_.kv_pool().layout();
   if (r.embedding) {
+    METRALE_CHECK(r.media.empty(), "an embedding request takes no images or videos");
     METRALE_CHECK(options_.embedding.has_value(), "this scheduler serves no embeddings");
     const EmbeddingConfig& c = *options_.embedding;
     check_dimensions(c, r.embedding->dimensions);
@@ -280,7 +292,30 @@ Scheduler::ActivePtr Scheduler::prepare(ServeRequest r) const {
                           .max_tokens = r.max_tokens,
                           .max_input = model_.context_limit(),
                           .end_shows_partial_char = false};
+  std::unique_ptr<MultimodalPrompt> mm;
+  std::vector<uint64_t> hashes;
+  std::vector<int32_t> key;
+  if (!r.media.empty()) {
+    // Every check but the tower's run (that waits for the engine thread).
+    mm = std::make_unique<MultimodalPrompt>(plan_multimodal_prompt(model_, r.prompt, r.media));
+    key = r.prompt;
+    size_t row = 0;
+    for (const vision::VisionItem& it : r.media) {
+      hashes.push_back(media_hash(it));
+      // Each placeholder row a negative id (no token's) from its item's hash and its index.
+      for (int64_t k = 0; k < it.n_tokens(); ++k) {
+        uint64_t h = (hashes.back() ^ static_cast<uint64_t>(k)) * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+        key[static_cast<size_t>(mm->embed_rows[row++])] =
+            -1 - static_cast<int32_t>(h & 0x7FFFFFFEu);
+      }
+    }
+  }
   auto a = std::make_unique<Active>(std::move(params), std::move(r.prompt), model_.tokenizer());
+  a->media = std::move(r.media);
+  a->hashes = std::move(hashes);
+  a->mm = std::move(mm);
+  a->key = std::move(key);
   a->adapter = std::move(r.adapter);
   a->speculative = r.speculative && spec_.on();
   a->reads_hidden = a->speculative && spec_.needs_hidden();
@@ -394,6 +429,9 @@ void Scheduler::publish() {
   stats_.requests_timed_out = counts_.timed_out;
   stats_.requests_failed = counts_.failed;
   stats_.preemptions = counts_.preemptions;
+  stats_.media_items = counts_.media_items;
+  stats_.media_encoded = counts_.media_encoded;
+  stats_.media_cache_hits = counts_.media_items - counts_.media_encoded;
   stats_.kv_pages_free = model_.kv_pool().free_pages();
   stats_.kv_pages_evictable = cache_->enabled() ? cache_->evictable_pages() : 0;
   stats_.cache = cache_->stats();
@@ -428,8 +466,11 @@ int64_t Scheduler::plan_carry(Active& a, bool count) {
   if (options_.carry_tokens <= 0) return -1;
   // The session's own record; without one, the record sharing the longest prefix (at least 2
   // tokens) with the prompt — another session's conversation, which this one may not use
-  // (kForeignSession); without either, nothing (kNoCarry).
-  const std::span<const int32_t> input = a.gen.input();
+  // (kForeignSession); without either, nothing (kNoCarry). Prompts with media compare their
+  // cache keys (image rows by content hash), so rows drafted over one image never serve another.
+  const std::vector<int32_t> media_key = cache_key(a);
+  const std::span<const int32_t> input =
+      media_key.empty() ? a.gen.input() : std::span<const int32_t>(media_key);
   auto own = std::find_if(carried_.begin(), carried_.end(), [&](const Carried& c) {
     return a.session != 0 && c.record.session == a.session;
   });
@@ -470,7 +511,9 @@ void Scheduler::keep_carry(Active& a) {
   int64_t last_key = -1;
   std::unique_ptr<speculative::ProposerState> state = spec_.take(a.ds, last_key);
   if (state == nullptr) last_key = -1;
-  const std::span<const int32_t> context = a.gen.input();
+  const std::vector<int32_t> media_key = cache_key(a);
+  const std::span<const int32_t> context =
+      media_key.empty() ? a.gen.input() : std::span<const int32_t>(media_key);
   last_key = std::min<int64_t>(last_key, static_cast<int64_t>(context.size()) - 2);
   if (last_key < 0) {
     spec_.free(std::move(state));
@@ -606,15 +649,20 @@ void Scheduler::admit() {
     // With the session's carried drafter rows adopted through key k, the hiddens are needed
     // from position k + 1 on only: a cached prefix of up to k + 1 tokens may be attached.
     const bool may_attach = !a->embeds() || options_.embedding->pooling == Pooling::kLastToken;
+    if (a->mm != nullptr && !encode_media(*a)) continue;
+    const std::vector<int32_t> key = cache_key(*a);
     std::span<const int32_t> attachable = a->gen.input();
     if (a->reads_hidden) {
       const int64_t through = plan_carry(*a, !a->counted);
       attachable = attachable.first(static_cast<size_t>(through + 2 > 1 ? through + 2 : 0));
     }
+    const std::span<const int32_t> attach_key =
+        key.empty() ? std::span<const int32_t>() : std::span<const int32_t>(key).first(attachable.size());
     const int64_t adopted =
-        may_attach && !attachable.empty() ? cache_->attach(a->seq, attachable) : 0;
+        may_attach && !attachable.empty() ? cache_->attach(a->seq, attachable, attach_key) : 0;
     a->hidden_from = adopted;
-    a->snapshot_points = cache_->snapshot_points(a->seq, a->gen.input());
+    a->snapshot_points = cache_->snapshot_points(
+        a->seq, key.empty() ? a->gen.input() : std::span<const int32_t>(key));
     if (!a->counted) {  // first admission, not a preempted stream's return
       a->counted = true;
       const auto n_prompt = static_cast<int64_t>(a->gen.context_size());
@@ -700,6 +748,31 @@ bool Scheduler::build_step() {
                              : LogitRows::kNone,
          .pool = a.embeds() ? pooled_rows(options_.embedding->pooling, have, len, a.input_size())
                             : PoolRows::kNone});
+    if (a.mm != nullptr) {
+      // The prompt's rows take their (t, h, w) positions and the tower's output; generated
+      // tokens recomputed after a preemption rotate at p + rope_delta on every axis.
+      StepItem& item = items_.back();
+      const auto n_prompt = static_cast<int64_t>(a.mm->ids.size());
+      a.chunk_pos3.clear();
+      for (int64_t r = have; r < have + len; ++r) {
+        for (int axis = 0; axis < 3; ++axis) {
+          a.chunk_pos3.push_back(r < n_prompt ? a.mm->positions3[static_cast<size_t>(r * 3 + axis)]
+                                              : static_cast<int32_t>(r + a.mm->rope_delta));
+        }
+      }
+      item.positions3 = a.chunk_pos3;
+      const std::vector<int32_t>& er = a.mm->embed_rows;
+      const auto first = std::lower_bound(er.begin(), er.end(), static_cast<int32_t>(have));
+      const auto end = std::lower_bound(first, er.end(), static_cast<int32_t>(have + len));
+      a.chunk_rows.clear();
+      for (auto e = first; e != end; ++e) a.chunk_rows.push_back(*e - static_cast<int32_t>(have));
+      if (!a.chunk_rows.empty()) {
+        const int64_t H = model_.config().hidden_size;
+        item.embeds = ConstRows{a.mm->embeds.data() + (first - er.begin()) * H,
+                                static_cast<int64_t>(a.chunk_rows.size()), H, H};
+        item.embed_rows = a.chunk_rows;
+      }
+    }
     step_rows_.push_back({.owner = &a,
                           .decoding = false,
                           .wanted = every_row ? len
@@ -802,7 +875,7 @@ void Scheduler::post_process() {
         std::copy(row, row + static_cast<ptrdiff_t>(H), a.pooled.begin());
       }
       if (static_cast<int64_t>(a.seq.tokens.size()) < a.input_size()) {
-        cache_->insert(a.seq);
+        cache_insert(a);
         continue;
       }
       const Pooling p = options_.embedding->pooling;
@@ -825,7 +898,7 @@ void Scheduler::post_process() {
       counts_.prefill_tokens += len;
       const bool picks = step_rows_[i].picks;
       // Share the prompt's whole pages while it is still running.
-      if (!picks || len > 1) cache_->insert(a.seq);
+      if (!picks || len > 1) cache_insert(a);
       if (a.reads_hidden) {
         const ConstRows h = hidden_rows(w, wanted);
         a.prompt_hidden.insert(a.prompt_hidden.end(), h.data,
@@ -952,7 +1025,7 @@ void Scheduler::retire(Active& a, FinishReason why, std::string error) {
     counts_.acceptance_sum += rate;
   }
   if (a.admitted) {
-    if (why != FinishReason::kError) cache_->insert(a.seq);
+    if (why != FinishReason::kError) cache_insert(a);
     model_.release(a.seq);
     a.admitted = false;
   }
@@ -977,7 +1050,7 @@ bool Scheduler::preempt_youngest(const Active* keep) {
   for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
     if (it->get() == keep) continue;
     Active& a = **it;
-    cache_->insert(a.seq);
+    cache_insert(a);
     spec_.stop(a.ds);  // begun again once it is prefilled anew
     spec_.free(std::move(a.carried));
     std::vector<float>().swap(a.prompt_hidden);
@@ -992,6 +1065,38 @@ bool Scheduler::preempt_youngest(const Active* keep) {
     return true;
   }
   return false;
+}
+
+std::vector<int32_t> Scheduler::cache_key(const Active& a) const {
+  if (a.key.empty()) return {};
+  std::vector<int32_t> key = a.key;
+  const std::span<const int32_t> input = a.gen.input();
+  key.insert(key.end(), input.begin() + static_cast<ptrdiff_t>(a.key.size()), input.end());
+  return key;
+}
+
+void Scheduler::cache_insert(const Active& a) {
+  if (a.key.empty()) {
+    cache_->insert(a.seq);
+    return;
+  }
+  cache_->insert(a.seq, cache_key(a));
+}
+
+bool Scheduler::encode_media(Active& a) {
+  a.seq.rope_delta = a.mm->rope_delta;
+  if (!a.mm->embeds.empty()) return true;  // a preempted stream keeps its tower output
+  try {
+    counts_.media_items += static_cast<int64_t>(a.media.size());
+    counts_.media_encoded += encode_multimodal_prompt(
+        model_, *a.mm, a.media, options_.vision_cache_bytes > 0 ? &vision_cache_ : nullptr,
+        a.hashes);
+  } catch (const Error& e) {
+    model_.release(a.seq);
+    retire(a, FinishReason::kError, e.message());
+    return false;
+  }
+  return true;
 }
 
 }  // namespace metrale

@@ -50,6 +50,7 @@
 #include "engine/embedding.h"
 #include "engine/generation.h"
 #include "engine/model.h"
+#include "engine/multimodal.h"
 #include "engine/sampling.h"
 #include "engine/speculation.h"
 #include "serve/prefix_cache.h"
@@ -100,6 +101,13 @@ struct ServeRequest {
   // steps as the generation rows, and the last event carries the embedding. The generation
   // fields above do not apply; adapter and timeout do.
   std::optional<EmbeddingParams> embedding;
+  // Images and videos (vision-language models): `prompt` already holds each item's
+  // placeholders (place_media) and `media` are the preprocessed items in placeholder order.
+  // The tower encodes them when the request is first admitted (its output cached by content
+  // hash, SchedulerOptions::vision_cache_bytes); the prefill rows take its output, the M-RoPE
+  // positions and the rope delta decode carries. In the prefix cache the placeholder rows are
+  // keyed by their item's content hash, so the same image hits and two images never alias.
+  std::vector<vision::VisionItem> media;
 };
 
 enum class FinishReason : uint8_t {
@@ -186,6 +194,8 @@ struct SchedulerOptions {
   // Embedding inputs prefilled at once beside the max_seqs streams (hybrid models: streams
   // and inputs together hold at most the state pool's slots).
   int64_t max_embedding_seqs = 32;
+  // The vision tower's outputs kept by content hash (bytes; 0: none kept).
+  size_t vision_cache_bytes = size_t{256} << 20;
 };
 
 // submit() when the queue is full (HTTP 429) or the scheduler is stopping (HTTP 503).
@@ -208,7 +218,9 @@ struct SchedulerStats {
   // router's "KV-cache usage" counts as free, as vLLM's does.
   int64_t kv_pages_evictable = 0;
   int64_t kv_page_tokens = 0;  // tokens per KV page
-  bool prefix_cache = false;   // whether prefixes are reused
+  // Media items admitted, those the vision tower encoded, and those its output cache supplied.
+  int64_t media_items = 0, media_encoded = 0, media_cache_hits = 0;
+  bool prefix_cache = false;  // whether prefixes are reused
   PrefixCacheStats cache;
   // LoRA: the pool's slots (0 without LoRA) and the adapters of the running and the waiting
   // requests (each name once, sorted; the base model is not listed).
@@ -312,10 +324,17 @@ class Scheduler {
   // Releases the youngest running stream (not `keep`) back to the head of the queue.
   bool preempt_youngest(const Active* keep);
   void publish();  // stats_ from the engine's figures; under mu_
+  // a's whole pages into the prefix cache, its media rows keyed by content hash.
+  void cache_insert(const Active& a);
+  // a's input as the prefix cache keys it (empty: its tokens).
+  std::vector<int32_t> cache_key(const Active& a) const;
+  // A media request's tower output (first admission); false: it failed and was retired.
+  bool encode_media(Active& a);
 
   Model& model_;
   SchedulerOptions options_;
   std::unique_ptr<PrefixCache> cache_;
+  VisionEmbedCache vision_cache_;  // the engine thread's
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Active>> queue_;  // guarded by mu_
@@ -347,6 +366,7 @@ class Scheduler {
   struct Counts {
     int64_t steps = 0, prefill_tokens = 0, generated_tokens = 0, prompt_tokens = 0;
     int64_t finished = 0, cancelled = 0, timed_out = 0, failed = 0, preemptions = 0;
+    int64_t media_items = 0, media_encoded = 0;
     SpeculationCounts speculation;
     int64_t acceptance_le[std::size(SchedulerStats::kAcceptanceBuckets)] = {};
     int64_t acceptance_count = 0;

@@ -1,0 +1,224 @@
+"""Images and videos through `metrale serve` with the official OpenAI client, on the tiny
+Qwen2-VL the parity tests use (tests/data/fixtures/qwen2_vl_f32, which ships no tokenizer: this
+test gives it a small byte-level one whose vision tokens sit at the config's ids, and a Qwen-style
+chat template). An image chat, whole and streamed, equals `metrale generate --image` on the
+same rendered prompt; a video, data: and file:// URLs; the tower's output and the prompt's pages
+come from the caches the second time; refusals (a file outside --allowed-media-dir, an http URL,
+too many items, corrupt bytes, media to a text-only model) are 400s naming the part, and the
+server keeps serving.
+
+Run: build/venv/bin/python tests/python/test_vision_server.py (ctest runs it).
+"""
+import array
+import base64
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+import urllib.request
+from pathlib import Path
+
+import openai
+
+from metrale_server import ROOT, Server, metrale_bin
+
+FIXTURE = ROOT / "tests" / "data" / "fixtures" / "qwen2_vl_f32"
+IMAGES = ROOT / "tests" / "data" / "vision" / "images"
+VIDEOS = ROOT / "tests" / "data" / "vision" / "videos"
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}"
+    "{% if p.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif p.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIAL = {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>", 250: "<|image_pad|>",
+           251: "<|video_pad|>", 252: "<|vision_start|>", 253: "<|vision_end|>"}
+
+
+def bytes_to_unicode():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def make_checkpoint(dest):
+    """The fixture plus a byte-level tokenizer over printable ASCII and newline (ids 3..; the
+    other ids two letters each) and the chat template."""
+    for f in FIXTURE.iterdir():
+        shutil.copy(f, dest / f.name)
+    b2u = bytes_to_unicode()
+    vocab = {b2u[b]: 3 + i for i, b in enumerate([10] + list(range(32, 127)))}
+    # Every other id the model may pick decodes to two ASCII letters (encode never makes them).
+    free = [i for i in range(3 + len(vocab), 256) if i not in SPECIAL]
+    pairs = [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "abcdefghijklmnopqrstuvwxyz"]
+    vocab.update({pair: i for pair, i in zip(pairs, free)})
+    vocab.update({c: i for i, c in SPECIAL.items()})  # (added tokens outside it get new ids)
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}
+                         for i, c in sorted(SPECIAL.items())],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                          "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": []},
+    }
+    (dest / "tokenizer.json").write_text(json.dumps(tok))
+    (dest / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "chat_template": TEMPLATE}))
+
+
+def data_url(path, mime):
+    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def image_part(url):
+    return {"type": "image_url", "image_url": {"url": url, "detail": "low"}}
+
+
+def render(question, media_token):
+    """TEMPLATE's text for one user turn: the media, then the question."""
+    pad = f"<|vision_start|><|{media_token}_pad|><|vision_end|>"
+    return f"<|im_start|>user\n{pad}{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def generate(model, prompt, flag, media):
+    out = subprocess.run([metrale_bin(), "generate", "--model", str(model), "--prompt", prompt,
+                          "--no-special", flag, str(media), "-n", "8", "--ignore-eos", "--json",
+                          "--threads", "2"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def read_f32(path, name):
+    """One f32 tensor of a safetensors file: (shape, values)."""
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    info = json.loads(raw[8:8 + n])[name]
+    begin, end = info["data_offsets"]
+    values = array.array("f", raw[8 + n + begin:8 + n + end])
+    return info["shape"], values
+
+
+def metric(server, name):
+    with urllib.request.urlopen(server.url + "/metrics") as r:
+        text = r.read().decode()
+    return int(float(re.search(rf"^{name} (\S+)$", text, re.M).group(1)))
+
+
+class VisionServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = Path(tempfile.mkdtemp(prefix="metrale_vision_"))
+        cls.model = cls.tmp / "model"
+        cls.model.mkdir()
+        make_checkpoint(cls.model)
+        cls.media = cls.tmp / "media"
+        cls.media.mkdir()
+        shutil.copy(IMAGES / "photo_odd_301x201.png", cls.media / "photo.png")
+        cls.server = Server("--allowed-media-dir", str(cls.media), "--max-media-items", "2",
+                            model=cls.model, chat_template=None)
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        shutil.rmtree(cls.tmp)
+
+    def chat(self, parts, **kw):
+        return self.client.chat.completions.create(
+            model=self.server.model, messages=[{"role": "user", "content": parts}],
+            max_tokens=8, temperature=0,
+            extra_body={"ignore_eos": True, "skip_special_tokens": False}, **kw)
+
+    def detokenize(self, ids):
+        return self.server.post("/detokenize", {"tokens": ids})["content"]
+
+    def test_image_chat_equals_generate(self):
+        ref = generate(self.model, render("what is it?", "image"), "--image",
+                       self.media / "photo.png")
+        want = self.detokenize(ref["ids"])
+        # `metrale forward --image` on the same prompt: the tower's rows, the expanded prompt,
+        # and logits whose last row picks generate's first token.
+        out = self.tmp / "forward.safetensors"
+        subprocess.run([metrale_bin(), "forward", "--model", str(self.model), "--prompt",
+                        render("what is it?", "image"), "--image", str(self.media / "photo.png"),
+                        "-o", str(out), "--threads", "2"], check=True, capture_output=True)
+        shape, logits = read_f32(out, "logits")
+        self.assertEqual(shape[0], len(ref["prompt_ids"]))
+        last = logits[(shape[0] - 1) * shape[1]:]
+        self.assertEqual(max(range(shape[1]), key=lambda i: last[i]), ref["ids"][0])
+        vision_shape, _ = read_f32(out, "vision")
+        self.assertEqual(vision_shape[0], ref["prompt_ids"].count(250))
+        url = data_url(self.media / "photo.png", "image/png")
+        whole = self.chat([image_part(url), {"type": "text", "text": "what is it?"}])
+        self.assertEqual(whole.choices[0].message.content, want)
+        self.assertEqual(whole.usage.completion_tokens, 8)
+        self.assertEqual(whole.usage.prompt_tokens, len(ref["prompt_ids"]))
+        streamed = "".join(c.choices[0].delta.content or "" for c in self.chat(
+            [image_part(url), {"type": "text", "text": "what is it?"}], stream=True) if c.choices)
+        self.assertEqual(streamed, want)
+        # The same image as a file:// URL: the same reply, its tower output and pages cached.
+        encoded = metric(self.server, "metrale_media_encoded_total")
+        by_file = self.chat([image_part("file://" + str(self.media / "photo.png")),
+                             {"type": "text", "text": "what is it?"}])
+        self.assertEqual(by_file.choices[0].message.content, want)
+        self.assertEqual(metric(self.server, "metrale_media_encoded_total"), encoded)
+        self.assertGreater(by_file.usage.prompt_tokens_details.cached_tokens, 0)
+
+    def test_video_chat_equals_generate(self):
+        want = self.detokenize(generate(self.model, render("and this?", "video"), "--video",
+                                        IMAGES / "anim.gif")["ids"])
+        got = self.chat([{"type": "video_url", "video_url": {"url": data_url(
+            IMAGES / "anim.gif", "image/gif")}}, {"type": "text", "text": "and this?"}])
+        self.assertEqual(got.choices[0].message.content, want)
+
+    def refused(self, parts, *needles):
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat(parts)
+        for n in needles:
+            self.assertIn(n, str(e.exception))
+
+    def test_refusals_name_the_part(self):
+        png = data_url(self.media / "photo.png", "image/png")
+        self.refused([image_part("file://" + str(self.model / "config.json"))],
+                     "messages[0].content[0].image_url", "outside the directories")
+        self.refused([image_part("file://" + str(self.media) + "/../model/config.json")],
+                     "messages[0].content[0].image_url", "'..'")
+        self.refused([{"type": "text", "text": "x"}, image_part("https://example.com/a.png")],
+                     "messages[0].content[1].image_url", "not fetched")
+        self.refused([image_part(png)] * 3, "messages[0].content[2].image_url", "at most 2")
+        self.refused([image_part(data_url(IMAGES / "bad" / "truncated.jpg", "image/jpeg"))],
+                     "messages[0].content[0].image_url")
+        # Still serving.
+        self.assertEqual(self.chat([image_part(png)]).usage.completion_tokens, 8)
+
+    def test_text_only_model_refuses_media(self):
+        demo = Server()
+        try:
+            client = openai.OpenAI(base_url=demo.url + "/v1", api_key="none")
+            with self.assertRaises(openai.BadRequestError) as e:
+                client.chat.completions.create(
+                    model=demo.model, max_tokens=2, messages=[{"role": "user", "content": [
+                        image_part(data_url(IMAGES / "grey.png", "image/png"))]}])
+            self.assertIn("no vision tower", str(e.exception))
+        finally:
+            demo.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
