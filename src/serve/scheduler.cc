@@ -657,7 +657,8 @@ void Scheduler::admit() {
       attachable = attachable.first(static_cast<size_t>(through + 2 > 1 ? through + 2 : 0));
     }
     const std::span<const int32_t> attach_key =
-        key.empty() ? std::span<const int32_t>() : std::span<const int32_t>(key).first(attachable.size());
+        key.empty() ? std::span<const int32_t>()
+                    : std::span<const int32_t>(key).first(attachable.size());
     const int64_t adopted =
         may_attach && !attachable.empty() ? cache_->attach(a->seq, attachable, attach_key) : 0;
     a->hidden_from = adopted;
