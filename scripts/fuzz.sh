@@ -70,10 +70,12 @@ for t in "${targets[@]}"; do
   rc=$?
   set -e
   elapsed=$(($(date +%s) - start))
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-  [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tr -d '#' | tail -1)
+  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1 ||
+    true)
+  [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tr -d '#' | tail -1 || true)
   [ -n "$execs" ] || execs=0
-  findings=$(ls "$out/$t"-* 2>/dev/null | grep -v '\.log$' | xargs -r -n1 basename | tr '\n' ' ')
+  findings=$( (ls "$out/$t"-* 2>/dev/null || true) | (grep -v '\.log$' || true) |
+    xargs -r -n1 basename | tr '\n' ' ')
   if [ "$rc" -ne 0 ] || [ -n "$findings" ]; then
     found=1
     findings="rc=$rc ${findings:-}(see $log)"
