@@ -41,6 +41,9 @@ struct ServeFlags {
   double request_timeout_s = 600;
   // Below Kubernetes' default terminationGracePeriodSeconds (30), with room for the end.
   double drain_timeout_s = 25;
+  // Client limits (HttpServerOptions; docs/reliability.md), in whole seconds.
+  int64_t read_timeout_s = 30, write_timeout_s = 30, head_timeout_s = 15, body_timeout_s = 60;
+  int64_t keep_alive_timeout_s = 5;
   int64_t prefill_chunk = 0;
   int64_t max_queue = 256;
   int64_t max_embedding_seqs = 32;
@@ -157,6 +160,11 @@ void run_serve(ServeFlags f) {
   so.max_seqs = f.model.max_seqs;
   so.max_queue = f.max_queue;
   so.prefill_chunk = f.prefill_chunk;
+  f.http.read_timeout = std::chrono::seconds(f.read_timeout_s);
+  f.http.write_timeout = std::chrono::seconds(f.write_timeout_s);
+  f.http.head_timeout = std::chrono::seconds(f.head_timeout_s);
+  f.http.body_timeout = std::chrono::seconds(f.body_timeout_s);
+  f.http.keep_alive_timeout = std::chrono::seconds(f.keep_alive_timeout_s);
   so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.request_timeout_s * 1000));
   so.cache.enabled = !f.no_prefix_cache;
   so.max_embedding_seqs = f.max_embedding_seqs;
@@ -340,6 +348,37 @@ void setup(CLI::App& app) {
   cmd->add_option("--http-threads", f->http.threads,
                   "connections served at once (each streaming client holds one)")
       ->check(CLI::Range(2, 4096));
+  cmd->add_option("--max-connections", f->http.max_connections,
+                  "open connections (served + waiting for a thread); past it a new one gets 503 "
+                  "and is closed (default 512; >= --http-threads)")
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--max-body-bytes", f->http.max_body_bytes,
+                  "largest request body (Content-Length or chunked); larger: 413 (default 16 MiB)")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 34));
+  cmd->add_option("--max-headers", f->http.max_headers,
+                  "header fields per request; more: 431 (default 100; each field is at most "
+                  "8192 bytes, cpp-httplib's compiled limit)")
+      ->check(CLI::Range(8, 10000));
+  cmd->add_option("--head-timeout", f->head_timeout_s,
+                  "seconds a request's whole head may take, from the connection's start or its "
+                  "previous response (keep-alive wait included; > --keep-alive-timeout; "
+                  "default 15)")
+      ->check(CLI::Range(int64_t{2}, int64_t{3600}));
+  cmd->add_option("--body-timeout", f->body_timeout_s,
+                  "seconds a request's whole body may take after its head (default 60)")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600}));
+  cmd->add_option("--read-timeout", f->read_timeout_s,
+                  "seconds a client may stay silent mid-request (default 30)")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600}));
+  cmd->add_option("--write-timeout", f->write_timeout_s,
+                  "seconds a client may not read a reply before it is dropped (default 30)")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600}));
+  cmd->add_option("--keep-alive-timeout", f->keep_alive_timeout_s,
+                  "seconds an idle keep-alive connection stays open (default 5)")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600}));
+  cmd->add_option("--keep-alive-max", f->http.keep_alive_max,
+                  "requests one connection may carry before it is closed (default 100)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->callback([f] { run_serve(*f); });
 }
 

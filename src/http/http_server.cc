@@ -18,6 +18,7 @@
 
 #include <httplib.h>
 
+#include "http/connection_guard.h"
 #include "http/lifecycle.h"
 #include "http/openai_api.h"
 #include "http/openai_embeddings.h"
@@ -169,6 +170,7 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   std::string model_name;
   int64_t created = unix_now();
+  ConnectionGuard guard;  // before server: its task queues share the guard's state
   httplib::Server server;
   int port = -1;
   std::atomic<bool> stopping{false};
@@ -186,7 +188,14 @@ struct HttpServer::Impl {
         model(s.model()),
         tok(*s.model().tokenizer()),
         chat_template(std::move(t)),
-        options(std::move(o)) {
+        options(std::move(o)),
+        guard(ConnectionLimits{
+            .threads = options.threads,
+            .max_connections = options.max_connections,
+            .head_timeout =
+                std::chrono::duration_cast<std::chrono::milliseconds>(options.head_timeout),
+            .body_timeout =
+                std::chrono::duration_cast<std::chrono::milliseconds>(options.body_timeout)}) {
     model_name = options.model_name.empty() ? model.dir().filename().string() : options.model_name;
     if (model_name.empty()) model_name = model.dir().parent_path().filename().string();
     setup();
@@ -262,6 +271,7 @@ std::string HttpServer::Impl::read_body(const httplib::Request& req, httplib::Re
   // httplib 0.11 would read one until the client closes or the read timeout fires.
   if (!req.has_header("Content-Length") &&
       req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos) {
+    ConnectionGuard::body_done();
     return "";
   }
   // httplib 0.11 enforces its payload limit only on a Content-Length body (413 before reading
@@ -284,6 +294,7 @@ std::string HttpServer::Impl::read_body(const httplib::Request& req, httplib::Re
                    "", "", "payload_too_large");
   }
   if (!ok) throw ApiError(400, "could not read the request body");
+  ConnectionGuard::body_done();  // past here the request timeout bounds it, not the guard
   return body;
 }
 
@@ -716,9 +727,13 @@ void HttpServer::Impl::respond_streaming(ApiKind kind, const OpenAiRequest& r,
 }
 
 std::string HttpServer::Impl::metrics() const {
+  const ConnectionCounts c = guard.counts();
   HttpCounters http{.client_disconnects = client_disconnects.load(),
                     .in_flight = lifecycle.in_flight(),
-                    .draining = lifecycle.draining()};
+                    .draining = lifecycle.draining(),
+                    .connections_open = c.open,
+                    .connections_rejected = c.rejected,
+                    .requests_timed_out = c.timed_out};
   {
     std::lock_guard lock(metrics_mu);
     http.responses_by_status = responses_by_status;
@@ -730,12 +745,12 @@ std::string HttpServer::Impl::metrics() const {
 }
 
 void HttpServer::Impl::setup() {
-  server.new_task_queue = [n = options.threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(n));
-  };
+  server.new_task_queue = [this] { return guard.make_task_queue(); };
   server.set_payload_max_length(options.max_body_bytes);
   server.set_read_timeout(options.read_timeout);
   server.set_write_timeout(options.write_timeout);
+  server.set_keep_alive_timeout(options.keep_alive_timeout.count());
+  server.set_keep_alive_max_count(static_cast<size_t>(options.keep_alive_max));
   server.set_tcp_nodelay(true);  // SSE events are small and must leave at once
   // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and
   // silently take half the connections; SO_REUSEADDR alone still allows a quick restart.
@@ -745,6 +760,15 @@ void HttpServer::Impl::setup() {
   });
 
   server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    ConnectionGuard::head_done();
+    if (req.headers.size() > static_cast<size_t>(options.max_headers)) {
+      res.set_header("Connection", "close");
+      send_json(
+          res, 431,
+          error_body(431, "too many header fields: at most " + std::to_string(options.max_headers) +
+                              ", found " + std::to_string(req.headers.size())));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     // A request with a body for any path but the POST endpoints is answered before httplib
     // reads that body into memory (it would read a chunked one without limit). The body is
     // left unread, so the connection cannot be reused.
@@ -758,6 +782,27 @@ void HttpServer::Impl::setup() {
       res.set_header("Connection", "close");
       send_json(res, 404, error_body(404, "no such endpoint: " + req.method + " " + req.path));
       return httplib::Server::HandlerResponse::Handled;
+    }
+    // A Content-Length httplib 0.11 misreads ("-5" waits for a body that never comes) or one
+    // past the body limit (a reader handler is called before any check, and would wait for the
+    // whole declared body) is answered before the body is read, and the connection closed.
+    if (req.has_header("Content-Length")) {
+      const std::string length = req.get_header_value("Content-Length");
+      const bool digits =
+          !length.empty() && length.size() <= 19 &&
+          std::all_of(length.begin(), length.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!digits || std::stoull(length) > options.max_body_bytes) {
+        res.set_header("Connection", "close");
+        send_error(res, digits ? ApiError(413,
+                                          "request body larger than " +
+                                              std::to_string(options.max_body_bytes) + " bytes",
+                                          "", "", "payload_too_large")
+                               : ApiError(400,
+                                          "Content-Length: expected a decimal byte count, "
+                                          "found '" +
+                                              length.substr(0, 40) + "'"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
     }
     // Draining: a generation or embeddings request is refused before its body is read (generate()
     // checks again, for one that was past here when the drain began).
@@ -812,6 +857,7 @@ void HttpServer::Impl::setup() {
       res.set_header("Connection", "close");
   });
   server.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+    ConnectionGuard::response_done();  // the next request's head clock starts
     std::lock_guard lock(metrics_mu);
     ++responses_by_status[res.status];
   });
@@ -905,6 +951,15 @@ HttpServer::HttpServer(Scheduler& scheduler, std::optional<chat::ChatTemplate> c
   METRALE_CHECK(scheduler.model().tokenizer() != nullptr, scheduler.model().dir().string(),
                 ": no tokenizer.json; the server needs one to read prompts and write text");
   METRALE_CHECK(options.threads >= 2, "HttpServer: threads must be >= 2, found ", options.threads);
+  METRALE_CHECK(options.max_connections >= options.threads,
+                "HttpServer: max_connections must be >= threads (", options.threads, "), found ",
+                options.max_connections);
+  METRALE_CHECK(options.head_timeout > options.keep_alive_timeout,
+                "HttpServer: head_timeout must exceed keep_alive_timeout (",
+                options.keep_alive_timeout.count(),
+                " s) since it includes the keep-alive wait, "
+                "found ",
+                options.head_timeout.count(), " s");
   impl_ = std::make_unique<Impl>(scheduler, std::move(chat_template), std::move(options));
 }
 
@@ -920,6 +975,7 @@ int HttpServer::bind() {
   METRALE_CHECK(m.port > 0, "cannot listen on ", m.options.host, ":", m.options.port,
                 " (address in use, or not an address of this machine)");
   raise_listen_backlog(m.port);
+  m.guard.set_port(m.port);
   return m.port;
 }
 

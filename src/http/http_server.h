@@ -22,7 +22,9 @@
 // still runs is ended cleanly (a stream with an error event and [DONE], a waiting request with a
 // 503), then the server stops. stop() is the hard stop.
 //
-// Bad input never takes the server down: bodies over max_body_bytes are 413 (Content-Length
+// Bad clients are bounded by the limits below (http/connection_guard.h enforces the connection
+// count and the whole-head / whole-body deadlines httplib 0.11 lacks). Bad input never takes
+// the server down: bodies over max_body_bytes are 413 (Content-Length
 // or chunked), malformed JSON and wrong types are 400 in OpenAI's error shape, a client that
 // sends too slowly hits read_timeout, and a client that goes away mid-request cancels its
 // ServeStream (streaming: a failed SSE write or a dead socket; non-streaming: its socket is
@@ -64,10 +66,19 @@ struct HttpServerOptions {
   std::string embeddings_unavailable = "this server was started without embeddings";
   // Images and videos in chat content parts: where file:// URLs may read, and the limits.
   MediaOptions media;
+  // Limits on what a client may hold (docs/reliability.md has the table of what each guards).
   size_t max_body_bytes = size_t{16} << 20;
   std::chrono::seconds read_timeout{30};   // a client silent this long mid-request is dropped
   std::chrono::seconds write_timeout{30};  // a client not reading this long is dropped
   int threads = 128;                       // connections served at once
+  int max_connections = 512;  // open connections (served + waiting); beyond: 503, closed
+  // A request's whole head must arrive within head_timeout of the connection's start or its
+  // previous response (keep-alive wait included), its whole body within body_timeout after.
+  std::chrono::seconds head_timeout{15};
+  std::chrono::seconds body_timeout{60};
+  int max_headers = 100;                       // header fields per request; beyond: 431
+  std::chrono::seconds keep_alive_timeout{5};  // an idle keep-alive connection is closed
+  int keep_alive_max = 100;                    // requests per connection before it is closed
   // How often a handler waiting for tokens checks that its client is still there.
   std::chrono::milliseconds poll_interval{50};
 };

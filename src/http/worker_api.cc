@@ -144,6 +144,13 @@ std::string metrics_text(const SchedulerStats& s, const HttpCounters& http,
   e.metric("metrale_http_requests_in_flight", "gauge",
            "Generation requests admitted and not yet answered (what a drain waits for).",
            http.in_flight);
+  e.metric("metrale_http_connections_open", "gauge", "Connections accepted and not yet closed.",
+           http.connections_open);
+  e.metric("metrale_http_connections_rejected_total", "counter",
+           "Connections refused (503) past --max-connections.", http.connections_rejected);
+  e.metric("metrale_http_requests_timed_out_total", "counter",
+           "Requests cut for not sending their head or body within its deadline.",
+           http.requests_timed_out);
   e.metric("metrale_server_draining", "gauge", "1 while the server drains (shutting down).",
            http.draining ? 1 : 0);
   e.header("metrale_http_requests_finished_total", "counter",

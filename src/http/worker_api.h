@@ -35,6 +35,9 @@ struct HttpCounters {
   int64_t client_disconnects = 0;
   int64_t in_flight = 0;
   bool draining = false;
+  int64_t connections_open = 0;      // accepted, not yet closed
+  int64_t connections_rejected = 0;  // refused past the connection limit
+  int64_t requests_timed_out = 0;    // cut past the whole-head / whole-body deadline
 };
 
 // Prometheus text exposition (version 0.0.4). `unix_seconds`: now (lora_requests_info's value).

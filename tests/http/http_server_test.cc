@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -361,6 +362,112 @@ TEST_F(ServerFixture, MetricsInPrometheusText) {
         "metrale_http_requests_finished_total{endpoint=\"completions\",finish_reason=\"length\"} 1",
         "metrale_http_responses_total{code=\"200\"}"}) {
     EXPECT_NE(r->body.find(name), std::string::npos) << name << "\n" << r->body;
+  }
+}
+
+// The connection guard (http/connection_guard.h) and the pre-routing checks: the limits that
+// bound a bad client (docs/reliability.md).
+class GuardedServer : public ServerFixture {
+  void prepare(Model&, HttpServerOptions& o) override {
+    o.read_timeout = 30s;  // a dribbler is never silent long enough for httplib's own timeout
+    o.keep_alive_timeout = 1s;
+    o.head_timeout = 2s;
+    o.body_timeout = 1s;
+    o.threads = 4;
+    o.max_connections = 6;
+    o.max_headers = 20;
+  }
+
+ protected:
+  // Sends `prefix`, then `tail` a byte per 200 ms; returns whether the server ended the
+  // connection before the tail was all sent (a write fails, or a read sees its answer or EOF).
+  bool cut_while_dribbling(const std::string& prefix, const std::string& tail) {
+    const int fd = connect_to(port_);
+    EXPECT_EQ(write(fd, prefix.data(), prefix.size()), static_cast<ssize_t>(prefix.size()));
+    bool cut = false;
+    for (char c : tail) {
+      std::this_thread::sleep_for(200ms);
+      pollfd p{fd, POLLIN | POLLRDHUP, 0};
+      if (poll(&p, 1, 0) > 0 || send(fd, &c, 1, MSG_NOSIGNAL) != 1) {
+        cut = true;
+        break;
+      }
+    }
+    close(fd);
+    return cut;
+  }
+  int64_t metric(const std::string& name) {
+    auto r = client_->Get("/metrics");
+    EXPECT_TRUE(r);
+    const size_t at = r->body.find("\n" + name + " ");
+    if (at == std::string::npos) return -1;
+    return std::stoll(r->body.substr(at + name.size() + 2));
+  }
+};
+
+TEST_F(GuardedServer, ABodyDribbledPastItsDeadlineIsCut) {
+  const std::string body =
+      R"({"prompt": "And", "max_tokens": 2, "padding": ")" + std::string(100, 'x') + "\"}";
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                           std::string(kKey) +
+                           "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  EXPECT_TRUE(cut_while_dribbling(head, body));  // 100+ bytes: 20 s of dribble, cut at ~1 s
+  EXPECT_EQ(metric("metrale_http_requests_timed_out_total"), 1);
+}
+
+TEST_F(GuardedServer, AHeadDribbledPastItsDeadlineIsCut) {
+  EXPECT_TRUE(cut_while_dribbling("GET /health HTTP/1.1\r\n", "X-Slow: " + std::string(100, 'y')));
+  EXPECT_EQ(metric("metrale_http_requests_timed_out_total"), 1);
+}
+
+TEST_F(GuardedServer, ConnectionsPastTheLimitGet503) {
+  // Seven idle connections against a limit of six: the last accepted reads a 503 and is closed
+  // (the others are closed at the keep-alive timeout). Which one is last is the kernel's order,
+  // and a connection of SetUp may still be counted, so every reply is read.
+  std::vector<int> fds;
+  for (int i = 0; i < 7; ++i) fds.push_back(connect_to(port_));
+  std::string refused;
+  for (int fd : fds) {
+    std::string reply;
+    char buf[4096];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
+      reply.append(buf, static_cast<size_t>(n));
+    }
+    close(fd);
+    if (!reply.empty()) refused = reply;
+  }
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;
+  EXPECT_NE(refused.find("too_many_connections"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
+  EXPECT_GE(metric("metrale_http_connections_rejected_total"), 1);
+}
+
+TEST_F(GuardedServer, TooManyHeadersAre431) {
+  httplib::Headers h;
+  for (int i = 0; i < 30; ++i) h.emplace("X-H" + std::to_string(i), "v");
+  auto r = client_->Get("/health", h);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 431);
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("at most 20, found"), std::string::npos);
+}
+
+// httplib 0.11 reads "-5" as a body it waits for, and hands a reader handler a declared length
+// past the limit unchecked: both are answered before any body is read.
+TEST_F(GuardedServer, ABadOrOversizedContentLengthIsAnsweredAtOnce) {
+  for (const auto& [length, status] :
+       std::vector<std::pair<std::string, int>>{{"-5", 400}, {"abc", 400}, {"99999999999", 413}}) {
+    const int fd = connect_to(port_);
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                            std::string(kKey) + "\r\nContent-Length: " + length + "\r\n\r\n";
+    ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+    std::string reply;
+    char buf[4096];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) reply.append(buf, static_cast<size_t>(n));
+    close(fd);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 " + std::to_string(status), 0), 0u) << length << reply;
+    if (status == 400) {
+      EXPECT_NE(reply.find("Content-Length: expected"), std::string::npos) << reply;
+    }
   }
 }
 
