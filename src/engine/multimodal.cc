@@ -114,7 +114,10 @@ MultimodalPrompt make_multimodal_prompt(Model& model, std::span<const int32_t> i
   pixels.reserve(static_cast<size_t>(patches * vc.patch_dim()));
   for (const vision::VisionItem& it : items)
     pixels.insert(pixels.end(), it.pixels.begin(), it.pixels.end());
-  const int64_t rows = patches / vc.merge_rows(), H = vc.out_width;
+  // Each row: the merger's features, then Qwen3-VL's deepstack ones (the model's injected_cols).
+  const int64_t rows = patches / vc.merge_rows(), H = enc->out_cols();
+  METRALE_CHECK(H == model.injected_cols(), "vision encoder: rows of ", H,
+                " features; the language model takes ", model.injected_cols());
   METRALE_CHECK(rows == static_cast<int64_t>(p.embed_rows.size()), "prompt: ", p.embed_rows.size(),
                 " placeholder tokens for media of ", rows);
   p.embeds.resize(static_cast<size_t>(rows * H));
@@ -130,7 +133,7 @@ void prefill_multimodal(Model& model, Sequence& seq, const MultimodalPrompt& p,
   const auto n = static_cast<int64_t>(p.ids.size());
   METRALE_CHECK(n > 0 && seq.tokens.empty(),
                 "prefill_multimodal: needs a prompt and an empty sequence");
-  const int64_t V = model.vocab_size(), H = model.config().hidden_size, R = model.max_rows();
+  const int64_t V = model.vocab_size(), H = model.injected_cols(), R = model.max_rows();
   METRALE_CHECK(logits.size() == static_cast<size_t>((all_logits ? n : 1) * V),
                 "prefill_multimodal: logits buffer holds ", logits.size(), " floats");
   seq.rope_delta = p.rope_delta;
