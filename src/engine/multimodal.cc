@@ -77,10 +77,12 @@ MultimodalPrompt make_multimodal_prompt(Model& model, std::span<const int32_t> i
                   it.merge_size, "; the vision tower takes ", vc.patch_dim(), " merged by ",
                   vc.spatial_merge_size);
     // Qwen2.5-VL's video time step needs the processor's second_per_grid_ts (temporal patch /
-    // the sampled fps), which VisionItem does not carry yet.
-    METRALE_CHECK(it.kind == vision::VisionKind::kImage || vc.tower != VisionTowerKind::kQwen2_5Vl,
+    // the sampled fps), which VisionItem does not carry yet; Qwen3-VL / Qwen3.5's prompts split
+    // a video into frames with timestamps, which expand_placeholders does not write yet.
+    METRALE_CHECK(it.kind == vision::VisionKind::kImage || vc.tower == VisionTowerKind::kQwen2Vl,
                   "media item ", i, ": videos for ", model.config().model_type,
-                  " are not supported yet (second_per_grid_ts)");
+                  " are not supported yet (Qwen2.5-VL: second_per_grid_ts; Qwen3-VL / Qwen3.5: "
+                  "per-frame timestamps)");
     (it.kind == vision::VisionKind::kImage ? images : videos).push_back(it.grid_thw);
     all.push_back(it.grid_thw);
     patches += it.n_patches();
