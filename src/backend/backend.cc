@@ -67,6 +67,8 @@ std::string_view op_name(Op op) {
       return "merge_rows";
     case Op::kSegmentSum:
       return "segment_sum";
+    case Op::kTapSum:
+      return "tap_sum";
   }
   return "unknown-op";
 }
@@ -787,6 +789,24 @@ void Backend::merge_rows(ConstRows x, Rows out) {
   check_rows({"merge_rows", "", "out"}, out, out.n_rows, out.n_cols);
   const ObservedOp observe(*this, Op::kMergeRows, nullptr);
   do_merge_rows(x, out);
+}
+
+void Backend::tap_sum(const TapSumArgs& a) {
+  const int64_t n = a.out.n_rows, k = a.n_taps;
+  check_rows({"tap_sum", "", "out"}, a.out, n, a.out.n_cols);
+  METRALE_CHECK(k >= 1, "tap_sum: n_taps ", k);
+  METRALE_CHECK(
+      a.taps.size() == static_cast<size_t>(n * k) && a.weights.size() == static_cast<size_t>(n * k),
+      "tap_sum: expected ", n * k, " taps and weights (", n, " rows x ", k, "), found ",
+      a.taps.size(), " and ", a.weights.size());
+  METRALE_CHECK(a.table != nullptr || n == 0, "tap_sum: null table");
+  for (size_t i = 0; i < a.taps.size(); ++i) {
+    METRALE_CHECK(a.taps[i] >= 0 && a.taps[i] < a.table_rows, "tap_sum: tap ", i, " names row ",
+                  a.taps[i], " of the table's ", a.table_rows);
+  }
+  if (n == 0) return;
+  const ObservedOp observe(*this, Op::kTapSum, nullptr);
+  do_tap_sum(a);
 }
 
 }  // namespace metrale

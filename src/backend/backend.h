@@ -60,8 +60,9 @@ enum class Op : uint8_t {
   kVarlenAttention,  // non-causal attention within each segment of rows (no KV cache)
   kMergeRows,        // out[i] = x[g i] | x[g i + 1] | ... | x[g i + g - 1] (a patch merger)
   kSegmentSum,       // out[s] += the rows of segment s (pooling hidden states into embeddings)
+  kTapSum,           // out[r] += sum_k w[r, k] table[taps[r, k]] (interpolated position tables)
 };
-inline constexpr int kOpCount = 26;
+inline constexpr int kOpCount = 27;
 std::string_view op_name(Op op);
 
 // A linear layer's weight: W is [n_out, n_in] (PyTorch's nn.Linear layout), stored in
@@ -272,6 +273,19 @@ struct VarlenAttentionArgs {
   int64_t n_heads = 0;
   int64_t head_dim = 0;
   float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+};
+
+// out[r] += sum over k < n_taps of weights[r n_taps + k] * table[taps[r n_taps + k]]: a learned
+// table resampled per row (Qwen3-VL's position embeddings, bilinearly interpolated to each image's
+// grid: 4 taps per patch). Per column the taps are summed in f32 in order k = 0, 1, ..., then
+// added to out (torch's (table[taps] * weights).sum(1) added to the hidden states).
+struct TapSumArgs {
+  const float* table = nullptr;  // [table_rows, out.n_cols], contiguous
+  int64_t table_rows = 0;
+  std::span<const int32_t> taps;   // [out.n_rows * n_taps] rows of table
+  std::span<const float> weights;  // [out.n_rows * n_taps]
+  int64_t n_taps = 0;
+  Rows out;
 };
 
 struct GatedActivationArgs {
@@ -559,6 +573,7 @@ class Backend {
   // input) gives the bits one call over all the rows gives. Pools the hidden states of an
   // embedding's rows (engine/embedding.h).
   void segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out);
+  void tap_sum(const TapSumArgs& a);
   void token_overlay(const TokenOverlayArgs& a);
   void head_overlay(const HeadOverlayArgs& a);
 
@@ -592,6 +607,7 @@ class Backend {
   virtual void do_varlen_attention(const VarlenAttentionArgs& a) = 0;
   virtual void do_merge_rows(ConstRows x, Rows out) = 0;
   virtual void do_segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out) = 0;
+  virtual void do_tap_sum(const TapSumArgs& a) = 0;
   virtual void do_token_overlay(const TokenOverlayArgs& a) = 0;
   virtual void do_head_overlay(const HeadOverlayArgs& a) = 0;
   virtual void do_upload(void* dst, const void* host_src, size_t bytes) = 0;

@@ -73,7 +73,8 @@ void run_forward(ForwardFlags f) {
     seq.rope_delta = mm.rope_delta;
     StepItem item{.seq = &seq, .ids = ids, .logits = LogitRows::kAll, .positions3 = mm.positions3};
     if (!mm.embed_rows.empty()) {
-      item.embeds = ConstRows{mm.embeds.data(), static_cast<int64_t>(mm.embed_rows.size()), H, H};
+      const int64_t E = model->injected_cols();  // hidden_size, and any deepstack features
+      item.embeds = ConstRows{mm.embeds.data(), static_cast<int64_t>(mm.embed_rows.size()), E, E};
       item.embed_rows = mm.embed_rows;
     }
     model->step({&item, 1}, logits, f.hidden ? &sink : nullptr);
@@ -86,7 +87,8 @@ void run_forward(ForwardFlags f) {
     w.add("hidden." + std::to_string(i), DType::kF32, Shape{n, H}, as_bytes(hidden[i]));
   }
   if (!f.media.empty()) {
-    w.add("vision", DType::kF32, Shape{static_cast<int64_t>(mm.embed_rows.size()), H},
+    w.add("vision", DType::kF32,
+          Shape{static_cast<int64_t>(mm.embed_rows.size()), model->injected_cols()},
           as_bytes(mm.embeds));
     std::vector<float> as_float(ids.begin(), ids.end());  // exact: ids < 2^24
     w.add("prompt_ids", DType::kF32, Shape{n}, as_bytes(as_float));

@@ -50,7 +50,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
       // The towers built so far; the others' tensors stay recognised and unloaded (and their
       // vision_config unread, so a language model that loaded before still loads).
       const std::optional<VisionTowerKind> kind = vision_tower_kind(c.model_type);
-      if (kind == VisionTowerKind::kQwen2Vl || kind == VisionTowerKind::kQwen2_5Vl) {
+      if (kind.has_value()) {
         const VisionConfig vc = load_vision_config(dir.string());
         const std::string prefix = m->checkpoint_->find("visual.patch_embed.proj.weight") != nullptr
                                        ? "visual."
@@ -63,6 +63,12 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
           if (!t.name().starts_with(prefix)) tower.ignore(std::string(t.name()));
         }
         tower.check_all_claimed();
+        // Qwen3-VL: the tower's deepstack features are added after the first layers.
+        m->arch_->deepstack = static_cast<int64_t>(vc.deepstack_visual_indexes.size());
+        METRALE_CHECK(m->arch_->deepstack <= static_cast<int64_t>(m->arch_->layers.size()),
+                      vc.source, ": ", m->arch_->deepstack,
+                      " deepstack mergers for a language model of ", m->arch_->layers.size(),
+                      " layers");
       }
     }
     m->weight_bytes_ = m->checkpoint_->total_bytes();
@@ -134,7 +140,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
                    .half = half,
                    .scaling = m->rope_.attention_scaling()};
     }
-    m->injected_ = m->backend_->allocate(resid * sizeof(float));
+    // [embedding | deepstack features] per injected row (Architecture::injected_cols()).
+    m->injected_stride_ = padded_cols(m->arch_->injected_cols());
+    m->injected_ =
+        m->backend_->allocate(static_cast<size_t>(R * m->injected_stride_) * sizeof(float));
     for (int64_t i = 0; i < static_cast<int64_t>(m->arch_->layers.size()); ++i) {
       m->kv_views_.push_back(m->kv_->layer(i));
       if (m->state_ != nullptr) {
@@ -185,9 +194,10 @@ void Model::check_multimodal(const StepItem& it, size_t index) const {
   METRALE_CHECK(it.embed_rows.size() == static_cast<size_t>(it.embeds.n_rows), "step: item ", index,
                 " injects ", it.embeds.n_rows, " embedding rows at ", it.embed_rows.size(),
                 " places");
-  METRALE_CHECK(it.embed_rows.empty() || it.embeds.n_cols == config_.hidden_size, "step: item ",
-                index, "'s injected embeddings are ", it.embeds.n_cols,
-                " wide; the model's hidden size is ", config_.hidden_size);
+  METRALE_CHECK(it.embed_rows.empty() || it.embeds.n_cols == injected_cols(), "step: item ", index,
+                "'s injected embeddings are ", it.embeds.n_cols, " wide; the model takes ",
+                injected_cols(), " (hidden size ", config_.hidden_size, ", ", arch_->deepstack,
+                " deepstack features)");
   for (size_t k = 0; k < it.embed_rows.size(); ++k) {
     METRALE_CHECK(it.embed_rows[k] >= 0 && static_cast<size_t>(it.embed_rows[k]) < len &&
                       (k == 0 || it.embed_rows[k] > it.embed_rows[k - 1]),
@@ -222,7 +232,7 @@ void Model::run(const PassInputs& in, float* logits, float* pooled, const Hidden
   Pass& p = sink != nullptr ? observed_ : plain_;
   p.executor->bind(p.io.h, h_.data, h_.stride);
   p.executor->bind(p.io.delta, delta_.data, delta_.stride);
-  p.executor->bind(p.io.injected, injected_.as<float>(), h_.stride);
+  p.executor->bind(p.io.injected, injected_.as<float>(), injected_stride_);
   if (in.n_wanted > 0) p.executor->bind(p.io.logits, logits, config_.vocab_size);
   if (in.n_pools > 0) p.executor->bind(p.io.pooled, pooled, config_.hidden_size);
   if (sink == nullptr) {
@@ -284,7 +294,6 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
   }
   int64_t row = 0, w = 0, n_injected = 0, n_pool_rows = 0, pools = 0;
   pool_offsets_[0] = 0;
-  const int64_t H = config_.hidden_size;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
     const auto start = static_cast<int64_t>(it.seq->tokens.size());
@@ -293,9 +302,9 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     for (size_t k = 0; k < it.embed_rows.size(); ++k, ++n_injected) {
       injected_rows_[static_cast<size_t>(n_injected)] =
           static_cast<int32_t>(row + it.embed_rows[k]);
-      backend_->upload(injected_.as<float>() + n_injected * h_.stride,
+      backend_->upload(injected_.as<float>() + n_injected * injected_stride_,
                        it.embeds.row(static_cast<int64_t>(k)),
-                       static_cast<size_t>(H) * sizeof(float));
+                       static_cast<size_t>(injected_cols()) * sizeof(float));
     }
     for (int64_t j = 0; j < len; ++j, ++row) {
       const auto ur = static_cast<size_t>(row);

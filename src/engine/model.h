@@ -118,6 +118,9 @@ class Model {
   // for towers not built yet (whose tensors are then recognised and left unloaded).
   VisionEncoder* vision() { return vision_.get(); }
   const VisionEncoder* vision() const { return vision_.get(); }
+  // The width of StepItem::embeds' rows: hidden_size, times 1 + the deepstack features
+  // (Qwen3-VL: the vision tower's out_cols()).
+  int64_t injected_cols() const { return arch_->injected_cols(); }
   // Whether the rope is multimodal (M-RoPE: StepItem::positions3 and Sequence::rope_delta).
   bool multimodal_rope() const { return !mrope_inv_freq_.empty(); }
   // The most tokens one sequence can hold: the rope table and KV capacity bound it.
@@ -250,7 +253,8 @@ class Model {
   std::vector<int32_t> ids_, positions_, row_seq_, lora_slots_, want_, want_slots_;
   std::vector<int32_t> positions3_, row_index_, injected_rows_;
   std::vector<int32_t> pool_rows_, pool_offsets_;  // [max_rows], [max_rows + 1]
-  Buffer injected_;  // [max_rows, hidden] the step's injected embeddings (backend memory)
+  Buffer injected_;  // [max_rows, injected_cols()] the step's injected rows (backend memory)
+  int64_t injected_stride_ = 0;
   std::vector<int64_t> slots_;
   std::vector<KvPageTable> tables_;
   std::vector<StateRun> state_runs_;   // [items] hybrid models: each sequence's state blocks

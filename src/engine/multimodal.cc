@@ -77,10 +77,12 @@ MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int3
                   it.merge_size, "; the vision tower takes ", vc.patch_dim(), " merged by ",
                   vc.spatial_merge_size);
     // Qwen2.5-VL's video time step needs the processor's second_per_grid_ts (temporal patch /
-    // the sampled fps), which VisionItem does not carry yet.
-    METRALE_CHECK(it.kind == vision::VisionKind::kImage || vc.tower != VisionTowerKind::kQwen2_5Vl,
+    // the sampled fps), which VisionItem does not carry yet; Qwen3-VL / Qwen3.5's prompts split
+    // a video into frames with timestamps, which expand_placeholders does not write yet.
+    METRALE_CHECK(it.kind == vision::VisionKind::kImage || vc.tower == VisionTowerKind::kQwen2Vl,
                   "media item ", i, ": videos for ", model.config().model_type,
-                  " are not supported yet (second_per_grid_ts)");
+                  " are not supported yet (Qwen2.5-VL: second_per_grid_ts; Qwen3-VL / Qwen3.5: "
+                  "per-frame timestamps)");
     (it.kind == vision::VisionKind::kImage ? images : videos).push_back(it.grid_thw);
     patches += it.n_patches();
   }
@@ -123,7 +125,10 @@ int64_t encode_multimodal_prompt(Model& model, MultimodalPrompt& p,
                 "encode_multimodal_prompt: ", hashes.size(), " hashes for ", items.size(),
                 " items");
   const VisionConfig& vc = enc->config();
-  const int64_t H = vc.out_width;
+  // Each row: the merger's features, then Qwen3-VL's deepstack ones (the model's injected_cols).
+  const int64_t H = enc->out_cols();
+  METRALE_CHECK(H == model.injected_cols(), "vision encoder: rows of ", H,
+                " features; the language model takes ", model.injected_cols());
   // The items the cache lacks go through the tower in one pass; their rows are in item order.
   std::vector<std::array<int64_t, 3>> grids;
   std::vector<float> pixels;
@@ -235,7 +240,7 @@ void prefill_multimodal(Model& model, Sequence& seq, const MultimodalPrompt& p,
   const auto n = static_cast<int64_t>(p.ids.size());
   METRALE_CHECK(n > 0 && seq.tokens.empty(),
                 "prefill_multimodal: needs a prompt and an empty sequence");
-  const int64_t V = model.vocab_size(), H = model.config().hidden_size, R = model.max_rows();
+  const int64_t V = model.vocab_size(), H = model.injected_cols(), R = model.max_rows();
   METRALE_CHECK(logits.size() == static_cast<size_t>((all_logits ? n : 1) * V),
                 "prefill_multimodal: logits buffer holds ", logits.size(), " floats");
   seq.rope_delta = p.rope_delta;

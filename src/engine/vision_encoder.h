@@ -29,10 +29,13 @@ class VisionEncoder {
 
   const VisionConfig& config() const { return tower_->config(); }
   int64_t max_patches() const { return plan_.max_rows; }
+  // Columns of encode()'s output rows: the merger's out_width, then out_width per deepstack
+  // merger (Qwen3-VL), whose features the language model adds at its first layers.
+  int64_t out_cols() const { return tower_->out_cols(); }
   const Graph& graph() const { return graph_; }
 
   // pixels: [sum of t h w, patch_dim] the items' pixel_values stacked in order (VisionItem's
-  // layout); out: [pixels / merge^2, out_width]. Throws Error on a bad grid, a pixel row count
+  // layout); out: [pixels / merge^2, out_cols()]. Throws Error on a bad grid, a pixel row count
   // or width that does not match the grids, or more than max_patches() patches.
   void encode(std::span<const std::array<int64_t, 3>> grids, ConstRows pixels, Rows out);
 

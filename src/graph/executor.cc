@@ -319,6 +319,14 @@ void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {
           [&](const node::SegmentSum& n) {
             be.segment_sum(rows(n.x), in.pool_offsets, rows(n.out));
           },
+          [&](const node::TapSum& n) {
+            be.tap_sum({.table = n.table,
+                        .table_rows = n.table_rows,
+                        .taps = in.pos_taps,
+                        .weights = in.pos_weights,
+                        .n_taps = n.n_taps,
+                        .out = rows(n.out)});
+          },
           [&](const node::Observe& n) {
             METRALE_CHECK(in.observer != nullptr, "executor: an Observe node without an observer");
             (*in.observer)(n.index, rows(n.x));

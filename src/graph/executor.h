@@ -47,8 +47,11 @@ struct PassInputs {
   std::span<const int32_t> cu_window_seqlens;
   std::span<const int32_t> window_rows;     // [n_rows]
   std::span<const int32_t> merged_inverse;  // [n_merged]
-  std::span<const int32_t> row_seq;         // [n_rows] index of each row's sequence in `seqs`
-  std::span<const int64_t> slots;           // [n_rows] KV slot each row's K/V is stored to
+  // Qwen3-VL's learned position table: 4 (row, weight) taps per row (TapSum nodes).
+  std::span<const int32_t> pos_taps;   // [n_rows * 4]
+  std::span<const float> pos_weights;  // [n_rows * 4]
+  std::span<const int32_t> row_seq;    // [n_rows] index of each row's sequence in `seqs`
+  std::span<const int64_t> slots;      // [n_rows] KV slot each row's K/V is stored to
   // [n_rows] LoRA slot of each row (-1: base weights); empty when no row has one.
   std::span<const int32_t> lora_slots;
   std::span<const int32_t> wanted;             // [n_wanted] rows that want logits, ascending

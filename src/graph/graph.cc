@@ -99,6 +99,7 @@ Op node_op(const NodeArgs& args) {
                         [](const node::MergeRows&) { return Op::kMergeRows; },
                         [](const node::GatherRows&) { return Op::kGatherRows; },
                         [](const node::SegmentSum&) { return Op::kSegmentSum; },
+                        [](const node::TapSum&) { return Op::kTapSum; },
                     },
                     args);
 }
@@ -187,6 +188,7 @@ void node_tensors(const NodeArgs& args, std::vector<Tensor>& out) {
                  [&](const node::SegmentSum& n) {
                    add({n.x, n.out});
                  },
+                 [&](const node::TapSum& n) { add({n.out}); },
              },
              args);
 }

@@ -255,6 +255,14 @@ struct GatherRows {
   Tensor x, out;
   RowList list = RowList::kWindowRows;
 };
+// out[r] += the learned table's rows at the pass's pos_taps, weighted by its pos_weights
+// (Backend::tap_sum; Qwen3-VL's interpolated position embeddings).
+struct TapSum {
+  Tensor out;
+  const float* table = nullptr;  // [table_rows, out's width]
+  int64_t table_rows = 0;
+  int64_t n_taps = 0;
+};
 // out (kMerged rows) = groups of x's consecutive rows side by side (Backend::merge_rows).
 struct MergeRows {
   Tensor x, out;
@@ -275,7 +283,7 @@ using NodeArgs =
                  node::SigmoidMul, node::Lora, node::GatherWanted, node::TokenOverlay,
                  node::HeadOverlay, node::Observe, node::RopeRows, node::InjectRows,
                  node::LayerNorm, node::Activate, node::VarlenAttention, node::MergeRows,
-                 node::GatherRows, node::SegmentSum>;
+                 node::GatherRows, node::SegmentSum, node::TapSum>;
 
 struct Node {
   NodeArgs args;

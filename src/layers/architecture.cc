@@ -7,6 +7,7 @@ namespace metrale {
 ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
   const int64_t H = embed.n_in, V = has_head() ? lm_head.n_out() : embed.n_out;
   ModelIo io;
+  Tensor injected;
   Residual r{.h = g.buffer("h", H, RowSpace::kRows, BufferKind::kExternal),
              .delta = g.buffer("delta", H, RowSpace::kRows, BufferKind::kExternal)};
   io.h = r.h.buf;
@@ -17,9 +18,11 @@ ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
     if (!lora_overlays.empty())
       g.add(node::TokenOverlay{.h = r.h, .overlays = lora_overlays}, When::kEmbedOverlays);
     // Rows whose embedding the caller computed (image / video features) replace the table's.
-    const Tensor injected = g.buffer("injected", H, RowSpace::kInjected, BufferKind::kExternal);
-    io.injected = injected.buf;
-    g.add(node::InjectRows{.x = injected, .out = r.h}, When::kInjected);
+    const Tensor all =
+        g.buffer("injected", injected_cols(), RowSpace::kInjected, BufferKind::kExternal);
+    io.injected = all.buf;
+    injected = all;
+    g.add(node::InjectRows{.x = all.cols(0, H), .out = r.h}, When::kInjected);
     if (o.observe) g.add(node::Observe{.x = r.h, .index = 0});
   }
   if (o.mrope != nullptr) {
@@ -39,9 +42,17 @@ ModelIo Architecture::record(Graph& g, const RecordOptions& o) const {
   for (int32_t i = 0; i < n_layers; ++i) {
     const Graph::Scope scope(g, "layers." + std::to_string(i));
     layers[static_cast<size_t>(i)].record(g, i, r);
+    if (i < deepstack) {
+      // h (the layer's output, materialised in every pass so the next layer's residual add
+      // does not depend on the pass) += deepstack feature i at the injected rows.
+      if (r.pending) g.add(node::Add{.x = r.delta, .y = r.h});
+      r.pending = false;
+      g.add(node::InjectRows{.x = injected.cols(H * (i + 1), H), .out = r.h, .add = true},
+            When::kInjected);
+    }
     if (o.observe && i + 1 < n_layers) {
       // Materialise h for the observer; the next layer's norm then finds nothing pending.
-      g.add(node::Add{.x = r.delta, .y = r.h});
+      if (r.pending) g.add(node::Add{.x = r.delta, .y = r.h});
       r.pending = false;
       g.add(node::Observe{.x = r.h, .index = i + 1});
     }

@@ -25,7 +25,7 @@ struct ModelIo {
   BufferId h = -1;         // [rows, hidden]
   BufferId delta = -1;     // [rows, hidden] the last sub-block's output, not yet added to h
   BufferId logits = -1;    // [wanted, vocab] contiguous
-  BufferId injected = -1;  // [injected, hidden] the caller's input embeddings
+  BufferId injected = -1;  // [injected, injected_cols()] the caller's input embeddings
   BufferId pooled = -1;    // [pools, hidden] contiguous: the pooled sums (embeddings)
 };
 
@@ -38,6 +38,13 @@ class Architecture {
   Norm final_norm;  // [H] model.norm.weight
   Linear lm_head;   // [V, H] lm_head.weight, or embed's data when tied; empty: none
   bool tied = false;
+  // Qwen3-VL's deepstack: the injected rows carry this many more hidden-wide features after the
+  // input embedding ([embedding | deepstack 0 | ...], ModelIo::injected), and feature i is added
+  // to the residual stream at those rows after layer i (transformers' _deepstack_process): a
+  // per-layer hook of record(), InjectRows(add) nodes that run only in passes that inject.
+  int64_t deepstack = 0;
+  // The injected rows' width: hidden * (1 + deepstack).
+  int64_t injected_cols() const { return embed.n_in * (1 + deepstack); }
   // Whether there is a head: a base model saved without one (an embedding model) has none,
   // and its passes give no logits.
   bool has_head() const { return lm_head.n_out() > 0; }

@@ -19,11 +19,53 @@ Activation activation_of(const VisionConfig& c) {
 // torch's nn.LayerNorm(eps=1e-6) of the blocks and the merger.
 constexpr float kLayerNormEps = 1e-6f;
 
+// One axis of transformers' _interpolation_axis_taps_weights (bilinear, align_corners, border
+// padding), in its f32 arithmetic: src = i (side - 1) / max(size - 1, 1), taps floor(src) and
+// floor(src) + 1 clamped into the table, weights max(1 - |src - floor - offset|, 0).
+void axis_taps(int64_t i, int64_t size, int64_t side, std::array<int32_t, 2>& taps,
+               std::array<float, 2>& weights) {
+  const float src = static_cast<float>(i) * static_cast<float>(side - 1) /
+                    static_cast<float>(std::max<int64_t>(size - 1, 1));
+  const float fl = std::floor(src);
+  for (int o = 0; o < 2; ++o) {
+    const auto raw = static_cast<int64_t>(fl) + o;
+    taps[static_cast<size_t>(o)] = static_cast<int32_t>(std::clamp<int64_t>(raw, 0, side - 1));
+    const float d = std::fabs(src - fl - static_cast<float>(o));
+    weights[static_cast<size_t>(o)] = std::max(1.0f - d, 0.0f);
+  }
+}
+
+// The learned position table's taps for every row, in the rows' (merge-block) order: the 2 x 2
+// outer product of the h and w axes' taps, h major.
+void interpolation_taps(std::span<const std::array<int64_t, 3>> grids, int64_t side,
+                        VisionPassLayout& p) {
+  p.pos_taps.reserve(static_cast<size_t>(p.n_rows * 4));
+  p.pos_weights.reserve(static_cast<size_t>(p.n_rows * 4));
+  for (size_t k = 0; k < grids.size(); ++k) {
+    const int64_t t = grids[k][0], h = grids[k][1], w = grids[k][2];
+    const auto start = static_cast<size_t>(p.pos_taps.size() / 4);
+    for (int64_t r = 0; r < t * h * w; ++r) {
+      // positions3 holds each row's (0, h, w) already in this order.
+      const size_t row = start + static_cast<size_t>(r);
+      std::array<int32_t, 2> ht{}, wt{};
+      std::array<float, 2> hw{}, ww{};
+      axis_taps(p.positions3[row * 3 + 1], h, side, ht, hw);
+      axis_taps(p.positions3[row * 3 + 2], w, side, wt, ww);
+      for (size_t a = 0; a < 2; ++a)
+        for (size_t b = 0; b < 2; ++b) {
+          p.pos_taps.push_back(static_cast<int32_t>(ht[a] * side + wt[b]));
+          p.pos_weights.push_back(hw[a] * ww[b]);
+        }
+    }
+  }
+}
+
 }  // namespace
 
 VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grids, int64_t merge,
-                                    int64_t window) {
-  METRALE_CHECK(merge >= 1 && window >= 0, "vision pass: merge size ", merge, ", window ", window);
+                                    int64_t window, int64_t pos_side) {
+  METRALE_CHECK(merge >= 1 && window >= 0 && pos_side >= 0, "vision pass: merge size ", merge,
+                ", window ", window, ", position table side ", pos_side);
   VisionPassLayout p;
   p.cu_seqlens.push_back(0);
   for (size_t i = 0; i < grids.size(); ++i) {
@@ -54,6 +96,7 @@ VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grid
   p.row_index.resize(static_cast<size_t>(p.n_rows));
   for (int64_t r = 0; r < p.n_rows; ++r)
     p.row_index[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+  if (pos_side > 0) interpolation_taps(grids, pos_side, p);
   if (window == 0) return p;
   // get_vision_window_index: per item and temporal patch, the merged grid padded up to whole
   // windows (a full window more when it divides, as transformers pads), windows in row-major
@@ -100,6 +143,13 @@ int64_t VisionTower::window() const {
   return config_.window_size / config_.spatial_merge_size / config_.patch_size;
 }
 
+int64_t VisionTower::pos_side() const {
+  if (config_.num_position_embeddings == 0) return 0;
+  int64_t side = 1;
+  while (side * side < config_.num_position_embeddings) ++side;
+  return side;  // the config's parser checked the square
+}
+
 void VisionTower::norm(Graph& g, Tensor x, Tensor out, const DeviceFloats& w,
                        const DeviceFloats& b) const {
   if (config_.tower == VisionTowerKind::kQwen2_5Vl) {  // Qwen2RMSNorm(eps=1e-6)
@@ -112,10 +162,8 @@ void VisionTower::norm(Graph& g, Tensor x, Tensor out, const DeviceFloats& w,
 
 std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoader& l,
                                                const std::string& p) {
-  METRALE_CHECK(c.tower == VisionTowerKind::kQwen2Vl || c.tower == VisionTowerKind::kQwen2_5Vl,
-                c.source, ": the ", c.model_type,
-                " vision tower is not supported yet (only qwen2_vl's and qwen2_5_vl's)");
   const bool rms = c.tower == VisionTowerKind::kQwen2_5Vl;
+  const bool qwen3 = c.tower == VisionTowerKind::kQwen3Vl || c.tower == VisionTowerKind::kQwen3_5;
   auto t = std::unique_ptr<VisionTower>(new VisionTower());
   t->config_ = c;
   t->act_ = activation_of(c);
@@ -125,6 +173,12 @@ std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoad
   const std::vector<float> conv =
       l.floats(embed, {W, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size});
   t->patch_embed_ = l.derived_matrix(embed, W, c.patch_dim(), conv);
+  if (qwen3) {
+    t->patch_bias_ = l.norm(p + "patch_embed.proj.bias", W);
+    t->patch_embed_.bias = t->patch_bias_.data();
+    t->patch_embed_.bias_dtype = DType::kF32;
+    t->pos_embed_ = l.device_floats(p + "pos_embed.weight", {c.num_position_embeddings, W});
+  }
   for (int64_t i = 0; i < c.depth; ++i) {
     const std::string b = p + "blocks." + std::to_string(i) + ".";
     Block blk;
@@ -142,6 +196,9 @@ std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoad
       blk.fc2 = l.linear(b + "mlp.down_proj", W, c.mlp_width, true);
       blk.full_attention = std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
                                      i) != c.fullatt_block_indexes.end();
+    } else if (qwen3) {
+      blk.fc1 = l.linear(b + "mlp.linear_fc1", c.mlp_width, W, true);
+      blk.fc2 = l.linear(b + "mlp.linear_fc2", W, c.mlp_width, true);
     } else {
       blk.fc1 = l.linear(b + "mlp.fc1", c.mlp_width, W, true);
       blk.fc2 = l.linear(b + "mlp.fc2", W, c.mlp_width, true);
@@ -149,12 +206,25 @@ std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoad
     t->blocks_.push_back(std::move(blk));
   }
   const int64_t M = c.merge_rows() * W;
-  t->ln_q_w_ = l.norm(p + "merger.ln_q.weight", W);
-  if (!rms) t->ln_q_b_ = l.norm(p + "merger.ln_q.bias", W);
-  t->merger_fc1_ = l.linear(p + "merger.mlp.0", M, M, true);
-  t->merger_fc2_ = l.linear(p + "merger.mlp.2", c.out_width, M, true);
+  auto merger = [&](const std::string& m, bool post_shuffle) {
+    Merger g;
+    g.post_shuffle = post_shuffle;
+    const int64_t n = post_shuffle ? M : W;
+    g.norm_w = l.norm(m + (qwen3 ? "norm.weight" : "ln_q.weight"), n);
+    if (!rms) g.norm_b = l.norm(m + (qwen3 ? "norm.bias" : "ln_q.bias"), n);
+    g.fc1 = l.linear(m + (qwen3 ? "linear_fc1" : "mlp.0"), M, M, true);
+    g.fc2 = l.linear(m + (qwen3 ? "linear_fc2" : "mlp.2"), c.out_width, M, true);
+    return g;
+  };
+  t->merger_ = merger(p + "merger.", false);
+  for (size_t j = 0; j < c.deepstack_visual_indexes.size(); ++j) {
+    t->deepstack_.emplace_back(
+        c.deepstack_visual_indexes[j],
+        merger(p + "deepstack_merger_list." + std::to_string(j) + ".", true));
+  }
   // Qwen2VLVisionRotaryEmbedding: inv_freq = 1 / theta^(arange(0, d, 2) / d), d = head_dim / 2,
-  // in float32; the cos/sin rows are [h freqs | w freqs], repeated for rotate_half.
+  // in float32; the cos/sin rows are [h freqs | w freqs], repeated for rotate_half (Qwen3-VL's
+  // axial rope is the same table).
   const int64_t spatial = c.head_dim / 2, quarter = spatial / 2;
   std::vector<float> inv(static_cast<size_t>(spatial));
   std::vector<int32_t> axes(static_cast<size_t>(spatial));
@@ -182,6 +252,12 @@ void VisionTower::record(Graph& g, Tensor pixels, Tensor out) const {
     g.add(node::Linear{.x = ordered, .w = &patch_embed_, .y = h});
   } else {
     g.add(node::Linear{.x = pixels, .w = &patch_embed_, .y = h});
+  }
+  if (pos_embed_.data() != nullptr) {  // + the learned positions, interpolated to the grid
+    g.add(node::TapSum{.out = h,
+                       .table = pos_embed_.data(),
+                       .table_rows = c.num_position_embeddings,
+                       .n_taps = 4});
   }
   {
     const Graph::Scope scope(g, "rotary");
@@ -230,22 +306,39 @@ void VisionTower::record(Graph& g, Tensor pixels, Tensor out) const {
     }
     g.add(node::Linear{.x = mlp, .w = &b.fc2, .y = delta});
     g.add(node::Add{.x = delta, .y = h});
+    for (size_t j = 0; j < deepstack_.size(); ++j) {
+      if (deepstack_[j].first != static_cast<int64_t>(i)) continue;
+      const Graph::Scope ds(g, "deepstack_merger_list." + std::to_string(j));
+      record_merger(g, deepstack_[j].second, h,
+                    out.cols(c.out_width * static_cast<int64_t>(j + 1), c.out_width), windows);
+    }
   }
   const Graph::Scope scope(g, "merger");
-  const int64_t M = c.merge_rows() * W;
-  const Tensor x = g.buffer("x", W);
+  record_merger(g, merger_, h, out.cols(0, c.out_width), windows);
+}
+
+void VisionTower::record_merger(Graph& g, const Merger& m, Tensor h, Tensor out,
+                                bool windows) const {
+  const VisionConfig& c = config_;
+  const int64_t W = c.width, M = c.merge_rows() * W;
   const Tensor merged = g.buffer("merged", M, RowSpace::kMerged);
   const Tensor hidden = g.buffer("hidden", M, RowSpace::kMerged);
-  norm(g, h, x, ln_q_w_, ln_q_b_);
-  g.add(node::MergeRows{.x = x, .out = merged});
-  g.add(node::Linear{.x = merged, .w = &merger_fc1_, .y = hidden});
+  if (m.post_shuffle) {  // the merge, then the norm over merge^2 width
+    g.add(node::MergeRows{.x = h, .out = merged});
+    norm(g, merged, merged, m.norm_w, m.norm_b);
+  } else {
+    const Tensor x = g.buffer("x", W);
+    norm(g, h, x, m.norm_w, m.norm_b);
+    g.add(node::MergeRows{.x = x, .out = merged});
+  }
+  g.add(node::Linear{.x = merged, .w = &m.fc1, .y = hidden});
   g.add(node::Activate{.x = hidden, .out = hidden, .act = Activation::kGelu});  // nn.GELU()
   if (windows) {  // back to the original order
     const Tensor ordered = g.buffer("out_windowed", c.out_width, RowSpace::kMerged);
-    g.add(node::Linear{.x = hidden, .w = &merger_fc2_, .y = ordered});
+    g.add(node::Linear{.x = hidden, .w = &m.fc2, .y = ordered});
     g.add(node::GatherRows{.x = ordered, .out = out, .list = node::RowList::kMergedInverse});
   } else {
-    g.add(node::Linear{.x = hidden, .w = &merger_fc2_, .y = out});
+    g.add(node::Linear{.x = hidden, .w = &m.fc2, .y = out});
   }
 }
 

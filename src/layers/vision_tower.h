@@ -20,13 +20,22 @@
 // windows of (window_size / merge / patch)^2 merged patches (the pixel rows gathered in that
 // order; the rotary positions follow), every block but fullatt_block_indexes attends within its
 // window, and the merged rows go back to the original order at the end.
-// Qwen3-VL / Qwen3.5's towers (learned position embeddings, deepstack) are not built yet: load()
-// refuses them naming the model type.
+// Qwen3-VL (Qwen3VLVisionModel): Qwen2-VL's LayerNorm blocks with a GELU(tanh) MLP
+// (mlp.linear_fc1 / linear_fc2) and a Conv3d patch embedding with bias, plus learned position
+// embeddings (pos_embed [side^2, width]) resampled to each item's (h, w) grid by
+// align_corners bilinear interpolation (4 taps per patch: vision_pass_layout's pos_taps and
+// pos_weights, one tap_sum node) and added to the patch embedding; the merger is norm /
+// linear_fc1 / GELU / linear_fc2. After each block in deepstack_visual_indexes a deepstack
+// merger (deepstack_merger_list.j: the merge first, then a LayerNorm over merge^2 width) writes
+// its features; out's row for a merged patch is [merger | deepstack 0 | deepstack 1 | ...]
+// (out_cols() wide), the language model adds deepstack j to layer j's input at the placeholder
+// rows. Qwen3.5 (Qwen3_5VisionModel): the same tower without deepstack mergers.
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -49,11 +58,17 @@ struct VisionPassLayout {
   std::vector<int32_t> window_rows;
   std::vector<int32_t> merged_inverse;
   std::vector<int32_t> cu_window_seqlens;
+  // With a learned position table (transformers' get_vision_interpolation_indices_and_weights,
+  // bilinear, align_corners): [n_rows * 4] taps (h_tap * side + w_tap) and their weights.
+  std::vector<int32_t> pos_taps;
+  std::vector<float> pos_weights;
 };
 // `window`: merged patches per window side (window_size / merge / patch_size), 0 for none.
 // Throws Error naming the grid when a size is not positive or h, w are not multiples of merge.
+// `pos_side`: the side of a learned square position table to interpolate (Qwen3-VL), 0 for
+// none; pos_taps / pos_weights then hold 4 (table row, weight) pairs per row.
 VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grids, int64_t merge,
-                                    int64_t window = 0);
+                                    int64_t window = 0, int64_t pos_side = 0);
 
 class VisionTower {
  public:
@@ -64,6 +79,12 @@ class VisionTower {
   const VisionConfig& config() const { return config_; }
   // Merged patches per attention window side (Qwen2.5-VL), 0 without window attention.
   int64_t window() const;
+  // The side of the learned position table (Qwen3-VL / Qwen3.5), 0 without one.
+  int64_t pos_side() const;
+  // The width of out's rows: out_width for the merger, once more per deepstack merger.
+  int64_t out_cols() const {
+    return config_.out_width * (1 + static_cast<int64_t>(deepstack_.size()));
+  }
   // Records the tower: `pixels` ([rows, patch_dim]) to `out` ([kMerged rows, out_width]).
   void record(Graph& g, Tensor pixels, Tensor out) const;
 
@@ -72,21 +93,33 @@ class VisionTower {
     DeviceFloats norm1_w, norm1_b, norm2_w, norm2_b;  // biases: LayerNorm towers only
     WeightTensor qkv;                                 // [3 width, width] + bias
     WeightTensor proj;                                // [width, width] + bias
-    WeightTensor fc1;            // [mlp_width, width] + bias (Qwen2.5-VL: gate_proj)
-    WeightTensor up;             // Qwen2.5-VL: up_proj [mlp_width, width] + bias
-    WeightTensor fc2;            // [width, mlp_width] + bias (Qwen2.5-VL: down_proj)
+    WeightTensor fc1;  // [mlp_width, width] + bias (Qwen2.5-VL: gate_proj, Qwen3: linear_fc1)
+    WeightTensor up;   // Qwen2.5-VL: up_proj [mlp_width, width] + bias
+    WeightTensor fc2;  // [width, mlp_width] + bias (Qwen2.5-VL: down_proj)
     bool full_attention = true;  // Qwen2.5-VL: in fullatt_block_indexes
   };
-  // A LayerNorm (Qwen2-VL) or RMSNorm (Qwen2.5-VL) node.
+  // A patch merger: the main one (its norm over width, before the merge) or a deepstack one
+  // (Qwen3-VL: the norm over merge^2 width, after it).
+  struct Merger {
+    DeviceFloats norm_w, norm_b;  // [width] or [merge^2 width] (post-shuffle); norm_b: LayerNorm
+    WeightTensor fc1;             // [merge^2 width, merge^2 width] + bias
+    WeightTensor fc2;             // [out_width, merge^2 width] + bias
+    bool post_shuffle = false;
+  };
+  // A LayerNorm (Qwen2-VL, Qwen3) or RMSNorm (Qwen2.5-VL) node.
   void norm(Graph& g, Tensor x, Tensor out, const DeviceFloats& w, const DeviceFloats& b) const;
+  // Records merger `m` over the stream `h` into `out` (kMerged rows, out_width).
+  void record_merger(Graph& g, const Merger& m, Tensor h, Tensor out, bool windows) const;
 
   VisionConfig config_;
   Activation act_ = Activation::kQuickGelu;
-  WeightTensor patch_embed_;  // [width, patch_dim], no bias
+  WeightTensor patch_embed_;  // [width, patch_dim] (+ bias: Qwen3)
+  DeviceFloats patch_bias_;   // Qwen3: patch_embed.proj.bias [width] (patch_embed_.bias)
+  DeviceFloats pos_embed_;    // Qwen3: pos_embed.weight [side^2, width]
   std::vector<Block> blocks_;
-  DeviceFloats ln_q_w_, ln_q_b_;  // ln_q_b_: LayerNorm towers only
-  WeightTensor merger_fc1_;       // mlp.0: [merge^2 width, merge^2 width] + bias
-  WeightTensor merger_fc2_;       // mlp.2: [out_width, merge^2 width] + bias
+  Merger merger_;  // Qwen2: ln_q, mlp.0, mlp.2; Qwen3: norm, linear_fc1, linear_fc2
+  // Qwen3-VL: (block index, its deepstack merger), ascending block index.
+  std::vector<std::pair<int64_t, Merger>> deepstack_;
   // The 2-D rotary's rope_rows inputs: [h freqs | w freqs], each head_dim / 4.
   DeviceFloats inv_freq_;
   DeviceArray<int32_t> axes_;

@@ -1,10 +1,13 @@
-// qwen2_vl and qwen2_5_vl (transformers' modeling_qwen2_vl / _qwen2_5_vl): the language model
+// qwen2_vl, qwen2_5_vl and qwen3_vl (transformers' modeling_qwen2_vl / _qwen2_5_vl / _qwen3_vl):
+// the language model
 // of Qwen2-VL and Qwen2.5-VL is Qwen2's decoder
 // (q/k/v with bias, o_proj without, a dense SwiGLU MLP) with a sectioned multimodal rope
 // (mrope_section: the first frequencies follow t, the next h, the rest w). Checkpoints ship it
 // as transformers writes them: the language model under model.* (model.language_model.* in
 // checkpoints re-saved with the in-memory names) and lm_head.weight, the vision tower under
 // visual.* (or model.visual.*), which the engine loads separately (engine/vision_encoder.h).
+// Qwen3-VL's is Qwen3's decoder (q/k norms, no biases) with the interleaved multimodal rope,
+// under model.language_model.*; the engine sets Architecture::deepstack from its tower.
 #include "layers/attention.h"
 #include "layers/ffn.h"
 #include "models/decoder_stack.h"

@@ -768,7 +768,7 @@ bool Scheduler::build_step() {
       a.chunk_rows.clear();
       for (auto e = first; e != end; ++e) a.chunk_rows.push_back(*e - static_cast<int32_t>(have));
       if (!a.chunk_rows.empty()) {
-        const int64_t H = model_.config().hidden_size;
+        const int64_t H = model_.injected_cols();  // hidden_size, and any deepstack features
         item.embeds = ConstRows{a.mm->embeds.data() + (first - er.begin()) * H,
                                 static_cast<int64_t>(a.chunk_rows.size()), H, H};
         item.embed_rows = a.chunk_rows;

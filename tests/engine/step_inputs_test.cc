@@ -156,7 +156,8 @@ TEST(InjectedEmbeddings, BadInjectionsAreRefused) {
                 it.embed_rows = one;
               });
             }),
-            "step: item 0's injected embeddings are 63 wide; the model's hidden size is 64");
+            "step: item 0's injected embeddings are 63 wide; the model takes 64 (hidden size 64, 0 "
+            "deepstack features)");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // Images and a video through the whole tiny Qwen2-VL (tests/data/fixtures/qwen2_vl_f32), and
-// images through the tiny Qwen2.5-VL (qwen2_5_vl_f32, window attention in its tower): the
+// images through the tiny Qwen2.5-VL (qwen2_5_vl_f32, window attention in its tower) and the
+// tiny Qwen3-VL (qwen3_vl_f32: deepstack features added after its first two layers) and Qwen3.5
+// (qwen3_5_vl_f32: its hybrid language model): the
 // tower's features replace the placeholder rows, M-RoPE positions come from get_rope_index's
 // equal, and the prompt's logits match transformers' forward within 1e-4 while 10 greedy tokens
 // equal transformers' generate. Prefill in chunks that cut through the placeholders; bad media
@@ -70,7 +72,9 @@ struct Case {
 TEST(VisionParity, LogitsAndGreedyEqualTransformers) {
   for (const Case& c :
        {Case{"qwen2_vl_f32", "one_image", {0}}, Case{"qwen2_vl_f32", "two_images_video", {0, 1, 2}},
-        Case{"qwen2_5_vl_f32", "one_image", {0}}, Case{"qwen2_5_vl_f32", "two_images", {0, 1}}}) {
+        Case{"qwen2_5_vl_f32", "one_image", {0}}, Case{"qwen2_5_vl_f32", "two_images", {0, 1}},
+        Case{"qwen3_vl_f32", "one_image", {0}}, Case{"qwen3_vl_f32", "two_images", {0, 1}},
+        Case{"qwen3_5_vl_f32", "one_image", {0}}, Case{"qwen3_5_vl_f32", "two_images", {0, 1}}}) {
     const Tower tower(c.fixture);
     for (int64_t max_rows : {int64_t{64}, int64_t{16}}) {  // one chunk; chunks cutting the media
       SCOPED_TRACE(::testing::Message() << c.fixture << " " << c.name << " max_rows " << max_rows);
@@ -198,6 +202,28 @@ TEST(VisionParity, BadTowerCheckpointsAreRefused) {
       return checkpoint && name != "visual.blocks.1.mlp.fc2.bias";
     });
     testing::expect_has(testing::load_error(c), "visual.blocks.1.mlp.fc2.bias");
+  }
+  // Qwen3-VL: the learned position table, the deepstack mergers and the patch bias.
+  {
+    testing::CheckpointCopy c("qwen3_vl_f32");
+    c.replace_in_config("\"num_position_embeddings\": 16", "\"num_position_embeddings\": 25");
+    testing::expect_has(testing::load_error(c), "model.visual.pos_embed.weight");
+  }
+  {
+    testing::CheckpointCopy c("qwen3_vl_f32");
+    c.rewrite([](const std::string& name) {  // tower.safetensors' references dropped too
+      return (name.starts_with("model.") || name == "lm_head.weight") &&
+             name != "model.visual.deepstack_merger_list.1.norm.weight";
+    });
+    testing::expect_has(testing::load_error(c), "model.visual.deepstack_merger_list.1.norm.weight");
+  }
+  {
+    testing::CheckpointCopy c("qwen3_vl_f32");
+    c.rewrite([](const std::string& name) {
+      return (name.starts_with("model.") || name == "lm_head.weight") &&
+             name != "model.visual.patch_embed.proj.bias";
+    });
+    testing::expect_has(testing::load_error(c), "model.visual.patch_embed.proj.bias");
   }
 }
 

@@ -1,7 +1,9 @@
-// The Qwen2-VL and Qwen2.5-VL vision towers against transformers (tests/data/fixtures/
-// qwen2_vl_f32 and qwen2_5_vl_f32 /tower.safetensors, from tools/fixtures/models/
+// The Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5 vision towers against transformers
+// (tests/data/fixtures/ qwen2_vl_f32, qwen2_5_vl_f32, qwen3_vl_f32 and qwen3_5_vl_f32
+// /tower.safetensors, from tools/fixtures/models/
 // vision_tower_fixtures.py): two images of different sizes and a two-frame video in one pass,
-// the merged output within 1e-4 absolute (f32; the values reach 6). Items alone equal their rows
+// the merged output (and Qwen3-VL's deepstack features) within 1e-4 absolute (f32; the values
+// reach 6). Items alone equal their rows
 // of the batched pass, bit for bit; bad calls are refused.
 #include "engine/vision_encoder.h"
 
@@ -51,18 +53,23 @@ class VisionTowerTest : public ::testing::TestWithParam<const char*> {
         loader_(checkpoint_, backend_, WeightPlacement::kCopy, nullptr),
         config_(load_vision_config(dir_)),
         ref_(dir_) {
-    encoder_ = VisionEncoder::load(config_, loader_, backend_, "visual.", 256);
+    // transformers 5 saves Qwen3-VL's tower under model.visual. (Qwen2-VL's: visual.).
+    prefix_ =
+        checkpoint_.find("visual.patch_embed.proj.weight") != nullptr ? "visual." : "model.visual.";
+    encoder_ = VisionEncoder::load(config_, loader_, backend_, prefix_, 256);
   }
 
   std::vector<float> encode(std::span<const std::array<int64_t, 3>> grids, const float* pixels,
                             int64_t n) {
-    std::vector<float> out(static_cast<size_t>(n / 4 * config_.out_width));
+    const int64_t w = encoder_->out_cols();
+    std::vector<float> out(static_cast<size_t>(n / 4 * w));
     encoder_->encode(grids, ConstRows{pixels, n, config_.patch_dim(), config_.patch_dim()},
-                     Rows{out.data(), n / 4, config_.out_width, config_.out_width});
+                     Rows{out.data(), n / 4, w, w});
     return out;
   }
 
   std::string dir_;
+  std::string prefix_;
   ThreadPool pool_;
   CpuBackend backend_;
   Checkpoint checkpoint_;
@@ -74,35 +81,47 @@ class VisionTowerTest : public ::testing::TestWithParam<const char*> {
 
 TEST_P(VisionTowerTest, EqualsTransformersWithin1e4) {
   // Every tower tensor is claimed; what is left is the language model's.
-  loader_.ignore_prefix("model.");
-  loader_.ignore("lm_head.weight");
+  for (const CheckpointTensor& t : checkpoint_.tensors()) {
+    if (!t.name().starts_with(prefix_)) loader_.ignore(std::string(t.name()));
+  }
   loader_.check_all_claimed();
   const auto grids = ref_.grids();
   ASSERT_EQ(grids.size(), 3u);
   const std::vector<float> pixels = ref_.floats("pixel_values");
   const int64_t n = static_cast<int64_t>(pixels.size()) / config_.patch_dim();
   ASSERT_EQ(n, 128);
-  const std::vector<float> merged = encode(grids, pixels.data(), n);
-  const std::vector<float> want = ref_.floats("merged");
-  ASSERT_EQ(merged.size(), want.size());
-  EXPECT_LE(testing::max_abs_diff(merged.data(), want.data(), want.size()), 1e-4f);
-  float scale = 0;
-  for (float v : want) scale = std::max(scale, std::abs(v));
-  EXPECT_GT(scale, 1.0f);  // O(1) outputs: a wrong op moves them by O(1)
+  const std::vector<float> out = encode(grids, pixels.data(), n);
+  // Columns [k out_width, (k + 1) out_width): the merger (k = 0), then deepstack k - 1.
+  const int64_t w = config_.out_width, cols = encoder_->out_cols();
+  ASSERT_EQ(cols, w * static_cast<int64_t>(1 + config_.deepstack_visual_indexes.size()));
+  for (int64_t k = 0; k < cols / w; ++k) {
+    SCOPED_TRACE(k);
+    const std::vector<float> want =
+        ref_.floats(k == 0 ? std::string("merged") : "deepstack." + std::to_string(k - 1));
+    ASSERT_EQ(static_cast<int64_t>(want.size()), n / 4 * w);
+    std::vector<float> got;
+    for (int64_t r = 0; r < n / 4; ++r)
+      got.insert(got.end(), out.begin() + r * cols + k * w, out.begin() + r * cols + (k + 1) * w);
+    EXPECT_LE(testing::max_abs_diff(got.data(), want.data(), want.size()), 1e-4f);
+    float scale = 0;
+    for (float v : want) scale = std::max(scale, std::abs(v));
+    EXPECT_GT(scale, 1.0f);  // O(1) outputs: a wrong op moves them by O(1)
+  }
 }
 
 TEST_P(VisionTowerTest, AnItemAloneEqualsItsRowsOfTheBatch) {
   const auto grids = ref_.grids();
   const std::vector<float> pixels = ref_.floats("pixel_values");
   const std::vector<float> all = encode(grids, pixels.data(), 128);
+  const int64_t w = encoder_->out_cols();
   // The second image (patches 48..95, merged rows 12..23) alone.
   const std::vector<std::array<int64_t, 3>> second = {grids[1]};
   const std::vector<float> alone = encode(second, pixels.data() + 48 * config_.patch_dim(), 48);
-  EXPECT_EQ(alone, std::vector<float>(all.begin() + 12 * 32, all.begin() + 24 * 32));
+  EXPECT_EQ(alone, std::vector<float>(all.begin() + 12 * w, all.begin() + 24 * w));
   // The video alone.
   const std::vector<std::array<int64_t, 3>> video = {grids[2]};
   const std::vector<float> v = encode(video, pixels.data() + 96 * config_.patch_dim(), 32);
-  EXPECT_EQ(v, std::vector<float>(all.begin() + 24 * 32, all.end()));
+  EXPECT_EQ(v, std::vector<float>(all.begin() + 24 * w, all.end()));
 }
 
 TEST_P(VisionTowerTest, BadCallsAreRefused) {
@@ -129,7 +148,31 @@ TEST_P(VisionTowerTest, BadCallsAreRefused) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Towers, VisionTowerTest,
-                         ::testing::Values("qwen2_vl_f32", "qwen2_5_vl_f32"));
+                         ::testing::Values("qwen2_vl_f32", "qwen2_5_vl_f32", "qwen3_vl_f32",
+                                           "qwen3_5_vl_f32"));
+
+// Qwen3-VL's learned positions (get_vision_interpolation_indices_and_weights, bilinear,
+// align_corners): a 4 x 4 table onto a 2 x 4 grid. Row 1 is patch (h 0, w 1): src_h 0 (taps
+// 0, 1 with weights 1, 0), src_w 1 (w tap 1 exactly: weights 1, 0 onto columns 1, 2).
+TEST(VisionPassLayout, LearnedPositionsInterpolateBilinearly) {
+  const std::vector<std::array<int64_t, 3>> g = {{1, 2, 4}};
+  const VisionPassLayout p = vision_pass_layout(g, 2, 0, 4);
+  ASSERT_EQ(p.pos_taps.size(), 32u);
+  EXPECT_EQ(std::vector<int32_t>(p.pos_taps.begin() + 4, p.pos_taps.begin() + 8),
+            (std::vector<int32_t>{1, 2, 5, 6}));
+  EXPECT_EQ(std::vector<float>(p.pos_weights.begin() + 4, p.pos_weights.begin() + 8),
+            (std::vector<float>{1.0f, 0.0f, 0.0f, 0.0f}));
+  // Row 2 is (h 1, w 0): src_h = 1 * 3 / 1 = 3, the last table row (taps clamped to 3).
+  EXPECT_EQ(std::vector<int32_t>(p.pos_taps.begin() + 8, p.pos_taps.begin() + 12),
+            (std::vector<int32_t>{12, 13, 12, 13}));
+  // Row 4 is (h 0, w 2): src_w = 2 * 3 / 3 = 2.
+  EXPECT_EQ(p.pos_taps[16], 2);
+  for (size_t r = 0; r < 8; ++r) {
+    float sum = 0;
+    for (size_t k = 0; k < 4; ++k) sum += p.pos_weights[r * 4 + k];
+    EXPECT_EQ(sum, 1.0f) << r;
+  }
+}
 
 // Qwen2.5-VL's windows (get_vision_window_index): a 2 x 3 merged grid in 2 x 2 windows is one
 // full window and one of 2 merged patches; the padded windows below are empty and dropped.

@@ -61,6 +61,7 @@ class CpuBackend final : public Backend {
   void do_activation(const ActivationArgs& a) override;
   void do_varlen_attention(const VarlenAttentionArgs& a) override;
   void do_merge_rows(ConstRows x, Rows out) override;
+  void do_tap_sum(const TapSumArgs& a) override;
   void do_segment_sum(ConstRows x, std::span<const int32_t> offsets, Rows out) override;
   void do_token_overlay(const TokenOverlayArgs& a) override;
   void do_head_overlay(const HeadOverlayArgs& a) override;

@@ -172,4 +172,25 @@ void CpuBackend::do_merge_rows(ConstRows x, Rows out) {
   });
 }
 
+void CpuBackend::do_tap_sum(const TapSumArgs& a) {
+  const int64_t C = a.out.n_cols, K = a.n_taps;
+  constexpr int64_t kBlock = 64;  // the taps' sum per column block, on the stack
+  pool_->parallel_for(static_cast<size_t>(a.out.n_rows), [&](size_t b, size_t e, int) {
+    for (auto r = static_cast<int64_t>(b); r < static_cast<int64_t>(e); ++r) {
+      float* o = a.out.row(r);
+      for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
+        const int64_t n = std::min(kBlock, C - c0);
+        float acc[kBlock] = {};
+        for (int64_t k = 0; k < K; ++k) {
+          const auto i = static_cast<size_t>(r * K + k);
+          const float w = a.weights[i];
+          const float* t = a.table + int64_t{a.taps[i]} * C + c0;
+          for (int64_t c = 0; c < n; ++c) acc[c] += w * t[c];
+        }
+        for (int64_t c = 0; c < n; ++c) o[c0 + c] += acc[c];
+      }
+    }
+  });
+}
+
 }  // namespace metrale

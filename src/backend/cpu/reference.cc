@@ -332,4 +332,17 @@ void sigmoid_mul(const SigmoidMulArgs& a) {
   }
 }
 
+void tap_sum(const TapSumArgs& a) {
+  for (int64_t r = 0; r < a.out.n_rows; ++r) {
+    for (int64_t c = 0; c < a.out.n_cols; ++c) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < a.n_taps; ++k) {
+        const auto i = static_cast<size_t>(r * a.n_taps + k);
+        acc += double{a.weights[i]} * a.table[int64_t{a.taps[i]} * a.out.n_cols + c];
+      }
+      a.out.row(r)[c] = static_cast<float>(a.out.row(r)[c] + acc);
+    }
+  }
+}
+
 }  // namespace metrale::cpu::reference

@@ -58,5 +58,7 @@ void layer_norm(const LayerNormArgs& a);
 
 // Same contract as Backend::varlen_attention: scores, softmax and weighted values in double.
 void varlen_attention(const VarlenAttentionArgs& a);
+// Same contract as Backend::tap_sum: each row's weighted taps summed in double.
+void tap_sum(const TapSumArgs& a);
 
 }  // namespace metrale::cpu::reference

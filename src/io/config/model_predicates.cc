@@ -67,6 +67,15 @@ constexpr ModelTypeTraits kTypes[] = {
    .max_position_default = 32768, .bos_default = std::nullopt, .eos_default = std::nullopt,
    .sliding = kQwenMaxWindow, .qkv_bias = kConfig, .out_bias = kConfig, .qk_norm = true,
    .output_gate = false, .vanilla_norm = true, .has_mlp_bias_field = false},
+  // Qwen3VLTextConfig (text model "qwen3_vl_text"): Qwen3's decoder (q/k norms) with the
+  // interleaved multimodal rope, default_theta 5e5; the deepstack features come from the tower.
+  {.model_type = "qwen3_vl", .modeling_class = "Qwen3VLTextDecoderLayer", .family = kDense,
+   .nested_text_config = true, .moe = false, .head_dim_default = kFixed, .head_dim_fixed = 128,
+   .kv_heads_default_to_heads = true, .partial_rotary_default = 1.0, .rms_norm_eps_default = 1e-6,
+   .max_position_default = 128000, .bos_default = std::nullopt, .eos_default = std::nullopt,
+   .sliding = kNone, .qkv_bias = kConfig, .out_bias = kConfig, .qk_norm = true,
+   .output_gate = false, .vanilla_norm = true, .has_mlp_bias_field = false,
+   .rope_theta_default = 5e5},
   {.model_type = "qwen3_moe", .modeling_class = "Qwen3MoeDecoderLayer", .family = kQwenMoe,
    .nested_text_config = false, .moe = true, .head_dim_default = kHiddenOverHeads, .head_dim_fixed = 0,
    .kv_heads_default_to_heads = false, .partial_rotary_default = 1.0, .rms_norm_eps_default = 1e-6,

@@ -55,10 +55,13 @@ void parse_yarn(const JsonFields& d, int64_t max_position_embeddings, RopeConfig
 }
 
 void parse_mrope(const JsonFields& d, const ModelTypeTraits& traits, RopeConfig& rope) {
-  // Qwen3_5TextRotaryEmbedding: mrope_section defaults to [11, 11, 10], and the frequencies are
-  // always recomposed interleaved (stride 3) whatever mrope_interleaved says.
+  // Qwen3_5TextRotaryEmbedding: mrope_section defaults to [11, 11, 10] (Qwen3VLTextRotaryEmbedding:
+  // [24, 20, 20]), and the frequencies are always recomposed interleaved (stride 3) whatever
+  // mrope_interleaved says.
+  const bool qwen3_vl = traits.model_type == "qwen3_vl";
   rope.mrope_section =
-      d.opt_int_list("mrope_section", 0).value_or(std::vector<int64_t>{11, 11, 10});
+      d.opt_int_list("mrope_section", 0)
+          .value_or(qwen3_vl ? std::vector<int64_t>{24, 20, 20} : std::vector<int64_t>{11, 11, 10});
   if (rope.mrope_section.size() != 3) {
     throw d.error("mrope_section", "expected 3 entries (t, h, w), found ",
                   rope.mrope_section.size());
@@ -73,7 +76,8 @@ void parse_mrope(const JsonFields& d, const ModelTypeTraits& traits, RopeConfig&
                   " frequency slots, but the rotary dim ", rope.rotary_dim, " has ",
                   rope.rotary_dim / 2);
   }
-  if (!d.bool_or("mrope_interleaved", true)) {
+  // Qwen3-VL's configs may leave mrope_interleaved out or false: its rope ignores the field.
+  if (!qwen3_vl && !d.bool_or("mrope_interleaved", true)) {
     throw d.error("mrope_interleaved", "expected true: ", traits.modeling_class,
                   "'s rotary embedding only implements the interleaved layout, found false");
   }
@@ -189,7 +193,8 @@ RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int
                   "\" is not supported (supported: default, linear, llama3, yarn)");
   }
 
-  if (traits.model_type.starts_with("qwen3_5")) parse_mrope(d, traits, rope);
+  if (traits.model_type.starts_with("qwen3_5") || traits.model_type == "qwen3_vl")
+    parse_mrope(d, traits, rope);
   if (qwen2_vl) parse_sectioned_mrope(d, rope);
   // DeepseekV3Config.rope_interleave (default True): apply_rotary_pos_emb_interleave.
   if (traits.model_type == "deepseek_v3")

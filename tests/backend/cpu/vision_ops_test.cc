@@ -1,7 +1,7 @@
 // The vision towers' ops: layer_norm, plain activations (GELU erf / tanh, quick GELU, SiLU),
-// non-causal variable-length attention and merge_rows. SIMD kernels on every target against
-// the scalar references; the backend ops' results independent of the thread count and of the
-// other segments; bad arguments refused.
+// non-causal variable-length attention, merge_rows and tap_sum. SIMD kernels on every target
+// against the scalar references; the backend ops' results independent of the thread count and of
+// the other segments; bad arguments refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -219,6 +219,52 @@ TEST(MergeRows, GroupsConsecutiveRowsSideBySide) {
               be.merge_rows(ConstRows{x.data(), n, c, c}, rows_of(out.data(), 3, 4 * c));
             }),
             "merge_rows: [8, 5] does not regroup into [3, 20]");
+}
+
+TEST(TapSum, MatchesReferenceAndAddsToOut) {
+  ThreadPool pool(2);
+  CpuBackend be(pool);
+  for (const int64_t c : {int64_t{1}, int64_t{17}, int64_t{64}, int64_t{129}}) {
+    const int64_t n = 9, k = 4, table_rows = 16;
+    const auto table = testing::random_vector(static_cast<size_t>(table_rows * c), 5);
+    const auto w = testing::random_vector(static_cast<size_t>(n * k), 6);
+    std::vector<int32_t> taps(static_cast<size_t>(n * k));
+    for (size_t i = 0; i < taps.size(); ++i) taps[i] = static_cast<int32_t>((i * 7 + 3) % 16);
+    const auto start = testing::random_vector(static_cast<size_t>(n * c), 7);
+    std::vector<float> got = start, want = start;
+    const TapSumArgs a{.table = table.data(),
+                       .table_rows = table_rows,
+                       .taps = taps,
+                       .weights = w,
+                       .n_taps = k,
+                       .out = rows_of(got.data(), n, c)};
+    be.tap_sum(a);
+    TapSumArgs ra = a;
+    ra.out = rows_of(want.data(), n, c);
+    cpu::reference::tap_sum(ra);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5f) << c << " " << i;
+    // Row 0 by hand: its taps' weighted sum added to what out held.
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum += w[j] * table[taps[j] * c];
+    EXPECT_EQ(got[0], start[0] + sum);
+  }
+}
+
+TEST(TapSum, BadArgumentsAreRefused) {
+  ThreadPool pool(1);
+  CpuBackend be(pool);
+  std::vector<float> table(8), out(4), w(4, 0.25f);
+  std::vector<int32_t> taps = {0, 1, 2, 4};
+  TapSumArgs a{.table = table.data(),
+               .table_rows = 4,
+               .taps = taps,
+               .weights = w,
+               .n_taps = 4,
+               .out = rows_of(out.data(), 1, 2)};
+  EXPECT_EQ(test::error_of([&] { be.tap_sum(a); }), "tap_sum: tap 3 names row 4 of the table's 4");
+  a.weights = std::span<const float>(w).first(3);
+  EXPECT_EQ(test::error_of([&] { be.tap_sum(a); }),
+            "tap_sum: expected 4 taps and weights (1 rows x 4), found 4 and 3");
 }
 
 }  // namespace
