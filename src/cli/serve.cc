@@ -308,6 +308,9 @@ void setup(CLI::App& app) {
   cmd->add_option("--max-embedding-seqs", f->max_embedding_seqs,
                   "embedding inputs prefilled at once beside the --max-seqs streams")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  cmd->add_option("--max-grammar-bytes", f->http.max_grammar_bytes,
+                  "structured outputs: the largest schema / regex / grammar a request may bring")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--http-threads", f->http.threads,
                   "connections served at once (each streaming client holds one)")
       ->check(CLI::Range(2, 4096));

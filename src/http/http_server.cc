@@ -18,6 +18,7 @@
 
 #include <httplib.h>
 
+#include "engine/session.h"
 #include "http/lifecycle.h"
 #include "http/openai_api.h"
 #include "http/openai_embeddings.h"
@@ -177,6 +178,12 @@ struct HttpServer::Impl {
   std::map<std::pair<std::string, std::string>, int64_t> finishes;  // (endpoint, reason)
   std::atomic<int64_t> client_disconnects{0};
 
+  // Structured outputs: the compiler over the model's tokenizer, made at the first request
+  // that needs it (its vocabulary tables take a moment for a 150k vocabulary).
+  std::once_flag grammar_once;
+  std::unique_ptr<GrammarCompiler> grammar_compiler;
+  std::shared_ptr<const CompiledGrammar> compile_grammar(const GrammarSpec& spec);
+
   Impl(Scheduler& s, std::optional<chat::ChatTemplate> t, HttpServerOptions o)
       : scheduler(s),
         model(s.model()),
@@ -306,6 +313,34 @@ std::vector<int32_t> HttpServer::Impl::encode_prompt(const OpenAiRequest& r,
   return tok.encode(rendered, /*add_special_tokens=*/false);
 }
 
+std::shared_ptr<const CompiledGrammar> HttpServer::Impl::compile_grammar(const GrammarSpec& spec) {
+  if (!grammar_available()) {
+    throw ApiError(400,
+                   "field '" + spec.field +
+                       "': structured outputs are unavailable: this server was built without "
+                       "xgrammar (scripts/fetch-xgrammar.sh)",
+                   spec.field, "", "unsupported_parameter");
+  }
+  size_t bytes = spec.text.size() + spec.prefix.size() + spec.suffix.size();
+  for (const std::string& c : spec.choices) bytes += c.size();
+  if (bytes > options.max_grammar_bytes) {
+    throw ApiError(400,
+                   "field '" + spec.field + "': the grammar is " + std::to_string(bytes) +
+                       " bytes; this server takes at most " +
+                       std::to_string(options.max_grammar_bytes) + " (--max-grammar-bytes)",
+                   spec.field);
+  }
+  std::call_once(grammar_once, [&] {
+    grammar_compiler =
+        std::make_unique<GrammarCompiler>(tok, model.vocab_size(), default_eos_ids(model));
+  });
+  try {
+    return grammar_compiler->compile(spec);
+  } catch (const Error& e) {
+    throw ApiError(400, e.message(), spec.field);
+  }
+}
+
 std::shared_ptr<ServeStream> HttpServer::Impl::submit(ServeRequest request) const {
   if (stopping) throw ApiError(503, "the server is stopping", "", "", "server_stopping");
   return scheduler.submit(std::move(request));
@@ -333,6 +368,12 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   ServeRequest s = to_serve_request(r, std::move(prompt), model.context_limit(), model.vocab_size(),
                                     reply.tool_calls);
   s.adapter = adapter;
+  if (r.forced_tool) {
+    s.grammar =
+        compile_grammar(forced_tool_call_grammar(r.tools, *r.forced_tool, reply.tool_calls));
+  } else if (r.grammar) {
+    s.grammar = compile_grammar(*r.grammar);
+  }
   Streams streams;
   try {
     for (ServeRequest& choice : choice_requests(r, std::move(s))) {

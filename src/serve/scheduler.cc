@@ -258,7 +258,8 @@ Scheduler::ActivePtr Scheduler::prepare(ServeRequest r) const {
                           .top_logprobs = r.top_logprobs,
                           .max_tokens = r.max_tokens,
                           .max_input = model_.context_limit(),
-                          .end_shows_partial_char = false};
+                          .end_shows_partial_char = false,
+                          .grammar = std::move(r.grammar)};
   auto a = std::make_unique<Active>(std::move(params), std::move(r.prompt), model_.tokenizer());
   a->adapter = std::move(r.adapter);
   a->speculative = r.speculative && spec_.on();

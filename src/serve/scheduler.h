@@ -89,6 +89,9 @@ struct ServeRequest {
   // false: this request decodes without drafts even when the server speculates (its output
   // is the same either way).
   bool speculative = true;
+  // Structured outputs: the compiled grammar every token must keep the output inside (null:
+  // unconstrained). Each choice gets a matcher of its own; it rolls back with the stream.
+  std::shared_ptr<const CompiledGrammar> grammar;
   // Set: an embedding request (/v1/embeddings). The prompt is the input and nothing is
   // generated: its final hidden states are pooled (SchedulerOptions::embedding) in the same
   // steps as the generation rows, and the last event carries the embedding. The generation
