@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/tokenizer/utf8.h"
 
 #if METRALE_HAVE_XGRAMMAR
 #include <xgrammar/xgrammar.h>
@@ -73,11 +74,17 @@ void check_keywords_at(const nlohmann::json& s, const std::string& path, const s
                        "') is supported only with \"type\": \"integer\"");
   }
   for (auto it = s.begin(); it != s.end(); ++it) {
+    const std::string& k = it.key();
     // Values that are data, not schemas.
-    if (it.key() == "enum" || it.key() == "const" || it.key() == "default" ||
-        it.key() == "examples" || it.key() == "required")
+    if (k == "enum" || k == "const" || k == "default" || k == "examples" || k == "required")
       continue;
-    check_keywords_at(it.value(), path + "/" + it.key(), field, depth + 1);
+    if ((k == "properties" || k == "$defs" || k == "definitions") && it.value().is_object()) {
+      // A map from names (which may spell a keyword) to schemas.
+      for (auto p = it.value().begin(); p != it.value().end(); ++p)
+        check_keywords_at(p.value(), path + "/" + k + "/" + p.key(), field, depth + 1);
+      continue;
+    }
+    check_keywords_at(it.value(), path + "/" + k, field, depth + 1);
   }
 }
 
@@ -124,22 +131,57 @@ class CompiledGrammar {
 
 namespace {
 
-xgrammar::VocabType detect_vocab_type(const std::vector<std::string>& vocab) {
+enum class VocabKind : uint8_t { kRaw, kByteLevel, kByteFallback };
+
+VocabKind detect_vocab_kind(const std::vector<std::string>& vocab) {
   bool byte_level = false;
   for (const std::string& t : vocab) {
-    if (t == "<0x0A>" || t == "<0x00>") return xgrammar::VocabType::BYTE_FALLBACK;
+    if (t == "<0x0A>" || t == "<0x00>") return VocabKind::kByteFallback;
     // GPT-2's byte-to-unicode map writes ' ' as U+0120 and '\n' as U+010A.
     if (t.find("\xC4\xA0") != std::string::npos || t.find("\xC4\x8A") != std::string::npos)
       byte_level = true;
   }
-  return byte_level ? xgrammar::VocabType::BYTE_LEVEL : xgrammar::VocabType::RAW;
+  return byte_level ? VocabKind::kByteLevel : VocabKind::kRaw;
+}
+
+// The bytes a vocabulary token adds to the output, as the tokenizer's decoders produce them
+// (before the UTF-8 repair of a whole decode): GPT-2's byte map undone (a token with a
+// character outside it, an added token, is its own UTF-8), SentencePiece's <0xNN> and U+2581.
+std::string token_bytes(const std::string& t, VocabKind kind) {
+  if (kind == VocabKind::kByteLevel) {
+    std::string out;
+    for (size_t i = 0; i < t.size();) {
+      char32_t c = 0;
+      i += tok::utf8_decode(t, i, &c);
+      const int b = tok::char_to_byte(c);
+      if (b < 0) return t;
+      out.push_back(static_cast<char>(b));
+    }
+    return out;
+  }
+  if (kind == VocabKind::kByteFallback) {
+    if (t.size() == 6 && t.starts_with("<0x") && t.ends_with(">")) {
+      return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+    }
+    std::string out;
+    for (size_t i = 0; i < t.size();) {
+      if (t.compare(i, 3, "\xE2\x96\x81") == 0) {
+        out += ' ';
+        i += 3;
+      } else {
+        out += t[i++];
+      }
+    }
+    return out;
+  }
+  return t;
 }
 
 // xgrammar's message without its "[hh:mm:ss] path/file.cc:line: " prefix.
 std::string engine_message(std::string m) {
   if (m.starts_with("[")) {
-    size_t close = m.find("] ");
-    size_t colon = close == std::string::npos ? close : m.find(": ", close + 2);
+    const size_t close = m.find("] ");
+    const size_t colon = close == std::string::npos ? close : m.find(": ", close + 2);
     if (colon != std::string::npos && m.find(".cc:", close) < colon) m = m.substr(colon + 2);
   }
   return m;
@@ -165,17 +207,28 @@ xgrammar::TokenizerInfo make_info(const Tokenizer& tok, int64_t vocab_size,
                 " is below the tokenizer's ", n, " ids");
   METRALE_CHECK(vocab_size <= std::numeric_limits<int>::max(), "grammar: vocabulary too large");
   std::vector<std::string> vocab(static_cast<size_t>(n));
+  std::vector<bool> added(static_cast<size_t>(n), false);
+  for (const AddedTokenInfo& a : tok.added_tokens())
+    if (a.id >= 0 && a.id < n) added[static_cast<size_t>(a.id)] = true;
   for (int64_t i = 0; i < n; ++i) {
-    int32_t id = static_cast<int32_t>(i);
+    if (std::optional<std::string> t = tok.id_to_token(static_cast<int32_t>(i)))
+      vocab[static_cast<size_t>(i)] = std::move(*t);
+  }
+  const VocabKind kind = detect_vocab_kind(vocab);
+  for (int64_t i = 0; i < n; ++i) {
+    std::string& t = vocab[static_cast<size_t>(i)];
     // Empty: xgrammar's "special" tokens, never allowed by a grammar (the eos ids are stop
     // tokens instead: allowed at an accept state).
-    if (tok.is_special(id)) continue;
-    if (std::optional<std::string> t = tok.id_to_token(id)) vocab[i] = std::move(*t);
+    if (tok.is_special(static_cast<int32_t>(i))) {
+      t.clear();
+    } else if (!added[static_cast<size_t>(i)]) {
+      t = token_bytes(t, kind);
+    }
   }
   std::vector<int32_t> stops;
   for (int32_t e : eos_ids)
     if (e >= 0 && e < vocab_size) stops.push_back(e);
-  return xgrammar::TokenizerInfo(vocab, detect_vocab_type(vocab), static_cast<int>(vocab_size),
+  return xgrammar::TokenizerInfo(vocab, xgrammar::VocabType::RAW, static_cast<int>(vocab_size),
                                  stops, false);
 }
 
@@ -206,7 +259,11 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
   try {
     switch (spec.kind) {
       case GrammarSpec::Kind::kJsonObject:
-        g = impl_->compiler.CompileBuiltinJSONGrammar();
+        // Any JSON object (OpenAI's json_object; xgrammar's builtin grammar is any value).
+        g = impl_->compiler.CompileJSONSchema(R"({"type":"object"})", /*any_whitespace=*/false,
+                                              std::nullopt,
+                                              std::make_pair(std::string(","), std::string(":")),
+                                              /*strict_mode=*/false);
         break;
       case GrammarSpec::Kind::kJsonSchema:
         check_schema_keywords(spec.text, spec.field);
