@@ -66,6 +66,12 @@ void check_keywords_at(const nlohmann::json& s, const std::string& path, const s
       throw make_error(field, ": the JSON schema keyword '", k, "' (at '",
                        path.empty() ? "#" : path, "') is not supported by structured outputs");
   }
+  if ((s.contains("pattern") || s.contains("format")) &&
+      (s.contains("minLength") || s.contains("maxLength"))) {
+    throw make_error(field, ": the JSON schema keywords 'minLength' / 'maxLength' (at '",
+                     path.empty() ? "#" : path,
+                     "') are not supported together with 'pattern' or 'format'");
+  }
   if (s.contains("multipleOf")) {
     const nlohmann::json& t = s.contains("type") ? s["type"] : nlohmann::json();
     if (!(t.is_string() && t.get<std::string>() == "integer"))
