@@ -161,6 +161,11 @@ void Generation::accept_one(int32_t token, TokenLogprob* logprob) {
     METRALE_CHECK(matcher_->accept(token), "generation: token ", token,
                   " is not allowed by the request's grammar here");
     undo_.back().matched = true;
+    // The grammar took an eos at its accept state: nothing can follow, ignore_eos or not.
+    if (matcher_->terminated()) {
+      end_ = StopReason::kEos;
+      return;
+    }
   }
   // An eos ends generation without joining the output, nor the logprobs.
   if (!p_.ignore_eos &&
