@@ -8,6 +8,8 @@ streaming, n > 1, regex and choice, forced tool calls (tool_choice "required" an
 function, on the scripted Hermes checkpoint); a request without a grammar co-batched with
 constrained ones equals itself alone; bad schemas and grammars are 400s naming the field.
 
+With --speculative ngram the constrained greedy reply equals the one without drafts.
+
 Run: build/venv/bin/python tests/python/test_structured_outputs.py (ctest runs it).
 """
 import concurrent.futures
@@ -307,6 +309,42 @@ class RandomQwen3(Constrained, unittest.TestCase):
         r = self.chat(temperature=1.0, seed=1, max_tokens=20)
         with self.assertRaises((ValueError, jsonschema.ValidationError)):
             jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMAS["enum"])
+
+
+class Speculative(unittest.TestCase):
+    """--speculative ngram: a constrained greedy reply is the same with drafts as without (row i
+    of a verify step is masked after the drafts before it were accepted, so a draft the grammar
+    rejects is never the pick and ends the accepted run)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--speculative", "ngram")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_drafts_do_not_change_a_constrained_reply(self):
+        # A repetitive prompt, so the n-gram proposer drafts.
+        prompt = "And God said, Let there be light: and there was light. " * 4
+        drafted = 0
+        for name in ("array", "refs", "nested"):
+            with self.subTest(schema=name):
+                out = []
+                for speculative in (True, False):
+                    r = self.client.completions.create(
+                        model=self.server.model, prompt=prompt, max_tokens=300, temperature=0,
+                        extra_body={"guided_json": SCHEMAS[name], "speculative": speculative})
+                    self.assertEqual(r.choices[0].finish_reason, "stop")
+                    jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS[name])
+                    out.append(r.choices[0].text)
+                    details = r.usage.completion_tokens_details
+                    if speculative and details is not None:
+                        drafted += (details.accepted_prediction_tokens or 0) + (
+                            details.rejected_prediction_tokens or 0)
+                self.assertEqual(out[0], out[1])
+        self.assertGreater(drafted, 0, "no drafts were verified")
 
 
 class ForcedToolCalls(unittest.TestCase):
