@@ -345,6 +345,9 @@ void setup(CLI::App& app) {
                   "MiB of vision-tower outputs kept by content hash (0: none), so a chat about one "
                   "image encodes it once")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_option("--max-grammar-bytes", f->http.max_grammar_bytes,
+                  "structured outputs: the largest schema / regex / grammar a request may bring")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--http-threads", f->http.threads,
                   "connections served at once (each streaming client holds one)")
       ->check(CLI::Range(2, 4096));

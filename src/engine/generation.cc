@@ -85,6 +85,7 @@ Generation::Generation(GenerationParams params, std::vector<int32_t> context,
                 p_.top_logprobs);
   for (const std::string& s : p_.stop) hold_ = std::max(hold_, s.empty() ? 0 : s.size() - 1);
   if (p_.max_tokens == 0) end_ = StopReason::kMaxTokens;
+  if (p_.grammar) matcher_.emplace(p_.grammar);
 }
 
 int32_t Generation::pick(std::span<float> row, PickScratch& scratch) {
@@ -110,6 +111,8 @@ int32_t Generation::pick(std::span<float> row, PickScratch& scratch) {
                   " is outside the vocabulary [0, ", row.size(), ")");
     row[static_cast<size_t>(id)] += bias;
   }
+  // The grammar's mask last: neither a penalty nor a bias brings back a disallowed token.
+  if (matcher_) matcher_->apply_mask(row);
   const SamplingParams& s = p_.sampling;
   // HF's repetition penalty counts the context too (its input_ids).
   const std::span<const int32_t> seen =
@@ -151,8 +154,19 @@ void Generation::accept_one(int32_t token, TokenLogprob* logprob) {
                    .tokens = pending_tokens_.size(),
                    .logprobs = pending_logprobs_.size(),
                    .joined = false,
+                   .matched = false,
                    .text = std::nullopt});
   ++completion_;
+  if (matcher_) {
+    METRALE_CHECK(matcher_->accept(token), "generation: token ", token,
+                  " is not allowed by the request's grammar here");
+    undo_.back().matched = true;
+    // The grammar took an eos at its accept state: nothing can follow, ignore_eos or not.
+    if (matcher_->terminated()) {
+      end_ = StopReason::kEos;
+      return;
+    }
+  }
   // An eos ends generation without joining the output, nor the logprobs.
   if (!p_.ignore_eos &&
       std::find(p_.eos_ids.begin(), p_.eos_ids.end(), token) != p_.eos_ids.end()) {
@@ -221,8 +235,10 @@ void Generation::rollback(size_t n) {
                 " were accepted since the last report");
   // Only the last accepted token can have ended generation, and it goes first.
   if (n > 0) end_.reset();
+  size_t matched = 0;
   for (; n > 0; --n) {
     Undo& u = undo_.back();
+    matched += u.matched ? 1 : 0;
     if (u.joined) input_.pop_back();
     // A token only appends to the text, unless it rewrote or cut it (then the text before
     // the rewrite, or before the cut, was kept: the text before the token is its start).
@@ -237,6 +253,7 @@ void Generation::rollback(size_t n) {
     --completion_;
     undo_.pop_back();
   }
+  if (matcher_) matcher_->rollback(matched);
 }
 
 GenerationDelta Generation::take(Release what) {

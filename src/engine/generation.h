@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/sampling.h"
+#include "grammar/grammar.h"
 #include "io/tokenizer/tokenizer.h"
 
 namespace metrale {
@@ -68,6 +69,10 @@ struct GenerationParams {
   // tokenizer's decode of the tokens, which Session's text is) or nothing (the server, as
   // vLLM's detokenizer).
   bool end_shows_partial_char = false;
+  // Structured outputs: the grammar the output must match (null: unconstrained). pick()
+  // masks the tokens it disallows after the penalties and logit_bias, before the sampling
+  // processors and the greedy pick; accept() advances its matcher, rollback() undoes it.
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
 
 // What take() hands over: the tokens accepted since the last take (an eos is not one), their
@@ -130,6 +135,8 @@ class Generation {
   size_t can_roll_back() const { return undo_.size(); }
   // Hands over what accept() produced since the last take().
   GenerationDelta take(Release what);
+  // The grammar's matcher (null without one).
+  const GrammarMatcher* matcher() const { return matcher_ ? &*matcher_ : nullptr; }
 
  private:
   void accept_one(int32_t token, TokenLogprob* logprob);
@@ -141,6 +148,7 @@ class Generation {
   struct Undo {
     size_t text_size, text_ids, prefix, read, emitted, tokens, logprobs;
     bool joined;                      // it went into input_ (not an eos)
+    bool matched;                     // the grammar's matcher accepted it
     std::optional<std::string> text;  // the text before a rewrite or a cut by this token
   };
 
@@ -163,6 +171,7 @@ class Generation {
   std::vector<int32_t> pending_tokens_;
   std::vector<TokenLogprob> pending_logprobs_;
   std::vector<Undo> undo_;  // one per token accepted since the last take()
+  std::optional<GrammarMatcher> matcher_;
 };
 
 }  // namespace metrale

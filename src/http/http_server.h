@@ -68,6 +68,9 @@ struct HttpServerOptions {
   MediaOptions media;
   // Limits on what a client may hold (docs/reliability.md has the table of what each guards).
   size_t max_body_bytes = size_t{16} << 20;
+  // Structured outputs: the largest schema / regex / grammar / choice list a request may bring
+  // (a 400 naming the field beyond it); compiling is the costly part.
+  size_t max_grammar_bytes = size_t{64} << 10;
   std::chrono::seconds read_timeout{30};   // a client silent this long mid-request is dropped
   std::chrono::seconds write_timeout{30};  // a client not reading this long is dropped
   int threads = 128;                       // connections served at once

@@ -178,6 +178,129 @@ void read_common(const JsonFields& f, OpenAiRequest& r) {
   field("user", [&] { return f.opt_string("user"); });  // typed, otherwise ignored
 }
 
+// The structured-output fields (both endpoints): response_format, structured_outputs and the
+// guided_* ones; at most one of them. `body` is re-read in key order for a schema (a schema's
+// property order is the order the output writes them).
+void read_structured(const json& doc, std::string_view body, OpenAiRequest& r) {
+  std::vector<std::string> given;
+  for (const char* key : {"response_format", "structured_outputs", "guided_json", "guided_regex",
+                          "guided_choice", "guided_grammar"}) {
+    if (doc.contains(key) && !doc[key].is_null()) given.emplace_back(key);
+  }
+  if (given.empty()) return;
+  if (given.size() > 1) {
+    throw bad(given[1],
+              "only one of response_format, structured_outputs and guided_* may be "
+              "given; found '" +
+                  given[0] + "' and '" + given[1] + "'");
+  }
+  const std::string& key = given[0];
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body);
+  const nlohmann::ordered_json& v = ordered[key];
+  auto schema_text = [&](const nlohmann::ordered_json& s, const std::string& where) {
+    if (s.is_string()) return s.get<std::string>();
+    if (!s.is_object() && !s.is_boolean()) {
+      throw bad(where, "expected a JSON schema (an object, or its JSON text), found " +
+                           describe_json_value(json::parse(s.dump())));
+    }
+    return s.dump();
+  };
+  auto string_of = [&](const nlohmann::ordered_json& s, const std::string& where) {
+    if (!s.is_string())
+      throw bad(where, "expected a string, found " + describe_json_value(json::parse(s.dump())));
+    if (s.get<std::string>().empty()) throw bad(where, "the string is empty");
+    return s.get<std::string>();
+  };
+  auto choices_of = [&](const nlohmann::ordered_json& s, const std::string& where) {
+    if (!s.is_array() || s.empty()) throw bad(where, "expected a non-empty list of strings");
+    std::vector<std::string> out;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (!s[i].is_string() || s[i].get<std::string>().empty())
+        throw bad(where, "item " + std::to_string(i) + ": expected a non-empty string");
+      out.push_back(s[i].get<std::string>());
+    }
+    return out;
+  };
+  GrammarSpec g;
+  g.field = key;
+  if (key == "response_format") {
+    if (!v.is_object()) throw bad(key, "expected an object");
+    if (!v.contains("type") || !v["type"].is_string())
+      throw bad(key, "expected \"type\": \"text\", \"json_object\" or \"json_schema\"");
+    const std::string type = v["type"].get<std::string>();
+    if (type == "text") return;
+    if (type == "json_object") {
+      g.kind = GrammarSpec::Kind::kJsonObject;
+    } else if (type == "json_schema") {
+      const std::string at = "response_format.json_schema";
+      if (!v.contains("json_schema") || !v["json_schema"].is_object())
+        throw bad(at, "expected an object {name, schema, strict}");
+      const nlohmann::ordered_json& js = v["json_schema"];
+      if (js.contains("strict") && !js["strict"].is_null() && !js["strict"].is_boolean())
+        throw bad(at + ".strict", "expected a boolean");
+      if (js.contains("name") && !js["name"].is_null() && !js["name"].is_string())
+        throw bad(at + ".name", "expected a string");
+      if (!js.contains("schema") || js["schema"].is_null()) {
+        g.kind = GrammarSpec::Kind::kJsonObject;  // OpenAI's: no schema is any JSON object
+      } else {
+        g.kind = GrammarSpec::Kind::kJsonSchema;
+        g.text = schema_text(js["schema"], at + ".schema");
+      }
+    } else {
+      throw bad(key, "type: expected \"text\", \"json_object\" or \"json_schema\", found \"" +
+                         type + "\"");
+    }
+  } else if (key == "structured_outputs") {
+    if (!v.is_object()) throw bad(key, "expected an object");
+    std::vector<std::string> set;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (it.value().is_null() || (it.value().is_boolean() && !it.value().get<bool>())) continue;
+      const std::string& k = it.key();
+      if (k == "json" || k == "regex" || k == "choice" || k == "grammar" || k == "json_object") {
+        set.push_back(k);
+      } else if (k == "structural_tag" || k == "whitespace_pattern" || k == "disable_fallback" ||
+                 k == "disable_any_whitespace" || k == "disable_additional_properties") {
+        throw unsupported(key + "." + k, "not supported");
+      }
+    }
+    if (set.size() != 1) {
+      throw bad(key, "expected exactly one of json, regex, choice, grammar, json_object; found " +
+                         std::to_string(set.size()));
+    }
+    const std::string& k = set[0];
+    g.field = key + "." + k;
+    if (k == "json") {
+      g.kind = GrammarSpec::Kind::kJsonSchema;
+      g.text = schema_text(v[k], g.field);
+    } else if (k == "regex") {
+      g.kind = GrammarSpec::Kind::kRegex;
+      g.text = string_of(v[k], g.field);
+    } else if (k == "choice") {
+      g.kind = GrammarSpec::Kind::kChoice;
+      g.choices = choices_of(v[k], g.field);
+    } else if (k == "grammar") {
+      g.kind = GrammarSpec::Kind::kEbnf;
+      g.text = string_of(v[k], g.field);
+    } else {
+      if (!v[k].is_boolean()) throw bad(g.field, "expected a boolean");
+      g.kind = GrammarSpec::Kind::kJsonObject;
+    }
+  } else if (key == "guided_json") {
+    g.kind = GrammarSpec::Kind::kJsonSchema;
+    g.text = schema_text(v, key);
+  } else if (key == "guided_regex") {
+    g.kind = GrammarSpec::Kind::kRegex;
+    g.text = string_of(v, key);
+  } else if (key == "guided_choice") {
+    g.kind = GrammarSpec::Kind::kChoice;
+    g.choices = choices_of(v, key);
+  } else {
+    g.kind = GrammarSpec::Kind::kEbnf;
+    g.text = string_of(v, key);
+  }
+  r.grammar = std::move(g);
+}
+
 // An assistant message's tool_calls[].function.arguments is JSON text in OpenAI's API; chat
 // templates expect the object (Qwen3.5's iterates `arguments|items`). Text that holds a JSON
 // object becomes that object, keys in order; anything else is left as it is (templates that
@@ -297,37 +420,44 @@ OpenAiRequest parse_chat_request(std::string_view body) {
     }
     r.tools = *tools;
   }
-  // tool_choice: "auto" (the default with tools) and "none" (no parsing; the tools are still
-  // rendered, as vLLM does). Forcing a call ("required", a named function) needs constrained
-  // decoding, which metrale does not have: refused rather than silently not forced.
+  // tool_choice: "auto" (the default with tools), "none" (no parsing; the tools are still
+  // rendered, as vLLM does), "required" (one call of any tool) or {"type": "function",
+  // "function": {"name": ...}}: the reply is constrained to a call (forced_tool_call_grammar).
   std::string tool_choice = "auto";
   if (const json* tc = f.find("tool_choice"); tc != nullptr && !tc->is_null()) {
     if (tc->is_object()) {
-      throw unsupported("tool_choice",
-                        "a named tool_choice needs constrained decoding, which is not supported: "
-                        "use \"auto\" or \"none\"");
-    }
-    if (!tc->is_string()) {
+      const json* type = tc->contains("type") ? &(*tc)["type"] : nullptr;
+      const json* fn = tc->contains("function") ? &(*tc)["function"] : nullptr;
+      if (type == nullptr || !type->is_string() || *type != "function" || fn == nullptr ||
+          !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
+        throw bad("tool_choice",
+                  "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+      tool_choice = "function";
+      r.forced_tool = (*fn)["name"].get<std::string>();
+      if (r.forced_tool->empty()) throw bad("tool_choice", "the function name is empty");
+    } else if (!tc->is_string()) {
       throw bad("tool_choice", "expected a string or an object, found " + describe_json_value(*tc));
+    } else {
+      tool_choice = tc->get<std::string>();
+      if (tool_choice != "auto" && tool_choice != "none" && tool_choice != "required") {
+        throw bad("tool_choice",
+                  "expected \"auto\", \"none\" or \"required\", found \"" + tool_choice + "\"");
+      }
+      if (tool_choice == "required") r.forced_tool = "";
     }
-    tool_choice = tc->get<std::string>();
-    if (tool_choice == "required") {
-      throw unsupported("tool_choice",
-                        "\"required\" needs constrained decoding, which is not supported: use "
-                        "\"auto\" or \"none\"");
-    }
-    if (tool_choice != "auto" && tool_choice != "none") {
-      throw bad("tool_choice",
-                "expected \"auto\", \"none\" or \"required\", found \"" + tool_choice + "\"");
+    if (r.forced_tool && !(r.tools.is_array() && !r.tools.empty())) {
+      throw bad("tool_choice", "forcing a tool call needs tools");
     }
   }
-  r.wants_tool_calls = r.tools.is_array() && !r.tools.empty() && tool_choice == "auto";
+  r.wants_tool_calls =
+      r.tools.is_array() && !r.tools.empty() && (tool_choice == "auto" || r.forced_tool);
   r.include_reasoning =
       field("include_reasoning", [&] { return f.bool_or("include_reasoning", true); });
   field("parallel_tool_calls", [&] { return f.opt_bool("parallel_tool_calls"); });
-  if (auto rf = field("response_format", [&] { return f.opt_object("response_format"); })) {
-    const std::string type = field("response_format", [&] { return rf->req_string("type"); });
-    if (type != "text") throw unsupported("response_format", "only type 'text' is supported");
+  read_structured(doc, body, r);
+  if (r.forced_tool && r.grammar) {
+    throw bad(r.grammar->field, "cannot be combined with a forced tool_choice");
   }
   if (const json* kw = f.find("chat_template_kwargs"); kw != nullptr && !kw->is_object()) {
     throw bad("chat_template_kwargs", "expected an object, found " + describe_json_value(*kw));
@@ -423,6 +553,7 @@ OpenAiRequest parse_completion_request(std::string_view body) {
   if (auto s = field("suffix", [&] { return f.opt_string("suffix"); }); s && !s->empty()) {
     throw unsupported("suffix", "suffix is not supported");
   }
+  read_structured(doc, body, r);
   return r;
 }
 
@@ -479,6 +610,50 @@ ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> pro
   }
   s.logit_bias = req.logit_bias;
   return s;
+}
+
+GrammarSpec forced_tool_call_grammar(const nlohmann::json& tools, const std::string& name,
+                                     chat::ToolCallFormat format) {
+  // The arguments' key in each format's JSON, and the text around the JSON.
+  std::string args_key, prefix, suffix;
+  switch (format) {
+    case chat::ToolCallFormat::kHermes:
+      args_key = "arguments";
+      prefix = "<tool_call>\n";
+      suffix = "\n</tool_call>";
+      break;
+    case chat::ToolCallFormat::kLlama3Json:
+      args_key = "parameters";
+      break;
+    default:
+      throw unsupported("tool_choice", "forcing a tool call is not supported for the " +
+                                           std::string(chat::tool_call_format_name(format)) +
+                                           " tool-call format (supported: hermes, llama3_json)");
+  }
+  nlohmann::ordered_json any = nlohmann::ordered_json::array();
+  bool found = false;
+  for (const json& t : tools) {
+    const std::string fname = t["function"]["name"].get<std::string>();
+    if (!name.empty() && fname != name) continue;
+    found = true;
+    nlohmann::ordered_json params = nlohmann::ordered_json::object({{"type", "object"}});
+    if (t["function"].contains("parameters") && t["function"]["parameters"].is_object()) {
+      params = nlohmann::ordered_json::parse(t["function"]["parameters"].dump());
+    }
+    nlohmann::ordered_json call = {
+        {"type", "object"},
+        {"properties", {{"name", {{"const", fname}}}, {args_key, params}}},
+        {"required", {"name", args_key}}};
+    any.push_back(std::move(call));
+  }
+  if (!found) throw bad("tool_choice", "no tool is named \"" + name + "\"");
+  GrammarSpec g;
+  g.kind = GrammarSpec::Kind::kJsonSchema;
+  g.field = "tool_choice";
+  g.text = any.size() == 1 ? any[0].dump() : nlohmann::ordered_json({{"anyOf", any}}).dump();
+  g.prefix = prefix;
+  g.suffix = suffix;
+  return g;
 }
 
 std::vector<ServeRequest> choice_requests(const OpenAiRequest& req, ServeRequest first) {

@@ -24,6 +24,7 @@
 #include "chat/reasoning.h"
 #include "chat/tool_calls.h"
 #include "core/error.h"
+#include "grammar/grammar.h"
 #include "http/media_parts.h"
 #include "serve/scheduler.h"
 
@@ -111,10 +112,23 @@ struct OpenAiRequest {
   int top_logprobs = -1;                    // -1: no logprobs
   float presence_penalty = 0.0f;            // [-2, 2]
   float frequency_penalty = 0.0f;           // [-2, 2]
+  // Structured outputs: at most one of response_format (json_object / json_schema), vLLM's
+  // structured_outputs {json, regex, choice, grammar, json_object} and its older guided_json,
+  // guided_regex, guided_choice, guided_grammar. Schemas keep the request's key order.
+  std::optional<GrammarSpec> grammar;
+  // kChat: tool_choice "required" ("") or a named function (its name): the reply is one call
+  // in the template's tool-call format, its arguments matching the tool's parameters.
+  std::optional<std::string> forced_tool;
   // logit_bias {"<token id>": bias in [-100, 100]}, at most kMaxLogitBias entries, sorted by
   // id (to_serve_request checks the ids against the vocabulary).
   std::vector<std::pair<int32_t, float>> logit_bias;
 };
+
+// The grammar of a forced tool call (tool_choice "required" when `name` is empty, else the
+// named function) in `format`, each tool's "parameters" the schema of its arguments. ApiError
+// 400 naming tool_choice for a format it cannot force or a name not among the tools.
+GrammarSpec forced_tool_call_grammar(const nlohmann::json& tools, const std::string& name,
+                                     chat::ToolCallFormat format);
 
 // Parse and validate a request body (ApiError 400 on any problem).
 OpenAiRequest parse_chat_request(std::string_view body);

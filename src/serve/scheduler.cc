@@ -291,7 +291,8 @@ Scheduler::ActivePtr Scheduler::prepare(ServeRequest r) const {
                           .top_logprobs = r.top_logprobs,
                           .max_tokens = r.max_tokens,
                           .max_input = model_.context_limit(),
-                          .end_shows_partial_char = false};
+                          .end_shows_partial_char = false,
+                          .grammar = std::move(r.grammar)};
   std::unique_ptr<MultimodalPrompt> mm;
   std::vector<uint64_t> hashes;
   std::vector<int32_t> key;

@@ -96,6 +96,9 @@ struct ServeRequest {
   // the session's last request computed (speculative/mtp_carry.h) and prefills its drafter
   // only over the new span; the output is the same either way.
   std::string session;
+  // Structured outputs: the compiled grammar every token must keep the output inside (null:
+  // unconstrained). Each choice gets a matcher of its own; it rolls back with the stream.
+  std::shared_ptr<const CompiledGrammar> grammar;
   // Set: an embedding request (/v1/embeddings). The prompt is the input and nothing is
   // generated: its final hidden states are pooled (SchedulerOptions::embedding) in the same
   // steps as the generation rows, and the last event carries the embedding. The generation

@@ -125,7 +125,8 @@ TEST(OpenAiParse, ChatSpecificBadInput) {
       {chat_with(R"("tools": "x")"), "tools"},
       {chat_with(R"("tool_choice": 5)"), "tool_choice"},
       {chat_with(R"("parallel_tool_calls": "y")"), "parallel_tool_calls"},
-      {chat_with(R"("response_format": {"type": "json_object"})"), "response_format"},
+      {chat_with(R"("response_format": {"type": "json_schema"})"), "response_format.json_schema"},
+      {chat_with(R"("response_format": {"type": "yaml"})"), "response_format"},
       {chat_with(R"("response_format": "text")"), "response_format"},
       {chat_with(R"("chat_template_kwargs": [1])"), "chat_template_kwargs"},
       {chat_with(R"("add_generation_prompt": 1)"), "add_generation_prompt"},
@@ -564,13 +565,86 @@ TEST(OpenAiTools, ToolsAndToolChoiceAreValidated) {
     EXPECT_EQ(e.status(), 400) << extra;
     EXPECT_EQ(e.param(), param) << extra << ": " << e.what();
   }
-  // Forcing a call needs constrained decoding: refused, saying so, not silently unforced.
-  for (const char* choice :
-       {R"("required")", R"({"type": "function", "function": {"name": "get_weather"}})"}) {
-    const ApiError e = chat_error(chat_with(kTools + R"(, "tool_choice": )" + choice));
-    EXPECT_EQ(e.status(), 400) << choice;
-    EXPECT_EQ(e.code(), "unsupported_parameter") << choice;
-    EXPECT_NE(std::string(e.what()).find("constrained decoding"), std::string::npos) << e.what();
+  // Forcing a call: "required" (any tool) or a named function; the reply is parsed for it.
+  const OpenAiRequest required =
+      parse_chat_request(chat_with(kTools + R"(, "tool_choice": "required")"));
+  ASSERT_TRUE(required.forced_tool.has_value());
+  EXPECT_EQ(*required.forced_tool, "");
+  EXPECT_TRUE(required.wants_tool_calls);
+  const OpenAiRequest named = parse_chat_request(chat_with(
+      kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})"));
+  EXPECT_EQ(named.forced_tool, std::optional<std::string>("get_weather"));
+  for (const std::string& extra :
+       {std::string(R"("tool_choice": "required")"),  // no tools
+        kTools + R"(, "tool_choice": {"type": "function"})",
+        kTools + R"(, "tool_choice": "required", "response_format": {"type": "json_object"})"}) {
+    const ApiError e = chat_error(chat_with(extra));
+    EXPECT_EQ(e.status(), 400) << extra;
+  }
+  // The grammar of a forced call: Hermes' markers around {"name", "arguments"}; a name not
+  // among the tools, or a format without a forced form, is a 400 naming tool_choice.
+  const GrammarSpec g =
+      forced_tool_call_grammar(named.tools, "get_weather", chat::ToolCallFormat::kHermes);
+  EXPECT_EQ(g.prefix, "<tool_call>\n");
+  EXPECT_EQ(g.suffix, "\n</tool_call>");
+  EXPECT_NE(g.text.find(R"("const":"get_weather")"), std::string::npos) << g.text;
+  for (auto [name, format] : {std::pair{"nope", chat::ToolCallFormat::kHermes},
+                              std::pair{"get_weather", chat::ToolCallFormat::kNone}}) {
+    try {
+      forced_tool_call_grammar(named.tools, name, format);
+      ADD_FAILURE() << name;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), "tool_choice");
+    }
+  }
+}
+
+TEST(OpenAiStructured, EveryFieldSpellingReadsIntoOneGrammar) {
+  using K = GrammarSpec::Kind;
+  const std::tuple<std::string, K, std::string> cases[] = {
+      {R"("response_format": {"type": "json_object"})", K::kJsonObject, "response_format"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true,
+          "schema": {"type": "object", "properties": {"b": {}, "a": {}}}}})",
+       K::kJsonSchema, "response_format"},
+      {R"("structured_outputs": {"regex": "[0-9]+"})", K::kRegex, "structured_outputs.regex"},
+      {R"("structured_outputs": {"choice": ["a", "b"]})", K::kChoice, "structured_outputs.choice"},
+      {R"("structured_outputs": {"grammar": "root ::= \"x\""})", K::kEbnf,
+       "structured_outputs.grammar"},
+      {R"("structured_outputs": {"json": "{\"type\": \"integer\"}"})", K::kJsonSchema,
+       "structured_outputs.json"},
+      {R"("guided_json": {"type": "object"})", K::kJsonSchema, "guided_json"},
+      {R"("guided_regex": "a|b")", K::kRegex, "guided_regex"},
+      {R"("guided_choice": ["yes", "no"])", K::kChoice, "guided_choice"},
+      {R"("guided_grammar": "root ::= \"x\"")", K::kEbnf, "guided_grammar"},
+  };
+  for (const auto& [extra, kind, field] : cases) {
+    for (const OpenAiRequest& r :
+         {parse_chat_request(chat_with(extra)), parse_completion_request(completion_with(extra))}) {
+      ASSERT_TRUE(r.grammar.has_value()) << extra;
+      EXPECT_EQ(r.grammar->kind, kind) << extra;
+      EXPECT_EQ(r.grammar->field, field) << extra;
+    }
+  }
+  // A schema keeps the request's key order (the output writes properties in it).
+  const OpenAiRequest r = parse_chat_request(chat_with(std::get<0>(cases[1])));
+  EXPECT_LT(r.grammar->text.find("\"b\""), r.grammar->text.find("\"a\"")) << r.grammar->text;
+  EXPECT_FALSE(parse_chat_request(chat_with(R"("response_format": {"type": "text"})")).grammar);
+  const std::pair<std::string, std::string> bad[] = {
+      {R"("guided_regex": "a", "guided_choice": ["a"])", "guided_choice"},
+      {R"("structured_outputs": {"regex": "a", "choice": ["a"]})", "structured_outputs"},
+      {R"("structured_outputs": {})", "structured_outputs"},
+      {R"("structured_outputs": {"structural_tag": "x"})", "structured_outputs.structural_tag"},
+      {R"("guided_choice": [])", "guided_choice"},
+      {R"("guided_choice": ["a", 1])", "guided_choice"},
+      {R"("guided_regex": 3)", "guided_regex"},
+      {R"("guided_json": 3)", "guided_json"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"schema": 3}})",
+       "response_format.json_schema.schema"},
+  };
+  for (const auto& [extra, param] : bad) {
+    const ApiError e = chat_error(chat_with(extra));
+    EXPECT_EQ(e.status(), 400) << extra;
+    EXPECT_EQ(e.param(), param) << extra << ": " << e.what();
   }
 }
 

@@ -1,0 +1,96 @@
+#pragma once
+// Constrained decoding (structured outputs) over xgrammar's C++ core (docs/dependencies.md):
+// a GrammarSpec (JSON object, JSON schema, regex, choice list, EBNF) is compiled once per
+// tokenizer into a CompiledGrammar (cached by its text); a GrammarMatcher, one per stream,
+// gives the token mask of the next step, accepts tokens and rolls back.
+//
+// The vocabulary: every id below the model's logits width. A special token of the tokenizer
+// (and an id the tokenizer does not have) is never allowed inside a structure; the eos ids
+// are allowed only where the grammar accepts (and then end the stream).
+//
+// Errors (a bad schema, a grammar that does not parse, an unsupported schema keyword) are
+// metrale::Error naming the request field; a grammar is never relaxed to unconstrained.
+// Built without xgrammar (scripts/fetch-xgrammar.sh could not fetch it), grammar_available()
+// is false and compiling throws saying so.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/tokenizer/tokenizer.h"
+
+namespace metrale {
+
+bool grammar_available();
+
+struct GrammarSpec {
+  enum class Kind : uint8_t { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf };
+  Kind kind = Kind::kJsonObject;
+  std::string text;                  // the schema (JSON), the regex or the EBNF; kChoice: unused
+  std::vector<std::string> choices;  // kChoice: the exact strings, one of which is the output
+  // kJsonSchema: literal text before and after the JSON (a tool call's markers).
+  std::string prefix, suffix;
+  std::string field = "response_format";  // the request field errors name
+  // The key of the compile cache.
+  std::string key() const;
+};
+
+// Rejects schema keywords the engine would silently ignore (not, if/then/else, uniqueItems,
+// contains, multipleOf on numbers, ...): Error naming `field` and the keyword's path.
+void check_schema_keywords(const std::string& schema_json, const std::string& field);
+
+class CompiledGrammar;  // opaque, shared by every stream using one grammar
+
+class GrammarCompiler {
+ public:
+  // `vocab_size`: the model's logits width (>= the tokenizer's id_limit()); `eos_ids`: the ids
+  // that end a stream (allowed only at an accept state).
+  GrammarCompiler(const Tokenizer& tokenizer, int64_t vocab_size, std::vector<int32_t> eos_ids);
+  ~GrammarCompiler();
+  GrammarCompiler(const GrammarCompiler&) = delete;
+  GrammarCompiler& operator=(const GrammarCompiler&) = delete;
+
+  // Compiles `spec` (or returns the cached grammar of the same key). Thread-safe. Throws Error
+  // naming spec.field when the schema / regex / grammar is invalid or matches nothing.
+  std::shared_ptr<const CompiledGrammar> compile(const GrammarSpec& spec);
+  int64_t vocab_size() const { return vocab_size_; }
+  // Grammars in the cache.
+  size_t cached() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t vocab_size_;
+};
+
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
+  ~GrammarMatcher();
+  GrammarMatcher(GrammarMatcher&&) noexcept;
+  GrammarMatcher& operator=(GrammarMatcher&&) noexcept;
+
+  int64_t vocab_size() const;
+  // 32-bit words of a mask: bit i of word i/32 is set where token i is allowed.
+  size_t mask_words() const;
+  // Fills `mask` (mask_words() words) for the next token; returns false when every token is
+  // allowed (the mask need not be applied).
+  bool fill_mask(std::span<uint32_t> mask);
+  // Sets logits of disallowed tokens to -inf (the row has vocab_size() entries).
+  void apply_mask(std::span<float> logits);
+  // Advances over `token`; false (and the state unchanged) when the grammar rejects it.
+  bool accept(int32_t token);
+  // Undoes the last n accepted tokens.
+  void rollback(size_t n);
+  // An eos was accepted at an accept state: nothing more can follow.
+  bool terminated() const;
+  // The output so far is a whole match (an eos would be accepted now).
+  bool completed() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace metrale

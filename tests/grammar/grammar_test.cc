@@ -1,0 +1,270 @@
+// The grammar matcher over real vocabularies: the demo model's byte-level BPE (tiny), the real
+// Qwen3 tokenizer (151k tokens, special tokens and an eos) and a SentencePiece byte-fallback
+// one; masks, accept, rollback, the eos only at an accept state, and errors naming the field.
+#include "grammar/grammar.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/generation.h"
+#include "io/tokenizer/gzip_file.h"
+#include "io/tokenizer/tokenizer.h"
+
+namespace metrale {
+namespace {
+
+#define SKIP_WITHOUT_XGRAMMAR()                                                             \
+  if (!grammar_available())                                                                 \
+  GTEST_SKIP() << "built without xgrammar (scripts/fetch-xgrammar.sh could not fetch it): " \
+                  "structured outputs are off"
+
+const Tokenizer& demo() {
+  static const Tokenizer t = Tokenizer::from_file("models/demo/tokenizer.json");
+  return t;
+}
+const Tokenizer& qwen3() {
+  static const Tokenizer t = [] {
+    Tokenizer tok = Tokenizer::from_json(
+        testing::read_gzip_file("tests/data/tokenizers/qwen3/tokenizer.json.gz"),
+        "qwen3 tokenizer.json");
+    return tok;
+  }();
+  return t;
+}
+
+bool allowed(const std::vector<uint32_t>& mask, int32_t id) {
+  return (mask[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u;
+}
+
+std::vector<int32_t> allowed_ids(const std::vector<uint32_t>& mask, int64_t vocab) {
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < vocab; ++i)
+    if (allowed(mask, i)) out.push_back(i);
+  return out;
+}
+
+GrammarSpec schema(std::string text) {
+  return {.kind = GrammarSpec::Kind::kJsonSchema, .text = std::move(text), .field = "guided_json"};
+}
+
+// Walks `grammar` by picking uniformly among the allowed tokens until the eos is the pick or
+// `steps` run out; returns the ids (without the eos) and whether it ended on the eos.
+std::pair<std::vector<int32_t>, bool> random_walk(std::shared_ptr<const CompiledGrammar> grammar,
+                                                  int32_t eos, uint32_t seed, int steps) {
+  GrammarMatcher m(std::move(grammar));
+  std::vector<uint32_t> mask(m.mask_words());
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids;
+  for (int s = 0; s < steps; ++s) {
+    m.fill_mask(mask);
+    std::vector<int32_t> ok = allowed_ids(mask, m.vocab_size());
+    EXPECT_FALSE(ok.empty()) << "step " << s << " after ids " << ::testing::PrintToString(ids);
+    if (ok.empty()) break;
+    // Prefer ending once the output is whole, so the walk stays short.
+    int32_t pick = (m.completed() && allowed(mask, eos) && rng() % 2 == 0)
+                       ? eos
+                       : ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+    EXPECT_EQ(allowed(mask, eos), m.completed()) << "the eos is allowed only at an accept state";
+    EXPECT_TRUE(m.accept(pick));
+    if (pick == eos) {
+      EXPECT_TRUE(m.terminated());
+      return {ids, true};
+    }
+    ids.push_back(pick);
+  }
+  return {ids, false};
+}
+
+TEST(Grammar, ChoiceOverTheDemoTokenizer) {
+  SKIP_WITHOUT_XGRAMMAR();
+  const Tokenizer& tok = demo();
+  const int32_t eos = *tok.eos_id();
+  GrammarCompiler c(tok, static_cast<int64_t>(tok.id_limit()), {eos});
+  auto g = c.compile({.kind = GrammarSpec::Kind::kChoice, .choices = {"LORD", "Moses", "a \"q\""}});
+  for (uint32_t seed = 0; seed < 20; ++seed) {
+    auto [ids, ended] = random_walk(g, eos, seed, 64);
+    ASSERT_TRUE(ended);
+    const std::string text = tok.decode(ids, false);
+    EXPECT_TRUE(text == "LORD" || text == "Moses" || text == "a \"q\"") << text;
+  }
+  // The same text compiles once.
+  EXPECT_EQ(
+      c.compile({.kind = GrammarSpec::Kind::kChoice, .choices = {"LORD", "Moses", "a \"q\""}}), g);
+  EXPECT_EQ(c.cached(), 1u);
+}
+
+TEST(Grammar, SchemaWalksParseAndValidateOverQwen3) {
+  SKIP_WITHOUT_XGRAMMAR();
+  const Tokenizer& tok = qwen3();
+  const int32_t eos = *tok.token_to_id("<|im_end|>");
+  // The model's logits are wider than the tokenizer (padding rows): those ids are never allowed.
+  const int64_t V = static_cast<int64_t>(tok.id_limit()) + 64;
+  GrammarCompiler c(tok, V, {eos});
+  auto g = c.compile(schema(R"({"type":"object","properties":{
+      "name":{"type":"string","maxLength":6},
+      "n":{"type":"integer","minimum":-5,"maximum":5},
+      "tags":{"type":"array","items":{"enum":["x","y"]},"minItems":1,"maxItems":2}},
+      "required":["name","n","tags"]})"));
+  const std::vector<int32_t> specials = {*tok.token_to_id("<|im_start|>"),
+                                         *tok.token_to_id("<|endoftext|>")};
+  int whole = 0;
+  for (uint32_t seed = 0; seed < 6; ++seed) {
+    auto [ids, ended] = random_walk(g, eos, seed, 200);
+    for (int32_t id : ids) {
+      EXPECT_LT(id, static_cast<int32_t>(tok.id_limit()));
+      EXPECT_TRUE(std::find(specials.begin(), specials.end(), id) == specials.end());
+    }
+    if (!ended) continue;
+    ++whole;
+    const nlohmann::json j = nlohmann::json::parse(tok.decode(ids, false));
+    ASSERT_TRUE(j.is_object());
+    EXPECT_LE(j["name"].get<std::string>().size(), 6u * 4);  // 6 characters of UTF-8
+    EXPECT_GE(j["n"].get<int>(), -5);
+    EXPECT_LE(j["n"].get<int>(), 5);
+    EXPECT_GE(j["tags"].size(), 1u);
+    EXPECT_LE(j["tags"].size(), 2u);
+    EXPECT_EQ(j.size(), 3u);
+  }
+  EXPECT_GT(whole, 0);
+}
+
+TEST(Grammar, MaskRollbackAndTokensOfTheText) {
+  SKIP_WITHOUT_XGRAMMAR();
+  const Tokenizer& tok = qwen3();
+  const int32_t eos = *tok.token_to_id("<|im_end|>");
+  GrammarCompiler c(tok, static_cast<int64_t>(tok.id_limit()), {eos});
+  auto g = c.compile({.kind = GrammarSpec::Kind::kRegex, .text = "[0-9]{3}-[a-z]{2}"});
+  GrammarMatcher m(g);
+  std::vector<uint32_t> first(m.mask_words()), mask(m.mask_words());
+  m.fill_mask(first);
+  EXPECT_TRUE(allowed(first, *tok.token_to_id("1")));
+  EXPECT_FALSE(allowed(first, *tok.token_to_id("a")));
+  EXPECT_FALSE(allowed(first, eos));
+  const std::vector<int32_t> ids = tok.encode("123-ab", false);
+  for (int32_t id : ids) ASSERT_TRUE(m.accept(id));
+  EXPECT_TRUE(m.completed());
+  m.fill_mask(mask);
+  EXPECT_EQ(allowed_ids(mask, m.vocab_size()), std::vector<int32_t>{eos});
+  EXPECT_FALSE(m.accept(*tok.token_to_id("c")));  // rejected, state unchanged
+  m.rollback(ids.size());
+  m.fill_mask(mask);
+  EXPECT_EQ(mask, first);
+  EXPECT_FALSE(m.completed());
+}
+
+TEST(Grammar, ByteFallbackVocabulary) {
+  SKIP_WITHOUT_XGRAMMAR();
+  // SentencePiece-style: U+2581 for a space, <0xNN> byte tokens, Metaspace's prepended space.
+  const Tokenizer tok = Tokenizer::from_file("tests/data/tokenizers/sp_bpe/tokenizer.json");
+  const int64_t V = static_cast<int64_t>(tok.id_limit());
+  const int32_t eos = *tok.token_to_id("</s>");
+  GrammarCompiler c(tok, V, {eos});
+  auto g = c.compile({.kind = GrammarSpec::Kind::kRegex, .text = "hello wörld!\n"});
+  for (uint32_t seed = 0; seed < 10; ++seed) {
+    auto [ids, ended] = random_walk(g, eos, seed, 64);
+    ASSERT_TRUE(ended);
+    // No walk starts with a space token: the grammar's text is the tokens' bytes.
+    EXPECT_EQ(tok.decode(ids, false), "hello wörld!\n");
+  }
+}
+
+TEST(Grammar, BadGrammarsNameTheField) {
+  SKIP_WITHOUT_XGRAMMAR();
+  const Tokenizer& tok = demo();
+  GrammarCompiler c(tok, static_cast<int64_t>(tok.id_limit()), {*tok.eos_id()});
+  auto message = [&](const GrammarSpec& s) {
+    try {
+      c.compile(s);
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message(schema("{not json")).find("guided_json"), std::string::npos);
+  EXPECT_NE(message(schema(R"({"type":"object","properties":{"a":{"not":{}}}})")).find("'not'"),
+            std::string::npos);
+  EXPECT_NE(message(schema(R"({"type":"array","uniqueItems":true})")).find("uniqueItems"),
+            std::string::npos);
+  EXPECT_NE(message(schema(R"({"type":"number","multipleOf":0.5})")).find("multipleOf"),
+            std::string::npos);
+  EXPECT_NE(message(schema(R"({"type":"frobnicate"})")).find("guided_json"), std::string::npos);
+  const std::string ebnf =
+      message({.kind = GrammarSpec::Kind::kEbnf, .text = "root ::= (", .field = "guided_grammar"});
+  EXPECT_TRUE(ebnf.starts_with("guided_grammar: ")) << ebnf;
+  EXPECT_EQ(ebnf.find(".cc:"), std::string::npos) << ebnf;
+  EXPECT_NE(message({.kind = GrammarSpec::Kind::kRegex, .text = "(", .field = "guided_regex"})
+                .find("guided_regex"),
+            std::string::npos);
+  EXPECT_NE(message({.kind = GrammarSpec::Kind::kChoice, .field = "guided_choice"}).find("empty"),
+            std::string::npos);
+  EXPECT_EQ(c.cached(), 0u);
+  // A special token's text is spelled by ordinary tokens, never by the special token.
+  const int32_t special = *tok.token_to_id("<|endoftext|>");
+  ASSERT_TRUE(tok.is_special(special));
+  auto g = c.compile({.kind = GrammarSpec::Kind::kChoice, .choices = {"<|endoftext|>"}});
+  for (uint32_t seed = 0; seed < 5; ++seed) {
+    auto [ids, ended] = random_walk(g, *tok.eos_id(), seed, 64);
+    ASSERT_TRUE(ended);
+    EXPECT_TRUE(std::find(ids.begin(), ids.end(), special) == ids.end());
+    EXPECT_EQ(tok.decode(ids, false), "<|endoftext|>");
+  }
+}
+
+// Generation: the mask comes after the penalties and the bias (a +100 bias cannot bring back
+// a disallowed token), accept() advances the matcher and rollback() undoes it.
+TEST(Grammar, GenerationMasksAndRollsBack) {
+  SKIP_WITHOUT_XGRAMMAR();
+  const Tokenizer& tok = demo();
+  const int64_t V = static_cast<int64_t>(tok.id_limit());
+  const int32_t eos = *tok.eos_id();
+  GrammarCompiler c(tok, V, {eos});
+  auto g = c.compile({.kind = GrammarSpec::Kind::kChoice, .choices = {"LORD", "Moses"}});
+  const int32_t banned = *tok.token_to_id("the");
+  Generation gen(
+      {.logit_bias = {{banned, 100.0f}}, .eos_ids = {eos}, .max_tokens = 32, .grammar = g},
+      {1, 2, 3}, &tok);
+  PickScratch scratch(V);
+  std::mt19937 rng(7);
+  std::vector<float> row(static_cast<size_t>(V));
+  std::vector<int32_t> picks;
+  while (!gen.ended()) {
+    for (float& x : row) x = std::uniform_real_distribution<float>(-3, 3)(rng);
+    const int32_t t = gen.pick(row, scratch);
+    EXPECT_NE(t, banned);
+    picks.push_back(t);
+    gen.accept(t);
+    if (picks.size() == 1) {
+      // Undo the first token and take it again: the same mask follows.
+      gen.rollback(1);
+      gen.accept(t);
+    }
+  }
+  EXPECT_EQ(gen.end(), StopReason::kEos);
+  EXPECT_TRUE(gen.text() == "LORD" || gen.text() == "Moses") << gen.text();
+  EXPECT_TRUE(gen.matcher()->terminated());
+  // A token the grammar refuses is an error, not a silent relaxation.
+  Generation other({.eos_ids = {eos}, .max_tokens = 8, .grammar = g}, {1}, &tok);
+  EXPECT_THROW(other.accept(banned), Error);
+}
+
+TEST(Grammar, SchemaKeywordCheckNamesThePath) {
+  try {
+    check_schema_keywords(R"({"properties":{"a":{"items":{"contains":{}}}}})", "response_format");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("/properties/a/items"), std::string::npos) << e.message();
+    EXPECT_TRUE(e.message().starts_with("response_format: ")) << e.message();
+  }
+  // Keys inside enum / const are data.
+  check_schema_keywords(R"({"enum":[{"not":1}],"properties":{"not":{"type":"string"}}})", "f");
+}
+
+}  // namespace
+}  // namespace metrale

@@ -1,0 +1,416 @@
+"""Structured outputs through `metrale serve` with the official OpenAI client: every constrained
+reply parses and validates (the `jsonschema` package) against its schema, over a corpus of schemas
+(nested objects, arrays with minItems / maxItems, enums, anyOf, $ref / $defs, string patterns,
+bounded numbers), on the demo model and on a random-weight Qwen3 with the real Qwen3 tokenizer
+(whose unconstrained output is noise: only the grammar makes it valid); response_format,
+vLLM's structured_outputs / guided_*, client.chat.completions.parse with a pydantic model,
+streaming, n > 1, regex and choice, forced tool calls (tool_choice "required" and a named
+function, on the scripted Hermes checkpoint); a request without a grammar co-batched with
+constrained ones equals itself alone; bad schemas and grammars are 400s naming the field.
+
+With --speculative ngram the constrained greedy reply equals the one without drafts.
+
+Run: build/venv/bin/python tests/python/test_structured_outputs.py (ctest runs it).
+"""
+import concurrent.futures
+import gzip
+import json
+import os
+import re
+import shutil
+import struct
+import sys
+import tempfile
+import unittest
+from typing import Annotated, List, Literal
+
+import jsonschema
+import openai
+import pydantic
+
+from metrale_server import ROOT, Server
+
+HERMES = ROOT / "tests" / "data" / "fixtures" / "tool_calls" / "hermes"
+
+SCHEMAS = {
+    "nested": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "address": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 6},
+                               "zip": {"type": "integer", "minimum": 10000, "maximum": 99999}},
+                "required": ["city", "zip"],
+            },
+        },
+        "required": ["name", "address"],
+    },
+    "array": {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
+                                "minItems": 2, "maxItems": 3}},
+        "required": ["tags"],
+    },
+    "enum": {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                              "n": {"const": 3}},
+             "required": ["color", "n"]},
+    "anyof": {"type": "object", "properties": {"v": {"anyOf": [{"type": "integer", "minimum": 0,
+                                                                "maximum": 9},
+                                                               {"type": "boolean"},
+                                                               {"type": "null"}]}},
+              "required": ["v"]},
+    "refs": {
+        "$defs": {"point": {"type": "object",
+                            "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9},
+                                           "y": {"type": "integer", "minimum": -9, "maximum": 9}},
+                            "required": ["x", "y"]}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/point"}, "b": {"$ref": "#/$defs/point"}},
+        "required": ["a", "b"],
+    },
+    "pattern": {"type": "object",
+                "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}},
+                "required": ["code"]},
+    "bounds": {"type": "object",
+               "properties": {"i": {"type": "integer", "minimum": 5, "maximum": 50},
+                              "b": {"type": "boolean"},
+                              "e": {"type": "integer", "exclusiveMinimum": 0,
+                                    "exclusiveMaximum": 4}},
+               "required": ["i", "b", "e"]},
+}
+
+
+def random_qwen3(path):
+    """A one-layer Qwen3 with random bf16 weights and the real Qwen3 tokenizer (151,936 ids)."""
+    vocab, hidden, inter, heads, kv, hd = 151936, 16, 32, 2, 1, 8
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab,
+        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 1,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
+        "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "tie_word_embeddings": True, "attention_bias": False,
+        "bos_token_id": 151643, "eos_token_id": 151645, "dtype": "bfloat16",
+    }
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden]}
+    p = "model.layers.0."
+    shapes.update({p + "input_layernorm.weight": [hidden],
+                   p + "post_attention_layernorm.weight": [hidden],
+                   p + "mlp.gate_proj.weight": [inter, hidden],
+                   p + "mlp.up_proj.weight": [inter, hidden],
+                   p + "mlp.down_proj.weight": [hidden, inter],
+                   p + "self_attn.q_proj.weight": [heads * hd, hidden],
+                   p + "self_attn.k_proj.weight": [kv * hd, hidden],
+                   p + "self_attn.v_proj.weight": [kv * hd, hidden],
+                   p + "self_attn.o_proj.weight": [hidden, heads * hd],
+                   p + "self_attn.q_norm.weight": [hd], p + "self_attn.k_norm.weight": [hd]})
+    # bf16 values of magnitude ~0.5..1 with random signs and mantissas (norms: 1.0).
+    sign = bytes(range(256)).translate(bytes((0x3F | (b & 0x80)) for b in range(256)))
+    header, blobs, offset = {}, [], 0
+    for name in sorted(shapes):
+        n = 1
+        for d in shapes[name]:
+            n *= d
+        data = bytearray(2 * n)
+        if name.endswith("norm.weight"):
+            data[0::2] = b"\x80" * n
+            data[1::2] = b"\x3f" * n
+        else:
+            data[0::2] = os.urandom(n)
+            data[1::2] = os.urandom(n).translate(sign)
+        header[name] = {"dtype": "BF16", "shape": shapes[name],
+                        "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(bytes(data))
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for b in blobs:
+            f.write(b)
+    (path / "config.json").write_text(json.dumps(config))
+    tok = ROOT / "tests" / "data" / "tokenizers" / "qwen3"
+    with gzip.open(tok / "tokenizer.json.gz", "rb") as src:
+        (path / "tokenizer.json").write_bytes(src.read())
+    shutil.copy(tok / "tokenizer_config.json", path / "tokenizer_config.json")
+
+
+def content_of(resp):
+    return [c.message.content for c in resp.choices]
+
+
+class Constrained:
+    """Shared by the demo model and the random Qwen3; subclasses start SERVER."""
+
+    server = client = None
+
+    def chat(self, **kw):
+        kw.setdefault("messages", [{"role": "user", "content": "Give me JSON."}])
+        kw.setdefault("max_tokens", 400)
+        return self.client.chat.completions.create(model=self.server.model, **kw)
+
+    def check_schema(self, schema, resp):
+        for c in resp.choices:
+            self.assertEqual(c.finish_reason, "stop", c)
+            jsonschema.validate(json.loads(c.message.content), schema)
+
+    def test_schema_corpus_response_format(self):
+        for name, schema in SCHEMAS.items():
+            for temperature in (0.0, 1.0):
+                with self.subTest(schema=name, temperature=temperature):
+                    r = self.chat(temperature=temperature, seed=11, response_format={
+                        "type": "json_schema",
+                        "json_schema": {"name": name, "schema": schema, "strict": True}})
+                    self.check_schema(schema, r)
+
+    def test_guided_json_on_completions_and_n(self):
+        schema = SCHEMAS["refs"]
+        r = self.client.completions.create(model=self.server.model, prompt="And God said",
+                                           max_tokens=300, temperature=1.0, seed=5, n=3,
+                                           extra_body={"guided_json": schema})
+        self.assertEqual(len(r.choices), 3)
+        for c in r.choices:
+            self.assertEqual(c.finish_reason, "stop")
+            jsonschema.validate(json.loads(c.text), schema)
+
+    def test_json_object(self):
+        r = self.chat(temperature=1.0, seed=2, max_tokens=200,
+                      response_format={"type": "json_object"}, n=2)
+        for c in r.choices:
+            if c.finish_reason == "stop":
+                self.assertIsInstance(json.loads(c.message.content), dict)
+            else:  # an object the budget cut: it still opens as one
+                self.assertTrue(c.message.content.startswith("{"), c.message.content)
+
+    def test_regex_and_choice(self):
+        r = self.chat(temperature=1.0, seed=4,
+                      extra_body={"structured_outputs": {"regex": "[A-Z][a-z]{2,5} [0-9]{1,3}"}})
+        self.assertRegex(r.choices[0].message.content, r"^[A-Z][a-z]{2,5} [0-9]{1,3}$")
+        choices = ["yea", "nay", "peradventure"]
+        for seed in range(3):
+            r = self.chat(temperature=1.0, seed=seed, extra_body={"guided_choice": choices})
+            self.assertIn(r.choices[0].message.content, choices)
+        r = self.chat(temperature=1.0, seed=1, extra_body={
+            "guided_grammar": 'root ::= "(" num ("+" num)* ")"\nnum ::= [1-9] [0-9]?'})
+        self.assertRegex(r.choices[0].message.content, r"^\([1-9][0-9]?(\+[1-9][0-9]?)*\)$")
+
+    def test_streaming(self):
+        schema = SCHEMAS["nested"]
+        stream = self.chat(temperature=1.0, seed=9, stream=True, response_format={
+            "type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+        text, finish = "", None
+        for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+        self.assertEqual(finish, "stop")
+        jsonschema.validate(json.loads(text), schema)
+
+
+class DemoModel(Constrained, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--max-grammar-bytes", "4096")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+        probe = cls.server_error(guided_regex="a")
+        if probe is not None and "without xgrammar" in probe:
+            cls.server.stop()
+            print("skipped: this metrale was built without xgrammar (scripts/fetch-xgrammar.sh)")
+            sys.exit(77)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    @classmethod
+    def server_error(cls, **extra):
+        try:
+            cls.client.completions.create(model=cls.server.model, prompt="x", max_tokens=4,
+                                          extra_body=extra)
+        except openai.BadRequestError as e:
+            return str(e)
+        return None
+
+    def test_parse_with_pydantic(self):
+        class Verse(pydantic.BaseModel):
+            book: Literal["Genesis", "Exodus"]
+            chapter: int = pydantic.Field(ge=1, le=50)
+            words: List[Annotated[str, pydantic.Field(max_length=8)]] = pydantic.Field(
+                min_length=1, max_length=3)
+
+        r = self.client.chat.completions.parse(
+            model=self.server.model, messages=[{"role": "user", "content": "A verse."}],
+            response_format=Verse, max_tokens=400, temperature=1.0, seed=3)
+        verse = r.choices[0].message.parsed
+        self.assertIsInstance(verse, Verse)
+        self.assertIn(verse.book, ("Genesis", "Exodus"))
+
+    def test_unconstrained_is_bit_identical_beside_constrained(self):
+        def plain():
+            return self.client.completions.create(model=self.server.model,
+                                                  prompt="In the beginning", max_tokens=40,
+                                                  temperature=0).choices[0].text
+
+        alone = plain()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            constrained = [pool.submit(self.chat, temperature=1.0, seed=s, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMAS["array"]}})
+                for s in range(3)]
+            together = pool.submit(plain)
+            for f in constrained:
+                self.check_schema(SCHEMAS["array"], f.result())
+            self.assertEqual(together.result(), alone)
+
+    def test_bad_schemas_and_grammars_are_400s(self):
+        cases = [
+            ({"guided_json": {"type": "object", "properties": {"a": {"not": {"type": "null"}}}}},
+             "'not'"),
+            ({"guided_json": {"type": "array", "uniqueItems": True}}, "uniqueItems"),
+            ({"guided_json": "{not json"}, "guided_json"),
+            ({"guided_json": {"type": "frobnicate"}}, "guided_json"),
+            ({"guided_regex": "(unclosed"}, "guided_regex"),
+            ({"guided_grammar": "root ::= ("}, "guided_grammar"),
+            ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+            ({"guided_json": {"enum": ["x" * 5000]}}, "--max-grammar-bytes"),
+        ]
+        for extra, needle in cases:
+            with self.subTest(extra=str(extra)[:60]):
+                message = self.server_error(**extra)
+                self.assertIsNotNone(message, "accepted")
+                self.assertIn(needle, message)
+        # response_format with a forced tool call is refused; the server keeps serving.
+        with self.assertRaises(openai.BadRequestError):
+            self.chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                      tool_choice="required", response_format={"type": "json_object"})
+        self.assertTrue(plain_ok(self))
+
+
+def plain_ok(t):
+    r = t.client.completions.create(model=t.server.model, prompt="And", max_tokens=3)
+    return len(r.choices) == 1
+
+
+class RandomQwen3(Constrained, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        import pathlib
+        path = pathlib.Path(cls.dir.name)
+        random_qwen3(path)
+        cls.server = Server(model=path, chat_template=None)
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.dir.cleanup()
+
+    def test_unconstrained_is_noise(self):
+        r = self.chat(temperature=1.0, seed=1, max_tokens=20)
+        with self.assertRaises((ValueError, jsonschema.ValidationError)):
+            jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMAS["enum"])
+
+
+class Speculative(unittest.TestCase):
+    """--speculative ngram: a constrained greedy reply is the same with drafts as without (row i
+    of a verify step is masked after the drafts before it were accepted, so a draft the grammar
+    rejects is never the pick and ends the accepted run)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--speculative", "ngram")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_drafts_do_not_change_a_constrained_reply(self):
+        # A repetitive prompt, so the n-gram proposer drafts.
+        prompt = "And God said, Let there be light: and there was light. " * 4
+        drafted = 0
+        for name in ("array", "refs", "nested"):
+            with self.subTest(schema=name):
+                out = []
+                for speculative in (True, False):
+                    r = self.client.completions.create(
+                        model=self.server.model, prompt=prompt, max_tokens=300, temperature=0,
+                        extra_body={"guided_json": SCHEMAS[name], "speculative": speculative})
+                    self.assertEqual(r.choices[0].finish_reason, "stop")
+                    jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS[name])
+                    out.append(r.choices[0].text)
+                    details = r.usage.completion_tokens_details
+                    if speculative and details is not None:
+                        drafted += (details.accepted_prediction_tokens or 0) + (
+                            details.rejected_prediction_tokens or 0)
+                self.assertEqual(out[0], out[1])
+        self.assertGreater(drafted, 0, "no drafts were verified")
+
+
+class ForcedToolCalls(unittest.TestCase):
+    TOOLS = [
+        {"type": "function", "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object",
+                           "properties": {"city": {"type": "string", "pattern": "^[A-Za-z ]{1,10}$"},
+                                          "unit": {"enum": ["celsius", "fahrenheit"]}},
+                           "required": ["city", "unit"]}}},
+        {"type": "function", "function": {
+            "name": "get_time",
+            "parameters": {"type": "object",
+                           "properties": {"city": {"type": "string", "pattern": "^[A-Za-z ]{1,10}$"},
+                                          "hour": {"type": "integer", "minimum": 0,
+                                                   "maximum": 23}},
+                           "required": ["city", "hour"]}}},
+    ]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(model=HERMES, chat_template=None)
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def call(self, tool_choice, **kw):
+        return self.client.chat.completions.create(
+            model=self.server.model, messages=[{"role": "user", "content": "weather?"}],
+            tools=self.TOOLS, tool_choice=tool_choice, max_tokens=300, **kw)
+
+    def check(self, name, arguments):
+        schema = {t["function"]["name"]: t["function"]["parameters"] for t in self.TOOLS}[name]
+        jsonschema.validate(json.loads(arguments), schema)
+
+    def test_named_function(self):
+        # The scripted checkpoint calls get_weather first; forcing get_time overrides it.
+        for temperature in (0.0, 1.0):
+            r = self.call({"type": "function", "function": {"name": "get_time"}},
+                          temperature=temperature, seed=2)
+            c = r.choices[0]
+            self.assertEqual(c.finish_reason, "tool_calls")
+            self.assertEqual([t.function.name for t in c.message.tool_calls], ["get_time"])
+            self.check("get_time", c.message.tool_calls[0].function.arguments)
+
+    def test_required_and_streamed(self):
+        r = self.call("required", temperature=1.0, seed=5)
+        calls = r.choices[0].message.tool_calls
+        self.assertEqual(len(calls), 1)
+        self.check(calls[0].function.name, calls[0].function.arguments)
+        stream = self.call("required", temperature=1.0, seed=5, stream=True)
+        name, args = "", ""
+        for chunk in stream:
+            for t in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                name += t.function.name or ""
+                args += t.function.arguments or ""
+        self.assertEqual((name, json.loads(args)),
+                         (calls[0].function.name, json.loads(calls[0].function.arguments)))
+
+    def test_unknown_tool_is_a_400(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.call({"type": "function", "function": {"name": "nope"}})
+        self.assertIn("nope", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
