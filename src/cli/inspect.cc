@@ -172,37 +172,25 @@ void print_circuit(const std::string& dir, int threads, int64_t max_rows) {
   o.load_tokenizer = false;
   o.executor = ExecutorKind::kCircuit;
   const std::unique_ptr<Model> model = Model::load(dir, o);
-  std::printf("
-circuit (%d threads, fusion policy none: the layer loop's exact ops):
-",
+  std::printf("\ncircuit (%d threads, fusion policy none: the layer loop's exact ops):\n",
               model->pool().size());
   if (model->programs().empty()) {
-    std::printf(
-        "  no programs: the %s backend runs every step with the layer loop
-        ",
-        std::string(model->backend().name())
-            .c_str());
+    std::printf("  no programs: the %s backend runs every step with the layer loop\n",
+                std::string(model->backend().name()).c_str());
     return;
   }
-  std::printf("  %6s %12s %12s %8s %14s %16s %16s
-", "width", "instructions", "split", "serial",
+  std::printf("  %6s %12s %8s %8s %14s %16s %16s\n", "width", "instructions", "split", "serial",
               "barriers/step", "layer dispatches", "workspace bytes");
   for (const auto& p : model->programs()) {
     const Program::Stats& s = p->stats();
-    std::printf(
-        "  %6lld %12lld %12lld %8lld %14lld %16lld %16zu
-        ",
-        static_cast<long long>(s.width),
-        static_cast<long long>(s.instructions), static_cast<long long>(s.partitioned),
-        static_cast<long long>(s.serial), static_cast<long long>(s.barriers),
-        static_cast<long long>(s.layer_dispatches), s.workspace_bytes);
+    std::printf("  %6lld %12lld %8lld %8lld %14lld %16lld %16zu\n", static_cast<long long>(s.width),
+                static_cast<long long>(s.instructions), static_cast<long long>(s.partitioned),
+                static_cast<long long>(s.serial), static_cast<long long>(s.barriers),
+                static_cast<long long>(s.layer_dispatches), s.workspace_bytes);
   }
   std::printf(
-      "  other widths, prefill chunks, verify rows, LoRA rows and hidden-state readers: the layer "
-      "loop
-  fusions taken: none
-width 1's program ('|': a barrier before it):
-%s",
+      "  other widths, prefill chunks, verify rows, LoRA rows and hidden-state readers: the "
+      "layer loop\n  fusions taken: none\nwidth 1's program ('|': a barrier before it):\n%s",
       model->programs().front()->describe().c_str());
 }
 
