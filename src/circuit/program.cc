@@ -85,6 +85,10 @@ struct Program::Instr {
   bool prep_bf16 = false;
   size_t scratch_offset = 0;  // bytes into the scratch: kPrep writes, kLinear reads
   cpu::LinearJob job;
+  // kLinear: the threads claim pieces of `grain` outputs from `next` as they go (the backend's
+  // split: a thread the machine slows takes fewer), so every thread may write any output.
+  int64_t grain = 0;
+  std::unique_ptr<std::atomic<int64_t>> next;
   // kAdd / kGated
   GatedActivationArgs gated{};
   std::vector<std::pair<int64_t, int64_t>> part;  // [threads] outputs / columns of thread t
@@ -148,7 +152,10 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
       const int64_t bytes = in.x.n_rows * cpu::quant_input_bytes(*n->w);
       const bool bf16 = cpu::reads_bf16_input(*n->w);
       if (bf16 || bytes != 0) {
-        Instr prep = in;
+        Instr prep;
+        prep.node = &node;
+        prep.w = in.w;
+        prep.x = in.x;
         prep.kind = Instr::Kind::kPrep;
         prep.prep_bf16 = bf16;
         prep.scratch_offset = scratch_bytes;
@@ -160,7 +167,11 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
       }
       // The kernel's piece size (the pairs kernel takes whole tile groups).
       const int64_t multiple = bf16 ? cpu::kPairsTileGroups : 1;
-      in.part = partition(n->w->n_out, multiple);
+      const int64_t units = (n->w->n_out + cpu::kLinearUnit - 1) / cpu::kLinearUnit;
+      int64_t grain = std::max<int64_t>(1, units / (n_threads_ * 8));
+      grain = (grain + multiple - 1) / multiple * multiple;
+      in.grain = grain * cpu::kLinearUnit;
+      in.next = std::make_unique<std::atomic<int64_t>>(0);
     } else if (const auto* a = std::get_if<node::Add>(&node.args);
                a != nullptr && a->y.buf != io.logits) {
       in.kind = Instr::Kind::kAdd;
@@ -269,8 +280,8 @@ void Program::add_accesses(const Instr& in, std::vector<Access>& out) const {
   switch (in.kind) {
     case Instr::Kind::kLinear:
       for (int t = 0; t < n_threads_; ++t) {
-        const auto [o0, o1] = in.part[static_cast<size_t>(t)];
-        if (o0 >= o1) continue;
+        // Claimed dynamically: any thread may write any output.
+        const int64_t o0 = 0, o1 = in.w->n_out;
         if (cpu::reads_bf16_input(*in.w) || cpu::quant_input_bytes(*in.w) != 0) {
           scratch_access(in.scratch_offset, false, t);
         } else {
@@ -393,8 +404,12 @@ void Program::region(int t, const PassInputs& pass) {
           }
           break;
         case Instr::Kind::kLinear: {
-          const auto [o0, o1] = in.part[ut];
-          if (o0 < o1) in.job.run(o0, o1);
+          const int64_t n_out = in.w->n_out;
+          for (;;) {
+            const int64_t o0 = in.next->fetch_add(in.grain, std::memory_order_relaxed);
+            if (o0 >= n_out) break;
+            in.job.run(o0, std::min(n_out, o0 + in.grain));
+          }
           break;
         }
         case Instr::Kind::kAdd: {
@@ -446,6 +461,8 @@ void Program::run(const PassInputs& in, float* logits, int64_t logits_stride) {
         break;
     }
   }
+  for (Instr& i : code_)
+    if (i.next) i.next->store(0, std::memory_order_relaxed);  // published by the dispatch
   failed_.store(false, std::memory_order_relaxed);
   backend_->pool().parallel_for(static_cast<size_t>(n_threads_),
                                 [&](size_t, size_t, int t) { region(t, in); });

@@ -10,10 +10,11 @@
 // rows, other widths, LoRA) runs the layer loop (Executor).
 //
 // Instructions come in two forms:
-//  - partitioned: a linear layer (each thread a fixed range of 16-output units: the backend's
-//    LinearJob over that range), and the elementwise add / gated activation (each thread the
-//    same range of 16-column units). Each output's arithmetic is the backend kernel's, so the
-//    results equal the layer loop's bit for bit whatever the split;
+//  - partitioned: a linear layer (the threads claim pieces of 16-output units as they go, as
+//    the backend's linear does: a thread the machine slows takes fewer; each piece the
+//    backend's LinearJob), and the elementwise add / gated activation (each thread a fixed range
+//    of 16-column units). Each output's arithmetic is the backend kernel's, so the results
+//    equal the layer loop's bit for bit whatever the split;
 //  - serial: every other node, run on thread 0 through the executor's call of the backend op
 //    (its own parallel_for runs inline there), exactly as the layer loop runs it.
 // A barrier is put before an instruction only when one of its threads touches bytes (of the
