@@ -344,13 +344,17 @@ void run_bench(const BenchFlags& f) {
         "\"peak_rss_bytes\": %llu, "
         "\"bandwidth_gbs\": %.3f, \"kv_bytes_per_token\": %lld, \"kv_dtype\": \"%s\", \"depth\": "
         "%lld, "
-        "\"decode1_roofline_fraction\": %.4f}\n",
+        "\"decode1_roofline_fraction\": %.4f, \"executor\": \"%s\", \"circuit_steps\": %lld, "
+        "\"layer_steps\": %lld, \"barriers_per_step\": %lld}\n",
         static_cast<unsigned long long>(m.lora_pool() ? m.lora_pool()->bytes() : 0),
         static_cast<double>(m.weight_bytes()), bytes, static_cast<unsigned long long>(rss), gbs,
         static_cast<long long>(m.kv_pool().bytes_per_token()),
         std::string(dtype_name(m.kv_pool().layout().dtype)).c_str(),
         static_cast<long long>(f.depth),
-        batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]));
+        batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]),
+        std::string(executor_name(m.executor())).c_str(), static_cast<long long>(m.circuit_steps()),
+        static_cast<long long>(m.layer_steps()),
+        static_cast<long long>(m.programs().empty() ? -1 : m.programs().front()->stats().barriers));
     return;
   }
   std::printf("model: %s, %d thread(s), weights %.1f MB (%s), %.1f MB read per decoded token\n",
@@ -394,6 +398,16 @@ void run_bench(const BenchFlags& f) {
           static_cast<long long>(r.counts.drafted), r.identical ? "identical" : "DIFFERS");
     }
   }
+  std::printf("executor: %s", std::string(executor_name(m.executor())).c_str());
+  if (!m.programs().empty()) {
+    const Program::Stats& s = m.programs().front()->stats();
+    std::printf(
+        " (width 1: %lld barriers per step vs the layer loop's %lld dispatches; steps run by a "
+        "program %lld, by the layer loop %lld)",
+        static_cast<long long>(s.barriers), static_cast<long long>(s.layer_dispatches),
+        static_cast<long long>(m.circuit_steps()), static_cast<long long>(m.layer_steps()));
+  }
+  std::printf("\n");
   std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);
   if (f.profile) print_profile(m, f.depth, f.decode_tokens, longest, f.profile_batch);
 }

@@ -34,6 +34,9 @@ struct InspectFlags {
   std::string budget;     // empty: none
   std::string state_dtype = "f32";
   int64_t snapshots = 0;
+  bool circuit = false;
+  int threads = 0;
+  int64_t max_rows = 16;
 };
 
 // The recurrent-state request the flags describe, validated before anything is read.
@@ -157,6 +160,40 @@ void print_quantization(const std::string& dir, const ModelConfig& config,
     std::printf("  %-44s %-40s [%s]\n", r.module.c_str(), r.format.c_str(), r.rule.c_str());
 }
 
+// The circuit's programs (circuit/program.h) as the model compiles them at load: per decode
+// width, its instructions, how many each thread shares, the barriers per step beside the layer
+// loop's dispatches, and the workspace; then width 1's instruction list ('|': a barrier first).
+void print_circuit(const std::string& dir, int threads, int64_t max_rows) {
+  LoadOptions o;
+  o.n_threads = threads;
+  o.kv_tokens = 64;
+  o.max_seqs = 1;
+  o.max_rows = max_rows;
+  o.load_tokenizer = false;
+  o.executor = ExecutorKind::kCircuit;
+  const std::unique_ptr<Model> model = Model::load(dir, o);
+  std::printf("\ncircuit (%d threads, fusion policy none: the layer loop's exact ops):\n",
+              model->pool().size());
+  if (model->programs().empty()) {
+    std::printf("  no programs: the %s backend runs every step with the layer loop\n",
+                std::string(model->backend().name()).c_str());
+    return;
+  }
+  std::printf("  %6s %12s %8s %8s %14s %16s %16s\n", "width", "instructions", "split", "serial",
+              "barriers/step", "layer dispatches", "workspace bytes");
+  for (const auto& p : model->programs()) {
+    const Program::Stats& s = p->stats();
+    std::printf("  %6lld %12lld %8lld %8lld %14lld %16lld %16zu\n", static_cast<long long>(s.width),
+                static_cast<long long>(s.instructions), static_cast<long long>(s.partitioned),
+                static_cast<long long>(s.serial), static_cast<long long>(s.barriers),
+                static_cast<long long>(s.layer_dispatches), s.workspace_bytes);
+  }
+  std::printf(
+      "  other widths, prefill chunks, verify rows, LoRA rows and hidden-state readers: the "
+      "layer loop\n  fusions taken: none\nwidth 1's program ('|': a barrier before it):\n%s",
+      model->programs().front()->describe().c_str());
+}
+
 void run_inspect(const std::string& dir, const std::optional<StateFlags>& state) {
   const ModelConfig config = load_model_config(dir);
   const Checkpoint checkpoint = Checkpoint::open(dir);
@@ -250,10 +287,18 @@ void setup(CLI::App& app) {
   CLI::Option* snapshots =
       cmd->add_option("--snapshots", f->snapshots, "state blocks kept for prefix caching")
           ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  cmd->add_flag("--circuit", f->circuit,
+                "load the model and print its decode programs per batch width (ops, barriers, "
+                "workspace)");
+  cmd->add_option("--threads,-t", f->threads, "--circuit: threads the programs are split for")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--max-rows", f->max_rows, "--circuit: the widest program (default 16)")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   cmd->callback([f, max_batch, budget, dtype, snapshots] {
     const std::optional<StateFlags> state = state_flags(
         *f, max_batch->count() > 0, budget->count() + dtype->count() + snapshots->count() > 0);
     run_inspect(f->dir, state);
+    if (f->circuit) print_circuit(f->dir, f->threads, f->max_rows);
   });
 }
 

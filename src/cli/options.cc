@@ -79,6 +79,10 @@ void ModelFlags::add_to(CLI::App& cmd) {
                  "as llama.cpp's BF16; needs --weights copy) or int8 (bf16, and int4 / int8 / "
                  "nvfp4 weights meet inputs quantized to int8 per 32, as llama.cpp's Q4_0 / Q8_0)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
+  cmd.add_option("--executor", executor,
+                 "what runs decode steps: layers (the layer loop, op by op) or circuit (a "
+                 "program per batch width 1, 2, 4, ... run in one parallel region; other steps "
+                 "run the layer loop)");
   cmd.add_option("--max-seqs", max_seqs,
                  "hybrid models: sequences that hold a recurrent-state slot at once")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
@@ -100,6 +104,7 @@ LoadOptions ModelFlags::load_options() const {
               : compute == "int8" ? Compute::kInt8
                                   : Compute::kF32;
   o.max_seqs = max_seqs;
+  o.executor = parse_executor(executor, "--executor");
   o.state_dtype = state_dtype == "f16" ? DType::kF16 : DType::kF32;
   o.kv_dtype = kv_dtype == "f16" ? DType::kF16 : kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   if (!state_budget.empty()) o.state_budget = parse_byte_size(state_budget, "--state-budget");

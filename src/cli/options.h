@@ -31,6 +31,7 @@ struct ModelFlags {
   std::string state_dtype = "f32";  // hybrid models: recurrent-state storage
   std::string kv_dtype = "f32";     // KV cache storage
   std::string state_budget;         // hybrid models: bytes for the state pool ("" = no limit)
+  std::string executor = "layers";  // decode steps: the layer loop or the circuit's programs
 
   void add_to(CLI::App& cmd);
   LoadOptions load_options() const;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/factory/backend_factory.h"
 #include "core/error.h"
 #include "models/registry.h"
@@ -116,6 +117,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     }
 
     m->max_rows_ = o.max_rows;
+    m->executor_ = o.executor;
     const int64_t R = o.max_rows, H = c.hidden_size;
     const size_t resid = static_cast<size_t>(R * padded_cols(H));
     m->pass_buffer_ = m->backend_->allocate(2 * resid * sizeof(float));
@@ -226,6 +228,18 @@ void Model::record_graphs() {
       std::max<size_t>({plain_.plan.arena_bytes, observed_.plan.arena_bytes, size_t{64}}));
   for (Pass* p : {&plain_, &observed_})
     p->executor = std::make_unique<Executor>(p->graph, p->plan, arena_.data());
+  programs_.clear();
+  auto* cpu = dynamic_cast<CpuBackend*>(backend_.get());
+  if (executor_ != ExecutorKind::kCircuit || cpu == nullptr) return;
+  // The programs read the residual stream where every step binds it.
+  Executor& e = *plain_.executor;
+  e.bind(plain_.io.h, h_.data, h_.stride);
+  e.bind(plain_.io.delta, delta_.data, delta_.stride);
+  e.bind(plain_.io.injected, injected_.as<float>(), h_.stride);
+  for (int64_t width = 1; width <= max_rows_; width *= 2) {
+    programs_.push_back(std::make_unique<Program>(plain_.graph, plain_.plan, e, *cpu, width,
+                                                  ProgramIo{.logits = plain_.io.logits}));
+  }
 }
 
 void Model::run(const PassInputs& in, float* logits, float* pooled, const HiddenSink* sink) {
@@ -236,9 +250,18 @@ void Model::run(const PassInputs& in, float* logits, float* pooled, const Hidden
   if (in.n_wanted > 0) p.executor->bind(p.io.logits, logits, config_.vocab_size);
   if (in.n_pools > 0) p.executor->bind(p.io.pooled, pooled, config_.hidden_size);
   if (sink == nullptr) {
+    for (const std::unique_ptr<Program>& program : programs_) {
+      if (program->stats().width != in.n_rows) continue;
+      if (!program->accepts(in)) break;
+      program->run(in, logits, config_.vocab_size);
+      ++circuit_steps_;
+      return;
+    }
+    ++layer_steps_;
     p.executor->run(*backend_, in);
     return;
   }
+  ++layer_steps_;
   const PassObserver observer = [sink](int32_t index, ConstRows rows) { (*sink)(index, rows); };
   PassInputs observed = in;
   observed.observer = &observer;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "circuit/program.h"
 #include "core/thread_pool.h"
 #include "engine/kv_pool.h"
 #include "engine/state_pool.h"
@@ -48,6 +49,9 @@ struct LoadOptions {
   std::optional<uint64_t> state_budget;  // bytes for the pool; none: the deepest ring
   std::optional<int64_t> state_ring_depth;  // force a rollback depth (must fit the budget)
   void (*progress)(uint64_t done_bytes, uint64_t total_bytes) = nullptr;
+  // Which executor runs decode steps: the layer loop, or the circuit's compiled programs
+  // (circuit/program.h) for widths 1, 2, 4, ... up to max_rows on the CPU backend.
+  ExecutorKind executor = ExecutorKind::kLayers;
   // Vision-language checkpoints: the most patches one vision tower pass takes (its arena is
   // planned for this many).
   int64_t max_image_patches = 4096;
@@ -144,6 +148,16 @@ class Model {
   // The recorded pass every step runs (graph/graph.h) and its memory plan for max_rows().
   const Graph& graph() const { return plain_.graph; }
   const GraphPlan& graph_plan() const { return plain_.plan; }
+  // The circuit's programs (LoadOptions::executor = kCircuit), one per decode width 1, 2, 4, ...
+  // up to max_rows(), ascending; empty for the layer loop, or where the backend has none (a
+  // non-CPU backend: every step runs the layer loop). A step of another width, or one a program
+  // does not accept (Program::accepts: prefill chunks, verify rows, LoRA rows, a HiddenSink),
+  // runs the layer loop.
+  std::span<const std::unique_ptr<Program>> programs() const { return programs_; }
+  ExecutorKind executor() const { return executor_; }
+  // Steps the programs ran, and steps the layer loop ran (since load).
+  int64_t circuit_steps() const { return circuit_steps_; }
+  int64_t layer_steps() const { return layer_steps_; }
 
   // One ragged pass over `items` (distinct sequences, at most max_rows() tokens in all).
   // logits receives, item by item, the rows each asked for: [n_wanted, V]. pooled holds one
@@ -244,6 +258,9 @@ class Model {
   };
   Pass plain_, observed_;
   Buffer arena_;
+  ExecutorKind executor_ = ExecutorKind::kLayers;
+  std::vector<std::unique_ptr<Program>> programs_;  // the plain pass's, by ascending width
+  int64_t circuit_steps_ = 0, layer_steps_ = 0;
   std::vector<KvLayerView> kv_views_;             // [layers]
   std::vector<LayerStateOffsets> state_offsets_;  // [layers] hybrid models
 

@@ -84,6 +84,13 @@ StateSlice Executor::state_slice(const PassInputs& in, int32_t layer, bool conv)
 }
 
 void Executor::run(Backend& be, const PassInputs& in) {
+  begin(in);
+  for (const Node& node : graph_->nodes()) {
+    if (holds(node.when, in)) run_node(be, node, in);
+  }
+}
+
+void Executor::begin(const PassInputs& in) {
   const std::span<const BufferDecl> decls = graph_->buffers();
   for (size_t b = 0; b < decls.size(); ++b) {
     base_[b] = own_[b];
@@ -114,9 +121,6 @@ void Executor::run(Backend& be, const PassInputs& in) {
                 "executor: a pass of ", in.n_rows, " rows (", in.n_wanted, " wanted, ",
                 in.n_pool_rows, " pooled into ", in.n_pools, ") exceeds the plan's ",
                 plan_->max_rows, " rows");
-  for (const Node& node : graph_->nodes()) {
-    if (holds(node.when, in)) run_node(be, node, in);
-  }
 }
 
 void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {

@@ -85,11 +85,18 @@ class Executor {
   // buffer only nodes that do not run read (the logits of a pass that wants none) may stay
   // unbound; an op reading an unbound one is refused by its validation (null rows).
   void bind(BufferId id, float* data, int64_t stride);
-  // Runs every node whose conditions hold.
+  // Runs every node whose conditions hold: begin(in), then run_node for each.
   void run(Backend& backend, const PassInputs& in);
 
- private:
+  // The pieces of run() for a caller that walks the nodes itself (circuit/program.h): begin
+  // sets every buffer's rows for the pass; run_node runs one node (whatever its conditions).
+  void begin(const PassInputs& in);
   void run_node(Backend& be, const Node& node, const PassInputs& in);
+  // Buffer `id`'s memory (the arena's, or the bound rows) and its row stride.
+  float* memory(BufferId id) const { return own_[static_cast<size_t>(id)]; }
+  int64_t stride(BufferId id) const { return stride_[static_cast<size_t>(id)]; }
+
+ private:
   Rows rows(const Tensor& t) const;
   std::span<int32_t> ints(const Tensor& t) const;
   std::span<float> floats(const Tensor& t) const;

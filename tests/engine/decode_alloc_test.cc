@@ -116,6 +116,52 @@ TEST_P(DecodeAllocations, StepsAllocateNothing) {
   for (Sequence& s : seqs) m->release(s);
 }
 
+// The circuit's programs (circuit/program.h) allocate nothing per step either: their pointers,
+// partitions and scratch are resolved at load (widths 2 and 1 run a program each).
+TEST(DecodeAllocations, CircuitStepsAllocateNothing) {
+  for (const auto& [fixture, compute] :
+       {std::pair<std::string, Compute>{"qwen3_bf16", Compute::kF32},
+        {"qwen3_bf16", Compute::kBF16},
+        {"qwen3_moe_bf16", Compute::kF32},
+        {"qwen3_next_bf16", Compute::kF32},
+        {"deepseek_v3_mtp_bf16", Compute::kF32},
+        {"quant_ct_gptq_actorder", Compute::kInt8}}) {
+    LoadOptions o;
+    o.n_threads = 2;
+    o.kv_tokens = 256;
+    o.max_rows = 8;
+    o.compute = compute;
+    o.executor = ExecutorKind::kCircuit;
+    auto m = Model::load(testing::fixture_dir(fixture), o);
+    const auto V = static_cast<size_t>(m->vocab_size());
+    std::vector<Sequence> seqs(2);
+    std::vector<Sequence*> ptrs;
+    std::vector<float> logits(2 * V);
+    for (size_t i = 0; i < 2; ++i) {
+      seqs[i].tokens.reserve(64);
+      seqs[i].block_table.reserve(8);
+      const std::vector<int32_t> prompt = {1, static_cast<int32_t>(2 + i), 3};
+      m->prefill(seqs[i], prompt, std::span(logits).first(V));
+      ptrs.push_back(&seqs[i]);
+    }
+    std::vector<int32_t> tokens(2, 5);
+    for (size_t width : {size_t{2}, size_t{1}}) {
+      const auto batch = std::span(ptrs).first(width);
+      m->decode(batch, std::span(tokens).first(width), std::span(logits).first(width * V));
+      const long before = g_allocations.load();
+      const int64_t ran = m->circuit_steps();
+      for (int s = 0; s < 6; ++s) {
+        for (size_t i = 0; i < width; ++i) tokens[i] = static_cast<int32_t>(7 + 31 * s + 5 * i);
+        m->decode(batch, std::span(tokens).first(width), std::span(logits).first(width * V));
+      }
+      EXPECT_EQ(g_allocations.load() - before, 0)
+          << fixture << ": circuit decode steps at batch " << width << " allocated";
+      EXPECT_EQ(m->circuit_steps() - ran, 6) << fixture << ": the program did not run";
+    }
+    for (Sequence& q : seqs) m->release(q);
+  }
+}
+
 // Rows of different LoRA adapters and the base model in one step, on a bf16 base (and an MoE
 // one with adapted experts): the LoRA op groups rows in scratch planned by the first step.
 TEST(DecodeAllocations, LoraStepsAllocateNothing) {

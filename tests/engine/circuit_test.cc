@@ -1,0 +1,129 @@
+// The circuit executor (circuit/program.h): with the layer loop's exact ops (no fusions), a
+// compiled decode program's logits equal the layer loop's bit for bit — on every fixture family
+// and weight format, at 1 and 2 threads, one sequence alone and co-batched — and a step no
+// program takes (another width, a prefill chunk) runs the layer loop.
+#include <gtest/gtest.h>
+
+#include "circuit/program.h"
+#include "core/error.h"
+#include "engine/model.h"
+#include "fixture_util.h"
+
+namespace metrale {
+namespace {
+
+using testing::Reference;
+
+std::string fixture_of(const std::string& param) { return param.substr(0, param.find('@')); }
+
+std::unique_ptr<Model> load(const std::string& param, int threads, ExecutorKind executor) {
+  LoadOptions o;
+  o.n_threads = threads;
+  o.kv_tokens = 512;
+  o.max_rows = 8;
+  o.executor = executor;
+  o.compute = param.ends_with("@bf16")   ? Compute::kBF16
+              : param.ends_with("@int8") ? Compute::kInt8
+                                         : Compute::kF32;
+  return Model::load(testing::fixture_dir(fixture_of(param)), o);
+}
+
+class CircuitEquality : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CircuitEquality, ProgramLogitsEqualTheLayerLoop) {
+  const Reference ref(fixture_of(GetParam()));
+  const std::vector<int32_t> a = ref.ids("input_ids"), b = ref.ids("input_ids_b"),
+                             g = ref.ids("greedy_ids");
+  for (const int threads : {1, 2}) {
+    auto layers = load(GetParam(), threads, ExecutorKind::kLayers);
+    auto circuit = load(GetParam(), threads, ExecutorKind::kCircuit);
+    ASSERT_EQ(circuit->programs().size(), 4u);  // widths 1, 2, 4, 8
+    const auto V = static_cast<size_t>(layers->vocab_size());
+    // The same steps on both models; every call's logits compared.
+    std::vector<Sequence> sl(4), sc(4);
+    const std::vector<int32_t> prompts[] = {a, b, std::vector<int32_t>(b.begin(), b.begin() + 5),
+                                            std::vector<int32_t>(a.begin(), a.begin() + 3)};
+    std::vector<float> want(4 * V), got(4 * V);
+    for (size_t i = 0; i < 4; ++i) {
+      layers->prefill(sl[i], prompts[i], std::span(want).first(V));
+      circuit->prefill(sc[i], prompts[i], std::span(got).first(V));
+      ASSERT_EQ(got, want) << "prefill " << i;  // prefill is the layer loop's in both
+    }
+    const int64_t prefill_layer_steps = circuit->layer_steps();
+    auto step = [&](std::initializer_list<size_t> which, std::vector<int32_t> tokens,
+                    const std::string& what) {
+      std::vector<Sequence*> pl, pc;
+      for (size_t i : which) {
+        pl.push_back(&sl[i]);
+        pc.push_back(&sc[i]);
+      }
+      const size_t n = pl.size();
+      layers->decode(pl, tokens, std::span(want).first(n * V));
+      circuit->decode(pc, tokens, std::span(got).first(n * V));
+      EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + static_cast<long>(n * V)),
+                std::vector<float>(want.begin(), want.begin() + static_cast<long>(n * V)))
+          << what << " at " << threads << " threads";
+    };
+    for (size_t s = 0; s < 4; ++s) {
+      step({0}, {g[s]}, "alone, step " + std::to_string(s));
+      step({1, 0}, {7, g[s + 4]}, "co-batched by 2, step " + std::to_string(s));
+      step({2, 1, 0, 3}, {11, 13, g[s + 8], 17}, "co-batched by 4, step " + std::to_string(s));
+      step({3, 2, 1}, {19, 23, 29}, "3 rows (the layer loop), step " + std::to_string(s));
+    }
+    EXPECT_EQ(circuit->circuit_steps(), 12);                     // widths 1, 2 and 4 ran a program
+    EXPECT_EQ(circuit->layer_steps() - prefill_layer_steps, 4);  // width 3 did not
+    EXPECT_EQ(layers->circuit_steps(), 0);
+    for (size_t i = 0; i < 4; ++i) {
+      layers->release(sl[i]);
+      circuit->release(sc[i]);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, CircuitEquality,
+    ::testing::Values("qwen3_f32", "llama_bf16", "qwen2_f32", "qwen3_bf16@bf16", "llama_bf16@bf16",
+                      "qwen3_moe_f32", "qwen3_moe_nonorm_f32", "qwen3_moe_bf16@bf16",
+                      "qwen3_next_f32", "qwen3_5_text_bf16@bf16", "qwen3_5_moe_f32",
+                      "quant_ct_gptq_actorder", "quant_ct_w4a16_asym", "quant_modelopt_nvfp4",
+                      "quant_fp8_block", "quant_ct_w8a16", "quant_ct_gptq_actorder@int8",
+                      "quant_ct_w4a16_asym@int8", "quant_modelopt_nvfp4@int8",
+                      "quant_ct_w8a16@int8", "deepseek_v3_mtp_bf16", "deepseek_v3_noqlora_bf16",
+                      "deepseek_v3_noqlora_bf16@bf16", "glm4_moe_qknorm_bf16"),
+    [](const ::testing::TestParamInfo<std::string>& p) {
+      std::string name = p.param;
+      for (char& ch : name) ch = ch == '@' ? '_' : ch;
+      return name;
+    });
+
+// The program of a dense model at 2 threads splits its linear layers and needs fewer barriers
+// than the layer loop's dispatches.
+TEST(Circuit, ProgramsSplitLinearsAndSaveBarriers) {
+  auto m = load("qwen3_f32", 2, ExecutorKind::kCircuit);
+  for (const auto& p : m->programs()) {
+    const Program::Stats& s = p->stats();
+    EXPECT_GT(s.partitioned, 0) << "width " << s.width;
+    EXPECT_GT(s.serial, 0) << "width " << s.width;
+    EXPECT_LT(s.barriers, s.layer_dispatches) << "width " << s.width;
+    EXPECT_GE(s.workspace_bytes, m->graph_plan().arena_bytes);
+    EXPECT_NE(p->describe().find("linear"), std::string::npos);
+  }
+  // At 1 thread nothing waits for anything.
+  auto one = load("qwen3_f32", 1, ExecutorKind::kCircuit);
+  for (const auto& p : one->programs()) EXPECT_EQ(p->stats().barriers, 0);
+}
+
+TEST(Circuit, UnknownExecutorIsAnError) {
+  EXPECT_EQ(parse_executor("layers"), ExecutorKind::kLayers);
+  EXPECT_EQ(parse_executor("circuit"), ExecutorKind::kCircuit);
+  try {
+    parse_executor("fused");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--executor"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fused"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace metrale
