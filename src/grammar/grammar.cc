@@ -95,7 +95,7 @@ void check_keywords_at(const nlohmann::json& s, const std::string& path, const s
 }
 
 // An EBNF string literal of `s` (UTF-8 kept; quotes, backslashes and control bytes escaped).
-std::string ebnf_literal(const std::string& s) {
+[[maybe_unused]] std::string ebnf_literal(const std::string& s) {  // used only with xgrammar
   std::string out = "\"";
   for (unsigned char c : s) {
     if (c == '"' || c == '\\') {

@@ -10,6 +10,7 @@
 #include "engine/session.h"
 #include "serve/scheduler.h"
 #include "speculative/ngram_proposer.h"
+#include "stream_drain.h"
 
 namespace metrale {
 namespace {
@@ -22,34 +23,8 @@ std::unique_ptr<Model> load(const std::string& name, int64_t kv_tokens = 512) {
   return Model::load(dir_of(name), {.n_threads = 2, .kv_tokens = kv_tokens, .max_rows = 32});
 }
 
-struct Done {
-  std::vector<int32_t> tokens;
-  std::vector<float> embedding;
-  FinishReason finish = FinishReason::kError;
-  std::string error;
-  ServeUsage usage;
-};
-
-Done drain(ServeStream& s) {
-  Done d;
-  const auto give_up = std::chrono::steady_clock::now() + 60s;
-  std::vector<ServeEvent> events;
-  while (std::chrono::steady_clock::now() < give_up) {
-    events.clear();
-    if (!s.next(events, 100ms)) continue;
-    for (ServeEvent& e : events) {
-      d.tokens.insert(d.tokens.end(), e.tokens.begin(), e.tokens.end());
-      if (!e.done) continue;
-      d.embedding = std::move(e.embedding);
-      d.finish = e.finish;
-      d.error = e.error;
-      d.usage = e.usage;
-      return d;
-    }
-  }
-  ADD_FAILURE() << "stream " << s.id() << " never finished";
-  return d;
-}
+using Done = serve_test::Drained;
+using serve_test::drain;
 
 const std::vector<std::string> kTexts = {
     "a",

@@ -16,6 +16,7 @@
 #include "engine/session.h"
 #include "io/safetensors/file.h"
 #include "serve/scheduler.h"
+#include "stream_drain.h"
 
 namespace metrale {
 namespace {
@@ -56,33 +57,8 @@ class Tower {
   SafetensorsFile file_;
 };
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  ServeUsage usage;
-  FinishReason finish = FinishReason::kStop;
-  std::string error;
-};
-
-Outcome drain(ServeStream& s) {
-  Outcome o;
-  const auto give_up = std::chrono::steady_clock::now() + 60s;
-  std::vector<ServeEvent> events;
-  while (std::chrono::steady_clock::now() < give_up) {
-    events.clear();
-    if (!s.next(events, 100ms)) continue;
-    for (ServeEvent& e : events) {
-      o.tokens.insert(o.tokens.end(), e.tokens.begin(), e.tokens.end());
-      if (e.done) {
-        o.usage = e.usage;
-        o.finish = e.finish;
-        o.error = e.error;
-        return o;
-      }
-    }
-  }
-  ADD_FAILURE() << "stream " << s.id() << " never finished";
-  return o;
-}
+using Outcome = serve_test::Drained;
+using serve_test::drain;
 
 constexpr int64_t kTokens = 8;
 

@@ -14,6 +14,7 @@
 #include "engine/mtp_proposer.h"
 #include "engine/session.h"
 #include "serve/scheduler.h"
+#include "stream_drain.h"
 
 namespace metrale {
 namespace {
@@ -28,41 +29,10 @@ std::unique_ptr<Model> load(const std::string& fixture, int64_t kv_tokens = 1024
   return Model::load("tests/data/fixtures/" + fixture, o);
 }
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  FinishReason finish = FinishReason::kStop;
-  ServeUsage usage;
-};
+using Outcome = serve_test::Drained;
+using serve_test::drain;
 
-Outcome drain(ServeStream& s) {
-  Outcome o;
-  const auto give_up = std::chrono::steady_clock::now() + 60s;
-  std::vector<ServeEvent> events;
-  while (std::chrono::steady_clock::now() < give_up) {
-    events.clear();
-    if (!s.next(events, 100ms)) continue;
-    for (ServeEvent& e : events) {
-      o.tokens.insert(o.tokens.end(), e.tokens.begin(), e.tokens.end());
-      if (e.done) {
-        o.finish = e.finish;
-        o.usage = e.usage;
-        return o;
-      }
-    }
-  }
-  ADD_FAILURE() << "stream " << s.id() << " never finished";
-  return o;
-}
-
-SchedulerStats settled(const Scheduler& sched) {
-  const auto give_up = std::chrono::steady_clock::now() + 10s;
-  SchedulerStats st = sched.stats();
-  while ((st.running != 0 || st.waiting != 0) && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(2ms);
-    st = sched.stats();
-  }
-  return st;
-}
+using serve_test::settled;
 
 // Token-id prompts (the fixtures have no tokenizer): repeats the drafter may learn from, and
 // random ids, of different lengths so prefill chunks and verify rows mix in one step.
