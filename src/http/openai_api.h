@@ -2,7 +2,8 @@
 // The OpenAI API's wire format, without any HTTP: request bodies of POST /v1/chat/completions
 // and /v1/completions parsed and strictly validated into an OpenAiRequest (then a
 // ServeRequest), and the response bodies built in OpenAI's shapes (chat.completion,
-// chat.completion.chunk, text_completion, their logprobs and usage, errors).
+// chat.completion.chunk, text_completion, their logprobs and usage, errors). Requests are
+// read in openai_request.cc, responses written in openai_response.cc.
 //
 // Validation follows OpenAI's reference server: unknown fields are ignored (clients send
 // vendor extensions), but a KNOWN field of the wrong type or out of range is a 400 naming the
