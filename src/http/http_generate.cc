@@ -134,14 +134,8 @@ std::shared_ptr<ServeStream> HttpServer::Impl::submit(ServeRequest request) cons
   return scheduler.submit(std::move(request));
 }
 
-void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
-                                const httplib::ContentReader& reader) {
-  const std::string body = read_body(req, res, reader);
-  // Held until the response is written (a stream's state keeps it): drain() waits for it.
-  std::shared_ptr<void> admitted = lifecycle.admit();
-  if (!admitted) throw refuse_draining(res);
-  const OpenAiRequest r =
-      kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
+ServeRequest HttpServer::Impl::build_request(ApiKind kind, const OpenAiRequest& r,
+                                             ReplyFormat& reply) const {
   const std::string adapter = adapter_of(r.model);
   // Media to a text-only model: refused before the template sees them.
   if (!r.media.empty() && model.vision() == nullptr) {
@@ -155,7 +149,6 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   std::string rendered;
   std::vector<int32_t> prompt = encode_prompt(r, rendered);
   std::vector<vision::VisionItem> media = load_media(r, prompt);
-  ReplyFormat reply;
   if (kind == ApiKind::kChat) {
     reply.reasoning = options.reasoning_format;
     reply.reasoning_starts_open = chat::prompt_opens_reasoning(rendered);
@@ -167,6 +160,20 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
                                     reply.tool_calls);
   s.adapter = adapter;
   s.media = std::move(media);
+  return s;
+}
+
+void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& reader) {
+  const std::string body = read_body(req, res, reader);
+  // Held until the response is written (a stream's state keeps it): drain() waits for it.
+  std::shared_ptr<void> admitted = lifecycle.admit();
+  if (!admitted) throw refuse_draining(res);
+  const OpenAiRequest r =
+      kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
+  ReplyFormat reply;
+  ServeRequest s = build_request(kind, r, reply);
+  const std::string adapter = s.adapter;
   if (r.forced_tool) {
     s.grammar =
         compile_grammar(forced_tool_call_grammar(r.tools, *r.forced_tool, reply.tool_calls));
@@ -190,6 +197,33 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
                       res);
   } else {
     respond_whole(kind, r, reply, streams, meta, req, res);
+  }
+}
+
+void HttpServer::Impl::render(ApiKind kind, const httplib::Request& req, httplib::Response& res,
+                              const httplib::ContentReader& reader) {
+  const std::string body = read_body(req, res, reader);
+  const OpenAiRequest r =
+      kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
+  ReplyFormat reply;
+  const ServeRequest s = build_request(kind, r, reply);
+  // A grammar is compiled as the generation endpoint would, so a request that one refuses is
+  // refused here too (a router must not place what cannot run).
+  if (r.forced_tool) {
+    compile_grammar(forced_tool_call_grammar(r.tools, *r.forced_tool, reply.tool_calls));
+  } else if (r.grammar) {
+    compile_grammar(*r.grammar);
+  }
+  const int64_t id = render_ids.fetch_add(1) + 1;
+  const std::string name = s.adapter.empty() ? model_name : r.model;
+  if (kind == ApiKind::kChat) {
+    send_json(
+        res, 200,
+        dump_json(generate_request_json(s, r.n, "chatcmpl-render-" + std::to_string(id), name)));
+  } else {
+    send_json(res, 200,
+              dump_json(nlohmann::json::array(
+                  {generate_request_json(s, r.n, "cmpl-render-" + std::to_string(id), name)})));
   }
 }
 

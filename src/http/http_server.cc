@@ -233,9 +233,14 @@ void HttpServer::Impl::setup() {
     // A request with a body for any path but the POST endpoints is answered before httplib
     // reads that body into memory (it would read a chunked one without limit). The body is
     // left unread, so the connection cannot be reused.
-    static const std::array<std::string_view, 6> kPostPaths = {
-        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize",
-        "/detokenize",          "/flush_cache"};
+    static const std::array<std::string_view, 8> kPostPaths = {"/v1/chat/completions",
+                                                               "/v1/completions",
+                                                               "/v1/embeddings",
+                                                               "/v1/chat/completions/render",
+                                                               "/v1/completions/render",
+                                                               "/tokenize",
+                                                               "/detokenize",
+                                                               "/flush_cache"};
     const bool post_endpoint =
         req.method == "POST" &&
         std::find(kPostPaths.begin(), kPostPaths.end(), req.path) != kPostPaths.end();
@@ -391,6 +396,15 @@ void HttpServer::Impl::setup() {
   server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
                                         const httplib::ContentReader& reader) {
     guarded(res, [&] { generate(ApiKind::kCompletion, req, res, reader); });
+  });
+  server.Post("/v1/chat/completions/render",
+              [this](const httplib::Request& req, httplib::Response& res,
+                     const httplib::ContentReader& reader) {
+                guarded(res, [&] { render(ApiKind::kChat, req, res, reader); });
+              });
+  server.Post("/v1/completions/render", [this](const httplib::Request& req, httplib::Response& res,
+                                               const httplib::ContentReader& reader) {
+    guarded(res, [&] { render(ApiKind::kCompletion, req, res, reader); });
   });
   server.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res,
                                        const httplib::ContentReader& reader) {

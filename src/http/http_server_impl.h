@@ -76,6 +76,7 @@ struct HttpServer::Impl {
   std::map<int, int64_t> responses_by_status;                       // guarded by metrics_mu
   std::map<std::pair<std::string, std::string>, int64_t> finishes;  // (endpoint, reason)
   std::atomic<int64_t> client_disconnects{0};
+  std::atomic<int64_t> render_ids{0};  // the Renderer API's request ids
 
   // Structured outputs: the compiler over the model's tokenizer, made at the first request
   // that needs it (its vocabulary tables take a moment for a 150k vocabulary).
@@ -128,6 +129,13 @@ struct HttpServer::Impl {
   std::shared_ptr<ServeStream> submit(ServeRequest request) const;
   void generate(ApiKind kind, const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader);
+  // The request as the generation endpoint would prefill it (vLLM's Renderer API,
+  // generate_request_json), validated the same way; nothing is submitted.
+  void render(ApiKind kind, const httplib::Request& req, httplib::Response& res,
+              const httplib::ContentReader& reader);
+  // What generate() and render() share: the request read, its adapter, prompt and media, as the
+  // scheduler takes it (`reply` filled for a chat).
+  ServeRequest build_request(ApiKind kind, const OpenAiRequest& r, ReplyFormat& reply) const;
   // The adapter a request's `model` names ("" for the base model; 404 when it names neither).
   std::string adapter_of(const std::string& requested) const;
   void embeddings(const httplib::Request& req, httplib::Response& res,

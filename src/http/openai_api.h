@@ -298,6 +298,15 @@ class SseEncoder {
 std::string sse_frame(const nlohmann::json& j);
 std::string dump_json(const nlohmann::json& j);
 
+// vLLM's Renderer API: POST /v1/chat/completions/render answers one GenerateRequest,
+// /v1/completions/render a list of one: the request rendered and tokenized exactly as the
+// generation endpoint would (`s.prompt`, media placeholders expanded), with the sampling
+// parameters it resolved, under vLLM's field names. Routers read `token_ids` to place a request
+// by its prefix (vllm-router's cache_aware policy asks a worker to render every request; llm-d's
+// precise prefix scorer does too). `n`: the request's choices.
+nlohmann::json generate_request_json(const ServeRequest& s, int n, std::string_view request_id,
+                                     std::string_view model);
+
 // /tokenize {"content": str, "add_special": bool = false, "with_pieces": bool = false}
 // -> {"tokens": [ids]} or {"tokens": [{"id", "piece"}]} (piece: a string, or the list of its
 // bytes when they are not valid UTF-8), as llama-server has it.

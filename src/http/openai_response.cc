@@ -383,6 +383,34 @@ std::string SseEncoder::fail(int status, std::string_view message, std::string_v
          "data: [DONE]\n\n";
 }
 
+nlohmann::json generate_request_json(const ServeRequest& s, int n, std::string_view request_id,
+                                     std::string_view model) {
+  json sampling{{"n", n},
+                {"max_tokens", s.max_tokens},
+                {"temperature", s.sampling.temperature},
+                {"top_p", s.sampling.top_p},
+                {"top_k", s.sampling.top_k},
+                {"min_p", s.sampling.min_p},
+                {"repetition_penalty", s.sampling.repetition_penalty},
+                {"presence_penalty", s.presence_penalty},
+                {"frequency_penalty", s.frequency_penalty},
+                {"seed", s.seed},
+                {"stop", s.stop},
+                {"ignore_eos", s.ignore_eos},
+                {"skip_special_tokens", s.skip_special_tokens},
+                {"logprobs", s.top_logprobs >= 0 ? json(s.top_logprobs) : json(nullptr)}};
+  if (!s.logit_bias.empty()) {
+    json bias = json::object();
+    for (const auto& [id, b] : s.logit_bias) bias[std::to_string(id)] = b;
+    sampling["logit_bias"] = std::move(bias);
+  }
+  return json{{"request_id", request_id},
+              {"token_ids", s.prompt},
+              {"sampling_params", std::move(sampling)},
+              {"model", model},
+              {"stream", false}};
+}
+
 std::string tokenize_response(std::string_view body, const Tokenizer& tok) {
   const json doc = parse_body(body);
   const JsonFields f = field("", [&] { return JsonFields(doc, std::string(kSource)); });

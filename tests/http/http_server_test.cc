@@ -267,6 +267,65 @@ TEST_F(ServerFixture, CompletionEqualsThePromptRunAlone) {
             want.stop == StopReason::kMaxTokens ? "length" : "stop");
 }
 
+// vLLM's Renderer API, which vllm-router's cache_aware policy calls on a worker to route by
+// prompt tokens: the ids are exactly the prompt the generation endpoint prefills.
+TEST_F(ServerFixture, RenderGivesThePromptTheGenerationPrefills) {
+  auto c = post("/v1/completions/render",
+                R"({"model": "demo", "prompt": "And God said", "max_tokens": 7, "seed": 3,
+                    "stop": ["\n"], "temperature": 0.5})");
+  ASSERT_TRUE(c);
+  ASSERT_EQ(c->status, 200) << c->body;
+  const json list = json::parse(c->body);
+  ASSERT_TRUE(list.is_array());
+  ASSERT_EQ(list.size(), 1u);
+  const json& g = list[0];
+  EXPECT_EQ(g["token_ids"].get<std::vector<int32_t>>(),
+            model_->tokenizer()->encode("And God said", true));
+  EXPECT_EQ(g["model"], "demo");
+  EXPECT_EQ(g["request_id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(g["sampling_params"]["max_tokens"], 7);
+  EXPECT_EQ(g["sampling_params"]["seed"], 3);
+  EXPECT_EQ(g["sampling_params"]["stop"], json::array({"\n"}));
+  EXPECT_FLOAT_EQ(g["sampling_params"]["temperature"].get<float>(), 0.5f);
+
+  const std::string chat =
+      R"({"model": "demo", "max_tokens": 4, "temperature": 0, "messages": [
+            {"role": "system", "content": "Thou art a scribe."},
+            {"role": "user", "content": "In the beginning"}]})";
+  auto r = post("/v1/chat/completions/render", chat);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json one = json::parse(r->body);
+  ASSERT_TRUE(one.is_object());  // one GenerateRequest, as vLLM's chat render answers
+  EXPECT_EQ(one["request_id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(one["token_ids"].get<std::vector<int32_t>>(),
+            model_->tokenizer()->encode(
+                "system: Thou art a scribe.\nuser: In the beginning\nassistant:", false));
+  auto gen = post("/v1/chat/completions", chat);
+  ASSERT_TRUE(gen);
+  ASSERT_EQ(gen->status, 200) << gen->body;
+  EXPECT_EQ(json::parse(gen->body)["usage"]["prompt_tokens"], one["token_ids"].size());
+
+  // Refused as the generation endpoint refuses: a bad field is 400 naming it, an unknown
+  // model 404; nothing is generated either way.
+  auto bad = post("/v1/chat/completions/render",
+                  R"({"model": "demo", "messages": [{"role": "user", "content": "x"}],
+                      "temperature": "hot"})");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "temperature");
+  auto unknown = post("/v1/completions/render", R"({"model": "nope", "prompt": "x"})");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  // Only the one chat completion ran: once its end is published, one request finished.
+  for (int i = 0; i < 200 && scheduler_->stats().requests_finished < 1; ++i)
+    std::this_thread::sleep_for(10ms);
+  const SchedulerStats s = scheduler_->stats();
+  EXPECT_EQ(s.requests_finished, 1);
+  EXPECT_EQ(s.running + s.waiting, 0);
+  EXPECT_EQ(s.generated_tokens, 4);
+}
+
 TEST_F(ServerFixture, ChatStreamsSseChunks) {
   std::string body;
   httplib::Headers headers = {{"Authorization", std::string("Bearer ") + kKey}};

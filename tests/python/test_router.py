@@ -8,7 +8,8 @@ succeeds through the router: the draining replica's 503 opens its circuit and th
 on the other, before and after the replica is gone (with round-robin routing that path is
 certain: a second test asserts it from the router's own counters). A third test runs its kv_aware
 policy on the replicas' KV-cache events (--kv-events-endpoint): repeats of a prompt go to the
-replica that holds its pages.
+replica that holds its pages. A fourth shows cache_aware routing on the prompt tokens the
+router asks each replica to render (POST /v1/chat/completions/render, /v1/completions/render).
 
 Skipped (exit 77) when there is no router venv (scripts/router-venv.sh makes it).
 Run: build/venv/bin/python tests/python/test_router.py (ctest runs it).
@@ -309,6 +310,64 @@ class RouterTest(unittest.TestCase):
                 now = counts("metrale_prefix_cache_hits_total")
                 self.assertEqual(now[home] - cached[home], 3, f"prompt {k}: {cached} -> {now}")
                 self.assertEqual(now[1 - home], cached[1 - home], f"prompt {k}")
+        except Exception:
+            if router is not None:
+                sys.stderr.write("router log:\n" + router.text())
+            raise
+        finally:
+            if router is not None:
+                router.stop()
+            for r in replicas:
+                r.stop()
+
+
+    def test_cache_aware_routing_reads_the_rendered_prompt_tokens(self):
+        """vllm-router's cache_aware policy routes by a request's prompt tokens, which it asks
+        the worker for (vLLM's Renderer API: POST /v1/chat/completions/render and
+        /v1/completions/render); a worker that cannot render gets no prefix routing at all.
+        Each system prompt's repeat is a prefix hit in the router's tree (its match rate over
+        the rendered tokens passes the threshold) and lands where the first went, a prefix-cache
+        hit there."""
+        replicas = [Server() for _ in range(2)]
+        router = None
+        try:
+            router = Router(replicas, "cache_aware")
+            routed = openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0,
+                                   timeout=60)
+            systems = [f"Thou art scribe number {k}. " + " ".join([SYSTEM] * 6) for k in range(3)]
+
+            def served_by(send):
+                before = [r.metrics()["metrale_requests_finished_total"] for r in replicas]
+                send()
+                after = [r.metrics()["metrale_requests_finished_total"] for r in replicas]
+                home = [i for i in range(2) if after[i] > before[i]]
+                self.assertEqual(len(home), 1)
+                return home[0]
+
+            for k, system in enumerate(systems):
+                def chat(q):
+                    return lambda: routed.chat.completions.create(
+                        model="demo", messages=[{"role": "system", "content": system},
+                                                {"role": "user", "content": q}],
+                        max_tokens=4, temperature=0)
+                home = served_by(chat(QUESTIONS[0]))
+                hits = replicas[home].metrics()["metrale_prefix_cache_hits_total"]
+                self.assertEqual(served_by(chat(QUESTIONS[1])), home, f"prompt {k}")
+                self.assertEqual(served_by(lambda: routed.completions.create(
+                    model="demo", prompt=system + " " + QUESTIONS[2], max_tokens=4,
+                    temperature=0)), home, f"prompt {k} as a completion")
+                self.assertGreater(replicas[home].metrics()["metrale_prefix_cache_hits_total"],
+                                   hits)
+            metrics = get(router.metrics_url + "/metrics")[1]
+            outcome = 'vllm_router_prefix_routing_decisions_total{policy="cache_aware",' \
+                      'stage="regular",outcome='
+            # The router renders each request on every candidate worker: 9 requests x 2.
+            self.assertEqual(total_of(metrics, 'vllm_router_kv_routing_inputs_total'
+                                      '{transport="http",result="render"}'), 18)
+            # Every request after a system prompt's first: the chat repeat, and the completion
+            # (the same system text, tokenized without the chat template's markers, still
+            # shares no prefix with the chat's rendering, so it may be a hit or not).
+            self.assertGreaterEqual(total_of(metrics, outcome + '"prefix_hit"'), 3)
         except Exception:
             if router is not None:
                 sys.stderr.write("router log:\n" + router.text())
