@@ -284,6 +284,19 @@ class RouterTest(unittest.TestCase):
                 return total_of(get(router.metrics_url + "/metrics")[1],
                                 'vllm_router_kv_placement_lookups_total{result="hit"}')
 
+            # ZMQ drops what a publisher sends before a subscriber has joined, so the events of
+            # the first requests may never reach the router: warm up with throwaway prompts
+            # until its index has seen one (bounded), before the checks rely on it.
+            for w in range(100):
+                hits = index_hits()
+                warm = [1500 + w] + [1000 + i for i in range(39)]  # distinct first pages
+                complete(routed, warm)
+                time.sleep(0.05)
+                complete(routed, warm)
+                if index_hits() > hits:
+                    break
+            else:
+                self.fail("the router's KV index never saw a replica's events")
             for k in range(3):
                 prompt = [100 * k + i + 1 for i in range(40)]  # 2 whole pages and 8 tokens
                 want = complete(direct, prompt)
