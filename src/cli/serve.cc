@@ -205,8 +205,10 @@ void run_serve(ServeFlags f) {
     so.kv_events = [&kv_events](std::vector<KvCacheEvent> events) {
       kv_events->publish(std::move(events));
     };
-    std::fprintf(stderr, "metrale serve: KV-cache events on %s (topic \"%s\")\n",
-                 kv_events->endpoint().c_str(), f.kv_events.topic.c_str());
+    std::fprintf(stderr, "metrale serve: KV-cache events on %s (topic \"%s\")%s%s\n",
+                 kv_events->endpoint().c_str(), f.kv_events.topic.c_str(),
+                 kv_events->replay_endpoint().empty() ? "" : ", replay on ",
+                 kv_events->replay_endpoint().c_str());
   }
   Scheduler scheduler(*model, so);
 
@@ -304,6 +306,17 @@ void setup(CLI::App& app) {
                   "tcp://*:5557 (default: none)");
   cmd->add_option("--kv-events-topic", f->kv_events.topic,
                   "the topic of every KV-event message (default \"\", as vLLM's)");
+  auto* replay = cmd->add_option(
+      "--kv-events-replay-endpoint", f->kv_events.replay_endpoint,
+      "also answer replay requests on this ZMQ endpoint (vLLM's replay_endpoint: a ROUTER; a "
+      "subscriber sends a start sequence number and gets the kept batches from there, then an "
+      "end marker), e.g. tcp://*:5558 (default: none)");
+  replay->needs("--kv-events-endpoint");
+  cmd->add_option("--kv-events-buffer-steps", f->kv_events.buffer_steps,
+                  "batches kept for replay (vLLM's buffer_steps; default 10000, at most 64 MiB "
+                  "of them)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+      ->needs(replay);
   cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
                   "map (vLLM's current layout, the default), array (earlier vLLM releases' "
                   "array_like layout) or array-batch (an array batch of map events: what "
