@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -174,12 +175,11 @@ KvEventPublisher::KvEventPublisher(KvEventPublisherOptions options) : options_(s
       replay_ = zmq_socket(context_, ZMQ_ROUTER);
       METRALE_CHECK(replay_ != nullptr,
                     "kv events: cannot make a ZMQ ROUTER socket: ", zmq_error());
-      // A ROUTER drops what passes its high-water mark (the end marker included) and never
-      // waits on a peer gone. Room for two whole replays per peer: a reader's progress reaches
-      // the sender only every half high-water mark, so one reply's room is not enough for the
-      // next request's; a peer that asks again without reading loses messages, not memory.
-      const int replay_hwm =
-          static_cast<int>(std::min<size_t>(2 * (options_.buffer_steps + 1), 1 << 30));
+      // A reply is sent at its reader's pace: a full pipe says EAGAIN (rather than dropping
+      // the message), a peer gone EHOSTUNREACH. The high-water mark (ZMQ's default) bounds
+      // the messages queued per peer.
+      const int mandatory = 1, replay_hwm = 1000;
+      zmq_setsockopt(replay_, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
       zmq_setsockopt(replay_, ZMQ_SNDHWM, &replay_hwm, sizeof replay_hwm);
       const int no_linger = 0;
       zmq_setsockopt(replay_, ZMQ_LINGER, &no_linger, sizeof no_linger);
@@ -223,17 +223,17 @@ void KvEventPublisher::publish(std::vector<KvCacheEvent> events) {
 }
 
 void KvEventPublisher::run() {
-  // With a replay socket the sender also wakes this often to answer requests while no batch
-  // comes (vLLM's publisher polls its ROUTER every 100 ms).
+  // With a replay socket the sender also wakes to answer requests while no batch comes
+  // (vLLM's publisher polls its ROUTER every 100 ms), and sooner while replies are under way.
   constexpr auto kReplayPoll = std::chrono::milliseconds(10);
-  uint64_t seq = 0;
+  constexpr auto kReplayBusyPoll = std::chrono::milliseconds(1);
   for (;;) {
     std::optional<std::pair<double, std::vector<KvCacheEvent>>> batch;
     {
       std::unique_lock lock(mu_);
       const auto ready = [&] { return stopping_ || !queue_.empty(); };
       if (replay_ != nullptr) {
-        cv_.wait_for(lock, kReplayPoll, ready);
+        cv_.wait_for(lock, replays_under_way_.empty() ? kReplayPoll : kReplayBusyPoll, ready);
       } else {
         cv_.wait(lock, ready);
       }
@@ -246,7 +246,7 @@ void KvEventPublisher::run() {
     }
     // Requests first, as vLLM's does: a reply holds every batch sent before it.
     if (replay_ != nullptr) serve_replays();
-    if (batch) send_batch(seq++, batch->first, batch->second);
+    if (batch) send_batch(next_seq_++, batch->first, batch->second);
   }
 }
 
@@ -274,49 +274,70 @@ void KvEventPublisher::send_batch(uint64_t seq, double unix_seconds,
 }
 
 void KvEventPublisher::serve_replays() {
-  static const std::array<char, 8> kEnd = big_endian(~uint64_t{0});  // -1 as vLLM's END_SEQ
   zmq_pollitem_t item{replay_, 0, ZMQ_POLLIN, 0};
   // Bounded per wake-up, so a flood of requests cannot starve the batches.
   for (int n = 0; n < 64 && zmq_poll(&item, 1, 0) > 0 && (item.revents & ZMQ_POLLIN); ++n) {
-    const std::vector<std::string> frames = receive_request(replay_);
+    std::vector<std::string> frames = receive_request(replay_);
     // [peer identity (the ROUTER's), empty delimiter, 8-byte big-endian start].
-    if (frames.size() != 3 || !frames[1].empty() || frames[2].size() != 8) {
+    const bool valid = frames.size() == 3 && frames[1].empty() && frames[2].size() == 8;
+    if (!valid || replays_under_way_.size() >= kMaxPendingReplays) {
       if (refused_++ == 0) {
         std::fprintf(stderr,
-                     "kv events: a replay request of %zu frames (expected 3: the "
-                     "peer, an empty delimiter, an 8-byte big-endian sequence number) gets no "
-                     "reply; later ones are only counted\n",
-                     frames.size());
+                     valid ? "kv events: a replay request beyond the %zu replies under way gets "
+                             "no reply; later ones are only counted\n"
+                           : "kv events: a replay request of %zu frames (expected 3: the peer, "
+                             "an empty delimiter, an 8-byte big-endian sequence number) gets no "
+                             "reply; later ones are only counted\n",
+                     valid ? kMaxPendingReplays : frames.size());
       }
       continue;
     }
     uint64_t start = 0;
     for (char c : frames[2]) start = start << 8 | static_cast<unsigned char>(c);
-    const std::string& peer = frames[0];
-    auto send = [&](std::string_view number, std::string_view payload) {
-      zmq_send(replay_, peer.data(), peer.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-      zmq_send(replay_, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-      zmq_send(replay_, number.data(), number.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-      zmq_send(replay_, payload.data(), payload.size(), ZMQ_DONTWAIT);
-    };
-    // The buffer's numbers are consecutive: the first to send is found by subtraction.
-    size_t first = sent_buffer_.size();
-    if (!sent_buffer_.empty()) {
-      const uint64_t oldest = sent_buffer_.front().first;
-      if (start <= oldest) {
-        first = 0;
-      } else if (start - oldest < sent_buffer_.size()) {
-        first = static_cast<size_t>(start - oldest);
-      }
-    }
-    for (size_t i = first; i < sent_buffer_.size(); ++i) {
-      const auto& [number, payload] = sent_buffer_[i];
-      const std::array<char, 8> bytes = big_endian(number);
-      send(std::string_view(bytes.data(), bytes.size()), payload);
-    }
-    send(std::string_view(kEnd.data(), kEnd.size()), "");
-    ++replays_;
+    replays_under_way_.push_back({.peer = std::move(frames[0]),
+                                  .next = start,
+                                  .end = next_seq_,
+                                  .progress = std::chrono::steady_clock::now()});
   }
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(replays_under_way_, [&](Replay& r) {
+    if (continue_replay(r)) {
+      ++replays_;
+      return true;
+    }
+    return now - r.progress > kReplayStall;  // its reader takes nothing: given up
+  });
+}
+
+bool KvEventPublisher::continue_replay(Replay& r) {
+  static const std::array<char, 8> kEnd = big_endian(~uint64_t{0});  // -1 as vLLM's END_SEQ
+  // False when the reader's pipe is full (ZMQ_ROUTER_MANDATORY: EAGAIN, nothing sent) or the
+  // reader is gone (EHOSTUNREACH: then the reply is over).
+  bool gone = false;
+  auto send = [&](std::string_view number, std::string_view payload) {
+    if (zmq_send(replay_, r.peer.data(), r.peer.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+      gone = zmq_errno() != EAGAIN;
+      return false;
+    }
+    zmq_send(replay_, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(replay_, number.data(), number.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(replay_, payload.data(), payload.size(), ZMQ_DONTWAIT);
+    r.progress = std::chrono::steady_clock::now();
+    return true;
+  };
+  if (!sent_buffer_.empty()) {
+    // The buffer's numbers are consecutive: the first to send is found by subtraction (a
+    // number evicted is skipped to the oldest kept).
+    const uint64_t oldest = sent_buffer_.front().first;
+    r.next = std::max(r.next, oldest);
+    while (r.next < r.end && r.next - oldest < sent_buffer_.size()) {
+      const auto& [number, payload] = sent_buffer_[static_cast<size_t>(r.next - oldest)];
+      const std::array<char, 8> bytes = big_endian(number);
+      if (!send(std::string_view(bytes.data(), bytes.size()), payload)) return gone;
+      ++r.next;
+    }
+  }
+  return send(std::string_view(kEnd.data(), kEnd.size()), "") || gone;
 }
 
 }  // namespace metrale::kvevents

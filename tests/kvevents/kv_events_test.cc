@@ -361,6 +361,39 @@ TEST(KvEventPublisher, ReplaysTheBatchesKeptFromASequenceNumberThenTheEndMarker)
   zmq_ctx_term(ctx);
 }
 
+TEST(KvEventPublisher, AReplayLongerThanTheHighWaterMarkFollowsItsReadersPace) {
+  KvEventPublisher pub({.endpoint = "tcp://127.0.0.1:0",
+                        .replay_endpoint = "tcp://127.0.0.1:0",
+                        .buffer_steps = 2500});
+  std::vector<KvCacheEvent> batch;
+  batch.emplace_back(std::in_place_type<KvAllBlocksCleared>);
+  for (int i = 0; i < 2500; ++i) pub.publish(batch);
+  for (int i = 0; i < 5000 && pub.batches_sent() < 2500; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(pub.batches_sent(), 2500);
+  void* ctx = zmq_ctx_new();
+  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
+  ASSERT_EQ(zmq_connect(dealer, pub.replay_endpoint().c_str()), 0);
+  // Twice: the second request finds the ROUTER's pipe already used by the first reply.
+  for (int round = 0; round < 2; ++round) {
+    const std::string zero(8, '\0');
+    zmq_send(dealer, "", 0, ZMQ_SNDMORE);
+    zmq_send(dealer, zero.data(), zero.size(), 0);
+    // Not read for a while: the reply fills the pipe (1000 messages) and waits for the rest.
+    std::this_thread::sleep_for(100ms);
+    std::vector<uint64_t> seqs;
+    for (;;) {
+      const std::vector<std::string> parts = receive_parts(dealer);
+      ASSERT_EQ(parts.size(), 3u) << "after " << seqs.size();
+      if (parts[1] == std::string(8, '\xff')) break;
+      seqs.push_back(from_big_endian(parts[1]));
+    }
+    ASSERT_EQ(seqs.size(), 2500u);
+    for (size_t i = 0; i < seqs.size(); ++i) ASSERT_EQ(seqs[i], i);
+  }
+  zmq_close(dealer);
+  zmq_ctx_term(ctx);
+}
+
 TEST(KvEventPublisher, ABadReplayEndpointIsAnErrorNamingIt) {
   try {
     KvEventPublisher pub({.endpoint = "tcp://127.0.0.1:0", .replay_endpoint = "nonsense://y"});
