@@ -4,11 +4,14 @@
 // requests in flight finish, for at most --drain-timeout seconds, after which what still runs is
 // ended cleanly; then the engine thread joins and the process exits 0. A second signal stops at
 // once.
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -120,7 +123,26 @@ Format resolve_reply_format(const char* flag_name, const std::string& flag,
   }
 }
 
+// glibc raises its mmap threshold (up to 32 MiB) each time it gives back a large mmapped
+// block; from then on blocks that large come from its arenas and stay there when freed. A
+// server's connection threads each allocate as large as their largest request, so that
+// memory stayed held: 32 connections that each tokenized 1.3 MB of text left the process at
+// 1 GiB (docs/reliability.md). A fixed threshold (which also stops the dynamic one) keeps
+// blocks of 256 KiB and more in mmap, given back to the system when freed. A threshold the
+// user set (MALLOC_MMAP_THRESHOLD_, GLIBC_TUNABLES) is left alone.
+void fix_malloc_mmap_threshold() {
+#ifdef __GLIBC__
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr ||
+      (tunables != nullptr && std::strstr(tunables, "mmap_threshold") != nullptr)) {
+    return;
+  }
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
+#endif
+}
+
 void run_serve(ServeFlags f) {
+  fix_malloc_mmap_threshold();
   // Signals go to one thread that waits for them; block them before any other thread (the
   // model's thread pool, the scheduler, httplib's pool) exists, so all inherit the mask.
   sigset_t stop_signals;
