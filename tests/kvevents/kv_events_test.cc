@@ -282,6 +282,129 @@ TEST(KvEventPublisher, SendsTopicSequenceAndPayload) {
   EXPECT_GE(pub.batches_sent(), 1);
 }
 
+// One message's parts from `socket` (waiting up to 5 s: a hang guard); none on the timeout.
+std::vector<std::string> receive_parts(void* socket) {
+  zmq_pollitem_t item{socket, 0, ZMQ_POLLIN, 0};
+  if (zmq_poll(&item, 1, 5000) <= 0) return {};
+  std::vector<std::string> parts;
+  for (;;) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, socket, 0) < 0) break;
+    parts.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+    const bool more = zmq_msg_more(&msg) != 0;
+    zmq_msg_close(&msg);
+    if (!more) break;
+  }
+  return parts;
+}
+
+uint64_t from_big_endian(const std::string& bytes) {
+  uint64_t x = 0;
+  for (char c : bytes) x = x << 8 | static_cast<unsigned char>(c);
+  return x;
+}
+
+// A replay from a DEALER: [empty, 8-byte start] out; the sequence numbers that come back
+// (each [empty, number, payload], the payload checked non-empty) until the end marker.
+std::vector<uint64_t> replay_from(void* dealer, uint64_t start) {
+  std::string number(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    number[static_cast<size_t>(i)] = static_cast<char>(start >> (56 - 8 * i));
+  zmq_send(dealer, "", 0, ZMQ_SNDMORE);
+  zmq_send(dealer, number.data(), number.size(), 0);
+  std::vector<uint64_t> seqs;
+  for (;;) {
+    const std::vector<std::string> parts = receive_parts(dealer);
+    if (parts.size() != 3 || !parts[0].empty()) {
+      ADD_FAILURE() << "from " << start << ": a reply of " << parts.size()
+                    << " parts (expected 3) after " << seqs.size();
+      return seqs;
+    }
+    if (parts[1] == std::string(8, '\xff')) {
+      EXPECT_TRUE(parts[2].empty());
+      return seqs;
+    }
+    EXPECT_FALSE(parts[2].empty());
+    seqs.push_back(from_big_endian(parts[1]));
+  }
+}
+
+TEST(KvEventPublisher, ReplaysTheBatchesKeptFromASequenceNumberThenTheEndMarker) {
+  KvEventPublisher pub(
+      {.endpoint = "tcp://127.0.0.1:0", .replay_endpoint = "tcp://127.0.0.1:0", .buffer_steps = 4});
+  ASSERT_EQ(pub.replay_endpoint().rfind("tcp://127.0.0.1:", 0), 0u) << pub.replay_endpoint();
+  std::vector<KvCacheEvent> batch;
+  batch.emplace_back(std::in_place_type<KvAllBlocksCleared>);
+  for (int i = 0; i < 6; ++i) pub.publish(batch);
+  for (int i = 0; i < 5000 && pub.batches_sent() < 6; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(pub.batches_sent(), 6);
+  void* ctx = zmq_ctx_new();
+  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
+  ASSERT_EQ(zmq_connect(dealer, pub.replay_endpoint().c_str()), 0);
+  // Sent 0..5, kept the last 4.
+  EXPECT_EQ(replay_from(dealer, 3), (std::vector<uint64_t>{3, 4, 5}));
+  // 0 and 1 were evicted: the reply starts at the oldest kept, as vLLM's does.
+  EXPECT_EQ(replay_from(dealer, 0), (std::vector<uint64_t>{2, 3, 4, 5}));
+  // Whole replays one after another all arrive (the ROUTER's high-water mark leaves room).
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(replay_from(dealer, 2), (std::vector<uint64_t>{2, 3, 4, 5}));
+  EXPECT_EQ(replay_from(dealer, 6), std::vector<uint64_t>{});
+  EXPECT_EQ(replay_from(dealer, ~uint64_t{0}), std::vector<uint64_t>{});
+  // A request without the empty delimiter gets no reply: the next reply is the next request's.
+  const std::string five("\0\0\0\0\0\0\0\5", 8);
+  zmq_send(dealer, five.data(), five.size(), 0);
+  EXPECT_EQ(replay_from(dealer, 4), (std::vector<uint64_t>{4, 5}));
+  EXPECT_EQ(pub.replays_served(), 15);
+  EXPECT_EQ(pub.replay_requests_refused(), 1);
+  zmq_close(dealer);
+  zmq_ctx_term(ctx);
+}
+
+TEST(KvEventPublisher, AReplayLongerThanTheHighWaterMarkFollowsItsReadersPace) {
+  KvEventPublisher pub({.endpoint = "tcp://127.0.0.1:0",
+                        .replay_endpoint = "tcp://127.0.0.1:0",
+                        .buffer_steps = 2500});
+  std::vector<KvCacheEvent> batch;
+  batch.emplace_back(std::in_place_type<KvAllBlocksCleared>);
+  for (int i = 0; i < 2500; ++i) pub.publish(batch);
+  for (int i = 0; i < 5000 && pub.batches_sent() < 2500; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(pub.batches_sent(), 2500);
+  void* ctx = zmq_ctx_new();
+  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
+  ASSERT_EQ(zmq_connect(dealer, pub.replay_endpoint().c_str()), 0);
+  // Twice: the second request finds the ROUTER's pipe already used by the first reply.
+  for (int round = 0; round < 2; ++round) {
+    const std::string zero(8, '\0');
+    zmq_send(dealer, "", 0, ZMQ_SNDMORE);
+    zmq_send(dealer, zero.data(), zero.size(), 0);
+    // Not read for a while: the reply fills the pipe (1000 messages) and waits for the rest.
+    std::this_thread::sleep_for(100ms);
+    std::vector<uint64_t> seqs;
+    for (;;) {
+      const std::vector<std::string> parts = receive_parts(dealer);
+      ASSERT_EQ(parts.size(), 3u) << "after " << seqs.size();
+      if (parts[1] == std::string(8, '\xff')) break;
+      seqs.push_back(from_big_endian(parts[1]));
+    }
+    ASSERT_EQ(seqs.size(), 2500u);
+    for (size_t i = 0; i < seqs.size(); ++i) ASSERT_EQ(seqs[i], i);
+  }
+  zmq_close(dealer);
+  zmq_ctx_term(ctx);
+}
+
+TEST(KvEventPublisher, ABadReplayEndpointIsAnErrorNamingIt) {
+  try {
+    KvEventPublisher pub({.endpoint = "tcp://127.0.0.1:0", .replay_endpoint = "nonsense://y"});
+    FAIL() << "bound a nonsense replay endpoint";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-events-replay-endpoint nonsense://y"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(KvEventPublisher, ABadEndpointIsAnErrorNamingIt) {
   try {
     KvEventPublisher pub({.endpoint = "nonsense://x"});

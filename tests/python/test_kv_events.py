@@ -219,5 +219,146 @@ class KvEventsTest(unittest.TestCase):
             self.assertEqual(server.stop(), 0)
 
 
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end-of-replay marker
+
+
+class KvEventsReplayTest(unittest.TestCase):
+    """--kv-events-replay-endpoint: vLLM's replay socket. A subscriber that dropped its SUB
+    socket for a while sees a gap in the sequence numbers when it comes back, asks the ROUTER
+    (from a DEALER: [empty, start as 8 bytes big-endian]) for the batches from the first it
+    missed and gets exactly those, byte for byte as a subscriber that never left read them,
+    then the end marker; a number already evicted from the buffer (--kv-events-buffer-steps)
+    is answered from the oldest batch kept, as vLLM's publisher does."""
+
+    BUFFER = 32
+
+    def test_a_subscriber_that_missed_batches_replays_exactly_those(self):
+        port, replay_port = free_port(), free_port()
+        server = Server("--kv-events-endpoint", f"tcp://127.0.0.1:{port}",
+                        "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{replay_port}",
+                        "--kv-events-buffer-steps", str(self.BUFFER), "--kv-events-topic",
+                        TOPIC.decode())
+        ctx = zmq.Context()
+        sockets = []
+
+        def socket(kind, endpoint):
+            s = ctx.socket(kind)
+            sockets.append(s)
+            s.connect(endpoint)
+            if kind == zmq.SUB:
+                s.setsockopt(zmq.SUBSCRIBE, TOPIC)
+            return s
+
+        try:
+            prompts = iter(range(1, 10000))
+
+            def complete():
+                """A request for a prompt of its own: new pages, so at least one batch."""
+                p = next(prompts)
+                req = urllib.request.Request(
+                    server.url + "/v1/completions",
+                    data=msgspec.json.encode({"prompt": [p] * 20 + [p + 1] * 20,
+                                              "max_tokens": 2, "temperature": 0}),
+                    headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    self.assertEqual(r.status, 200)
+
+            def read(sub, seen):
+                """One message from `sub` into seen {seq: payload}; its seq (None: none within
+                100 ms)."""
+                if not sub.poll(100):
+                    return None
+                topic, seq, payload = sub.recv_multipart()
+                self.assertEqual(topic, TOPIC)
+                seen[int.from_bytes(seq, "big")] = payload
+                return int.from_bytes(seq, "big")
+
+            def until_received(sub, seen, what):
+                """Requests until `sub` receives a batch (a SUB misses what is sent before its
+                subscription arrives); at most 100 tries: a hang guard."""
+                for _ in range(100):
+                    complete()
+                    if read(sub, seen) is not None:
+                        return
+                self.fail(f"{what} never received a batch")
+
+            def drain(sub, seen, upto):
+                """Reads `sub` until it has every batch up to `upto` (at most 30 s)."""
+                deadline = time.time() + 30
+                while not all(s in seen for s in range(min(seen), upto + 1)):
+                    self.assertLess(time.time(), deadline, f"batches up to {upto} never came")
+                    read(sub, seen)
+
+            def replay(dealer, start):
+                """The replay from `start`: [(seq, payload)] up to the end marker."""
+                dealer.send_multipart([b"", start.to_bytes(8, "big")])
+                out = []
+                while True:
+                    self.assertTrue(dealer.poll(30000), f"no end marker replaying from {start} after {[s for s, _ in out]}")
+                    empty, seq, payload = dealer.recv_multipart()
+                    self.assertEqual(empty, b"")
+                    if seq == END_SEQ:
+                        self.assertEqual(payload, b"")
+                        return out
+                    out.append((int.from_bytes(seq, "big"), payload))
+
+            # The reference never leaves; the other drops out and comes back.
+            reference, ref = socket(zmq.SUB, f"tcp://127.0.0.1:{port}"), {}
+            until_received(reference, ref, "the reference subscriber")
+            lossy, got = socket(zmq.SUB, f"tcp://127.0.0.1:{port}"), {}
+            until_received(lossy, got, "the lossy subscriber")
+            last = max(got)
+            drain(reference, ref, last)
+            lossy.close(0)  # gone: what is published now it misses
+            for _ in range(3):
+                complete()
+            lossy, back = socket(zmq.SUB, f"tcp://127.0.0.1:{port}"), {}
+            until_received(lossy, back, "the subscriber come back")
+            first_back = min(back)
+            self.assertGreater(first_back, last + 1, "no gap: nothing was missed")
+            dealer = socket(zmq.DEALER, f"tcp://127.0.0.1:{replay_port}")
+            replayed = replay(dealer, last + 1)
+            seqs = [s for s, _ in replayed]
+            # Every batch from the first missed to the newest, in order: the missed ones and
+            # whatever was sent since (a subscriber skips those it has).
+            self.assertEqual(seqs[0], last + 1)
+            self.assertEqual(seqs, list(range(last + 1, last + 1 + len(seqs))))
+            self.assertGreaterEqual(seqs[-1], first_back - 1)
+            self.assertLessEqual(len(seqs), self.BUFFER)
+            drain(reference, ref, seqs[-1])
+            for s, payload in replayed:
+                self.assertEqual(payload, ref[s], f"replayed batch {s} differs from the live one")
+            # The missed batches are real events: the prefix cache's stores.
+            missed = [ev for s, p in replayed if s < first_back
+                      for ev in msgspec.msgpack.Decoder(type=KVEventBatch).decode(p).events]
+            self.assertTrue(any(isinstance(e, BlockStored) for e in missed), missed)
+
+            # Past the buffer: from 0, long evicted, the reply starts at the oldest batch kept.
+            while max(ref) < 2 * self.BUFFER:
+                complete()
+                drain(reference, ref, max(ref) + 1)
+            newest = max(ref)
+            replayed = replay(dealer, 0)
+            seqs = [s for s, _ in replayed]
+            self.assertEqual(len(seqs), self.BUFFER)
+            self.assertGreaterEqual(seqs[-1], newest)
+            self.assertEqual(seqs, list(range(seqs[-1] - self.BUFFER + 1, seqs[-1] + 1)))
+            self.assertGreater(seqs[0], 0, "evicted batches were replayed")
+            drain(reference, ref, seqs[-1])
+            for s, payload in replayed:
+                self.assertEqual(payload, ref[s])
+            # Beyond the newest: the end marker alone.
+            self.assertEqual(replay(dealer, seqs[-1] + 1000), [])
+            # A request of another shape (no empty delimiter) gets no reply, and the socket
+            # still answers the next: the first reply to come is that one's.
+            dealer.send(seqs[-1].to_bytes(8, "big"))
+            self.assertEqual([s for s, _ in replay(dealer, seqs[-1])], [seqs[-1]])
+        finally:
+            for s in sockets:
+                s.close(0)
+            ctx.term()
+            self.assertEqual(server.stop(), 0)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "io/tokenizer/pipeline.h"
 #include "io/tokenizer/utf8.h"
 
 namespace metrale::tok {
@@ -188,6 +189,7 @@ void BpeModel::add_char_slow(std::string_view s, uint32_t byte_len, std::vector<
 
 void BpeModel::merge_all(std::vector<Symbol>& syms) const {
   thread_local std::vector<HeapEntry> heap;
+  const ScratchScope scratch(heap);
   heap.clear();
   const auto n = static_cast<int32_t>(syms.size());
   for (int32_t i = 0; i + 1 < n; ++i) {
@@ -229,6 +231,7 @@ void BpeModel::merge_all(std::vector<Symbol>& syms) const {
 void BpeModel::merge_word(std::string_view word, bool byte_level, std::vector<int32_t>& out) const {
   thread_local std::vector<Symbol> syms;
   thread_local std::string tmp;
+  const ScratchScope scratch(syms, tmp);
   syms.clear();
   std::optional<std::pair<int32_t, uint32_t>> unk;
   const bool affixes = prefix_.has_value() || suffix_.has_value();

@@ -47,6 +47,7 @@ class ReplaceNormalizer final : public Normalizer {
       : re_(std::move(re)), content_(std::move(content)) {}
   std::string_view normalize(std::string_view in, Arena& arena) const override {
     thread_local std::vector<Match> matches;
+    const ScratchScope scratch(matches);
     matches.clear();
     re_.find_all(in, matches);
     if (matches.empty()) return in;

@@ -5,6 +5,8 @@
 #include <deque>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <vector>
 
 namespace metrale::tok {
 
@@ -24,6 +26,37 @@ class Arena {
 
  private:
   std::deque<std::string> strings_;
+};
+
+// The stages' thread-local scratch keeps its capacity from call to call (no allocation per
+// word), but not past kScratchKeepBytes: every connection thread of a server encodes with its
+// own, so what one long input grew would otherwise stay held by each thread it ran on
+// (hundreds of MiB for a few MiB of text on each of --http-threads threads).
+inline constexpr size_t kScratchKeepBytes = size_t{64} << 10;
+
+template <typename T>
+void release_scratch(std::vector<T>& v) {
+  if (v.capacity() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(v);
+}
+inline void release_scratch(std::string& s) {
+  if (s.capacity() > kScratchKeepBytes) std::string().swap(s);
+}
+// An arena's strings are the text of the encode that used it: given back when it ends.
+inline void release_scratch(Arena& a) { a.clear(); }
+
+// Releases its scratch (release_scratch) when the scope ends, however it ends.
+template <typename... Scratch>
+class ScratchScope {
+ public:
+  explicit ScratchScope(Scratch&... scratch) : scratch_(scratch...) {}
+  ~ScratchScope() {
+    std::apply([](auto&... s) { (release_scratch(s), ...); }, scratch_);
+  }
+  ScratchScope(const ScratchScope&) = delete;
+  ScratchScope& operator=(const ScratchScope&) = delete;
+
+ private:
+  std::tuple<Scratch&...> scratch_;
 };
 
 }  // namespace metrale::tok

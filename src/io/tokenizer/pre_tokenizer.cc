@@ -17,6 +17,7 @@ constexpr std::string_view kGpt2Pattern =
 template <typename Fn>
 void rebuild(std::vector<Split>& splits, Fn&& fn) {
   thread_local std::vector<Split> next;
+  const ScratchScope scratch(next);  // after the swap: the old splits' buffer
   next.clear();
   next.reserve(splits.size() * 2);
   for (const Split& s : splits) {
@@ -46,6 +47,7 @@ void split_by_regex(const Regex& re, const Split& s, SplitBehavior behavior, boo
                     std::vector<Split>& out) {
   thread_local std::vector<Match> matches;
   thread_local std::vector<Segment> segments;
+  const ScratchScope scratch(matches, segments);
   matches.clear();
   re.find_all(s.text, matches);
   segments_from_matches(matches, s.text.size(), invert, segments);
@@ -118,6 +120,7 @@ class DigitsPreTokenizer final : public PreTokenizer {
   explicit DigitsPreTokenizer(bool individual) : individual_(individual) {}
   void pre_tokenize(std::vector<Split>& splits, Arena&) const override {
     thread_local std::vector<Segment> segments;
+    const ScratchScope scratch(segments);
     rebuild(splits, [&](const Split& s, std::vector<Split>& out) {
       segments.clear();
       uint32_t last = 0;
@@ -150,6 +153,7 @@ class MetaspacePreTokenizer final : public PreTokenizer {
       : replacement_(std::move(replacement)), scheme_(scheme), split_(split) {}
   void pre_tokenize(std::vector<Split>& splits, Arena& arena) const override {
     thread_local std::vector<Segment> segments;
+    const ScratchScope scratch(segments);
     rebuild(splits, [&](Split s, std::vector<Split>& out) {
       if (s.text.find(' ') != std::string_view::npos) {
         std::string replaced;
@@ -242,6 +246,7 @@ void split_segments(const Split& s, const std::vector<Segment>& segments, SplitB
   }
   // The merging behaviours fold segments into ranges first, as HF does.
   thread_local std::vector<std::pair<uint32_t, uint32_t>> ranges;
+  const ScratchScope scratch(ranges);
   ranges.clear();
   bool previous_match = false;
   if (behavior == SplitBehavior::kMergedWithNext) {

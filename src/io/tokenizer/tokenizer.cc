@@ -102,6 +102,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view input, bool add_special_
   }
   thread_local Arena arena;
   thread_local std::vector<Split> splits, next;
+  const ScratchScope scratch(arena, splits, next);
   arena.clear();
   splits.clear();
   std::vector<int32_t> ids;
