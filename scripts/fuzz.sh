@@ -18,7 +18,7 @@ runs="${FUZZ_RUNS:-1000000}"
 out="${FUZZ_OUT:-$root/build/fuzz-out}"
 all=(safetensors_header_fuzz model_config_fuzz tokenizer_fuzz tokenizer_json_fuzz
      processor_config_fuzz quant_config_fuzz quant_tensors_fuzz peft_adapter_fuzz
-     chat_template_fuzz openai_request_fuzz tool_calls_fuzz vision_decode_fuzz)
+     chat_template_fuzz openai_request_fuzz grammar_compile_fuzz tool_calls_fuzz vision_decode_fuzz)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
@@ -52,7 +52,8 @@ dict_of() {
   case "$1" in
     safetensors_header_fuzz) echo tests/data/safetensors/header_fuzz.dict ;;
     model_config_fuzz | tokenizer_json_fuzz | processor_config_fuzz | quant_config_fuzz | \
-      chat_template_fuzz | openai_request_fuzz | tool_calls_fuzz) echo "fuzz/${1%_fuzz}.dict" ;;
+      chat_template_fuzz | openai_request_fuzz | grammar_compile_fuzz | tool_calls_fuzz)
+      echo "fuzz/${1%_fuzz}.dict" ;;
   esac
 }
 

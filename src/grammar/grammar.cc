@@ -407,8 +407,9 @@ class MaskWorkers {
     kKeep,  // leaves it queued: no worker starts it while the returned lock is held
   };
 
-  // Gives `j` back to its owner: a running fill is waited for, a queued one as `how` says.
-  // Returns with the lock held (the caller may then read j's results).
+  // Gives `j` back to its owner: a running fill is waited for (kRun: while filling other
+  // queued masks), a queued one as `how` says. Returns with the lock held (the caller may
+  // then read j's results).
   std::unique_lock<std::mutex> settle(FillJob& j, Queued how) {
     std::unique_lock lock(mu_);
     if (j.state == Fill::kQueued && how != Queued::kKeep) {
@@ -421,7 +422,20 @@ class MaskWorkers {
         lock.lock();
       }
     }
-    done_cv_.wait(lock, [&] { return j.state != Fill::kRunning; });
+    while (j.state == Fill::kRunning) {
+      if (how == Queued::kRun && !queue_.empty()) {
+        // The pick waits on a worker: meanwhile it fills the mask wanted last (the rows of
+        // a step are picked in the order their fills were queued).
+        FillJob& other = *queue_.back();
+        queue_.pop_back();
+        other.state = Fill::kRunning;
+        lock.unlock();
+        finish(other);
+        lock.lock();
+        continue;
+      }
+      done_cv_.wait(lock);
+    }
     return lock;
   }
 
