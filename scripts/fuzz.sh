@@ -22,6 +22,10 @@ all=(safetensors_header_fuzz model_config_fuzz tokenizer_fuzz tokenizer_json_fuz
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
+# A UBSan report is a finding: stop at it (libFuzzer then keeps the input as a crash artifact)
+# instead of printing it and going on.
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
+
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j"${FUZZ_BUILD_JOBS:-2}" --target "${targets[@]}"
 mkdir -p "$out"

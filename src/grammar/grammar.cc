@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -41,6 +43,29 @@ std::string GrammarSpec::key() const {
 }
 
 namespace {
+
+// xgrammar reads "\x" followed by any number of hex digits as one codepoint, in an int that
+// overflows (undefined behaviour, found by fuzz/grammar_compile_fuzz.cc): an escape past
+// U+10FFFF is refused here, naming `what` (the field, or the schema path of a pattern).
+void check_hex_escapes(std::string_view text, const std::string& what) {
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    if (text[i] != '\\') continue;
+    if (text[i + 1] == 'x') {
+      uint64_t value = 0;
+      size_t j = i + 2;
+      for (; j < text.size() && std::isxdigit(static_cast<unsigned char>(text[j])); ++j) {
+        const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(text[j])));
+        value = std::min<uint64_t>(
+            value * 16 + static_cast<uint64_t>(c <= '9' ? c - '0' : c - 'a' + 10),
+            uint64_t{1} << 32);
+      }
+      METRALE_CHECK(value <= 0x10FFFF, what, ": the escape '",
+                    text.substr(i, std::min<size_t>(j - i, 16)), j - i > 16 ? "...'" : "'",
+                    " (at byte ", i, ") is past U+10FFFF, the last Unicode codepoint");
+    }
+    ++i;  // the escaped character (a backslash too) is not an escape's start
+  }
+}
 
 // Keywords xgrammar 0.2.9 accepts and then ignores (it logs a warning): refused here instead,
 // so a schema is enforced as written or not at all.
@@ -84,6 +109,9 @@ void check_keywords_at(const nlohmann::json& s, const std::string& path, const s
                        path.empty() ? "#" : path,
                        "') is supported only with \"type\": \"integer\"");
   }
+  if (s.contains("pattern") && s["pattern"].is_string())
+    check_hex_escapes(s["pattern"].get<std::string>(),
+                      field + " ('pattern' at '" + (path.empty() ? "#" : path) + "')");
   for (auto it = s.begin(); it != s.end(); ++it) {
     const std::string& k = it.key();
     // Values that are data, not schemas.
@@ -99,7 +127,8 @@ void check_keywords_at(const nlohmann::json& s, const std::string& path, const s
   }
 }
 
-// An EBNF string literal of `s` (UTF-8 kept; quotes, backslashes and control bytes escaped).
+// An EBNF string literal of `s` (UTF-8 kept; quotes, backslashes and control bytes escaped,
+// the latter as \u00XX: xgrammar's \x takes every hex digit that follows).
 [[maybe_unused]] std::string ebnf_literal(const std::string& s) {  // used only with xgrammar
   std::string out = "\"";
   for (unsigned char c : s) {
@@ -108,7 +137,7 @@ void check_keywords_at(const nlohmann::json& s, const std::string& path, const s
       out += static_cast<char>(c);
     } else if (c < 0x20 || c == 0x7f) {
       char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
       out += buf;
     } else {
       out += static_cast<char>(c);
@@ -329,9 +358,11 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
         }
         break;
       case GrammarSpec::Kind::kRegex:
+        check_hex_escapes(spec.text, spec.field);
         g = impl_->compiler.CompileRegex(spec.text);
         break;
       case GrammarSpec::Kind::kEbnf:
+        check_hex_escapes(spec.text, spec.field);
         g = impl_->compiler.CompileGrammar(spec.text, "root");
         break;
       case GrammarSpec::Kind::kChoice: {

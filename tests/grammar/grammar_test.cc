@@ -271,7 +271,35 @@ TEST(Grammar, BadGrammarsNameTheField) {
             std::string::npos);
   EXPECT_NE(message({.kind = GrammarSpec::Kind::kChoice, .field = "guided_choice"}).find("empty"),
             std::string::npos);
+  // A \x escape past U+10FFFF (xgrammar reads every hex digit after \x into an int that
+  // overflows): refused before xgrammar sees it, naming the field and where.
+  const std::string hex = message(
+      {.kind = GrammarSpec::Kind::kRegex, .text = "a\\x222222222222z", .field = "guided_regex"});
+  EXPECT_TRUE(hex.starts_with("guided_regex: the escape '\\x222222222222'")) << hex;
+  EXPECT_NE(message({.kind = GrammarSpec::Kind::kEbnf,
+                     .text = "root ::= [\\x110000]",
+                     .field = "guided_grammar"})
+                .find("U+10FFFF"),
+            std::string::npos);
+  const std::string pattern = message(
+      schema(R"({"type":"object","properties":{"a":{"type":"string","pattern":"\\x7fffffff"}}})"));
+  EXPECT_TRUE(pattern.starts_with("guided_json ('pattern' at '/properties/a'): the escape"))
+      << pattern;
   EXPECT_EQ(c.cached(), 0u);
+  EXPECT_NO_THROW(
+      c.compile({.kind = GrammarSpec::Kind::kRegex, .text = "\\x41\\\\x110000", .field = "r"}));
+  // A choice with a control byte before hex letters is those bytes (not one codepoint \x01ab).
+  {
+    auto g = c.compile({.kind = GrammarSpec::Kind::kChoice,
+                        .choices = {"\x01"
+                                    "ab"}});
+    GrammarMatcher m(g);
+    for (int32_t id : tok.encode("\x01"
+                                 "ab",
+                                 false))
+      EXPECT_TRUE(m.accept(id));
+    EXPECT_TRUE(m.completed());
+  }
   // A special token's text is spelled by ordinary tokens, never by the special token.
   const int32_t special = *tok.token_to_id("<|endoftext|>");
   ASSERT_TRUE(tok.is_special(special));
