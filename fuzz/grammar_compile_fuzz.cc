@@ -1,11 +1,13 @@
 // libFuzzer target for the structured-output compile path: any bytes, read as a JSON schema,
 // a regex, an EBNF grammar or a choice list (the first byte picks which), must compile into a
 // grammar or throw metrale::Error naming the field, never crash, hang or report; a grammar that
-// compiles is walked a few steps (mask, accept the first allowed token, roll back).
+// compiles is walked a few steps (mask, accept the first allowed token, roll back), every
+// other mask the one the mask workers filled ahead (GrammarMatcher::prefetch).
 // The vocabulary is the demo model's (run from the repository root).
 //
 // Seeds: fuzz/corpus/grammar_compile_fuzz/, e.g.
 //   ./grammar_compile_fuzz -max_len=4096 fuzz/corpus/grammar_compile_fuzz
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -48,15 +50,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     metrale::GrammarMatcher m(compiler.compile(spec));
     std::vector<uint32_t> mask(m.mask_words());
+    std::vector<float> row(static_cast<size_t>(m.vocab_size()));
     size_t accepted = 0;
     for (int step = 0; step < 8 && !m.terminated(); ++step) {
-      m.fill_mask(mask);
+      // Odd steps take the mask the workers filled ahead (prefetch after the last accept),
+      // which must be the one filled in place.
+      if (step % 2 == 1) {
+        std::fill(row.begin(), row.end(), 0.0f);
+        m.apply_mask(row);
+      }
+      const bool restricts = m.fill_mask(mask);
+      if (step % 2 == 1) {
+        for (size_t i = 0; i < row.size(); ++i) {
+          const bool allowed = !restricts || ((mask[i / 32] >> (i % 32)) & 1u);
+          if (allowed != (row[i] == 0.0f)) __builtin_trap();
+        }
+      }
       int32_t pick = -1;
       for (size_t w = 0; w < mask.size() && pick < 0; ++w)
         for (int b = 0; b < 32 && pick < 0; ++b)
           if ((mask[w] >> b) & 1u) pick = static_cast<int32_t>(w * 32 + static_cast<size_t>(b));
       if (pick < 0 || !m.accept(pick)) break;
       ++accepted;
+      m.prefetch();
     }
     m.rollback(accepted);
   } catch (const metrale::Error&) {

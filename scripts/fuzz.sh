@@ -18,9 +18,13 @@ runs="${FUZZ_RUNS:-1000000}"
 out="${FUZZ_OUT:-$root/build/fuzz-out}"
 all=(safetensors_header_fuzz model_config_fuzz tokenizer_fuzz tokenizer_json_fuzz
      processor_config_fuzz quant_config_fuzz quant_tensors_fuzz peft_adapter_fuzz
-     chat_template_fuzz openai_request_fuzz tool_calls_fuzz vision_decode_fuzz)
+     chat_template_fuzz openai_request_fuzz grammar_compile_fuzz tool_calls_fuzz vision_decode_fuzz)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
+
+# A UBSan report is a finding: stop at it (libFuzzer then keeps the input as a crash artifact)
+# instead of printing it and going on.
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j"${FUZZ_BUILD_JOBS:-2}" --target "${targets[@]}"
@@ -52,7 +56,8 @@ dict_of() {
   case "$1" in
     safetensors_header_fuzz) echo tests/data/safetensors/header_fuzz.dict ;;
     model_config_fuzz | tokenizer_json_fuzz | processor_config_fuzz | quant_config_fuzz | \
-      chat_template_fuzz | openai_request_fuzz | tool_calls_fuzz) echo "fuzz/${1%_fuzz}.dict" ;;
+      chat_template_fuzz | openai_request_fuzz | grammar_compile_fuzz | tool_calls_fuzz)
+      echo "fuzz/${1%_fuzz}.dict" ;;
   esac
 }
 

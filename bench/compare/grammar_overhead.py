@@ -3,14 +3,21 @@ unconstrained and constrained by a grammar, at 1 and 16 concurrent requests; pri
 per-token time of each and the overhead.
 
     python3 bench/compare/grammar_overhead.py --model models/demo [--bin build/release/src/metrale]
+    python3 bench/compare/grammar_overhead.py --model DIR --bin OLD/metrale --bin NEW/metrale
+
+With several --bin, each binary's server is measured in turn, the whole sequence --passes
+times (interleaved, so a change in the machine's load hits each alike), and every line is
+labelled with its binary and the load average when it started.
 
 Every request decodes --tokens tokens (ignore_eos; the regex never reaches an accept state),
-so both runs do the same steps and differ only by the mask (filled on the scheduler's thread
-for every constrained row, then applied to the logits before the pick).
+so both runs do the same steps and differ only by the mask (filled by the grammar's mask
+workers from the accept, beside the next forward, and applied to the logits before the pick;
+METRALE_GRAMMAR_THREADS=0 fills it at the pick on the scheduler's thread instead).
 """
 import argparse
 import concurrent.futures
 import json
+import os
 import pathlib
 import sys
 import time
@@ -48,23 +55,26 @@ def run(server, concurrency, tokens, grammar, rounds):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/demo")
-    ap.add_argument("--bin")
+    ap.add_argument("--bin", action="append", default=[])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=1)
     a = ap.parse_args()
-    if a.bin:
-        import os
-        os.environ["METRALE_BIN"] = a.bin
-    server = Server("--max-seqs", "16", model=pathlib.Path(a.model), chat_template=None)
-    try:
-        for c in (1, 16):
-            plain = run(server, c, a.tokens, False, a.rounds)
-            constrained = run(server, c, a.tokens, True, a.rounds)
-            print(f"batch {c:2d}: {plain * 1e3:.3f} ms/token unconstrained, "
-                  f"{constrained * 1e3:.3f} ms/token constrained: "
-                  f"{(constrained / plain - 1) * 100:+.1f}%")
-    finally:
-        server.stop()
+    for p in range(a.passes):
+        for b in a.bin or [None]:
+            if b:
+                os.environ["METRALE_BIN"] = b
+            label = f"[{b or 'METRALE_BIN'}, pass {p + 1}, load {os.getloadavg()[0]:.1f}] "
+            server = Server("--max-seqs", "16", model=pathlib.Path(a.model), chat_template=None)
+            try:
+                for c in (1, 16):
+                    plain = run(server, c, a.tokens, False, a.rounds)
+                    constrained = run(server, c, a.tokens, True, a.rounds)
+                    print(f"{label}batch {c:2d}: {plain * 1e3:.3f} ms/token unconstrained, "
+                          f"{constrained * 1e3:.3f} ms/token constrained: "
+                          f"{(constrained / plain - 1) * 100:+.1f}%", flush=True)
+            finally:
+                server.stop()
 
 
 if __name__ == "__main__":

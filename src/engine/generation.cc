@@ -85,7 +85,11 @@ Generation::Generation(GenerationParams params, std::vector<int32_t> context,
                 p_.top_logprobs);
   for (const std::string& s : p_.stop) hold_ = std::max(hold_, s.empty() ? 0 : s.size() - 1);
   if (p_.max_tokens == 0) end_ = StopReason::kMaxTokens;
-  if (p_.grammar) matcher_.emplace(p_.grammar);
+  if (p_.grammar) {
+    matcher_.emplace(p_.grammar);
+    // The first token's mask fills while the prompt is prefilled.
+    if (!ended()) matcher_->prefetch();
+  }
 }
 
 int32_t Generation::pick(std::span<float> row, PickScratch& scratch) {
@@ -142,6 +146,9 @@ size_t Generation::accept(std::span<const int32_t> tokens) {
     accept_one(tokens[taken], p_.top_logprobs >= 0 ? &picked_[taken] : nullptr);
   }
   picked_.clear();
+  // The next token's mask depends only on the tokens accepted: it fills beside the next
+  // forward (and the other rows' picks) on the mask workers, and the pick waits for it.
+  if (matcher_ && taken > 0 && !ended()) matcher_->prefetch();
   return taken;
 }
 
@@ -253,7 +260,10 @@ void Generation::rollback(size_t n) {
     --completion_;
     undo_.pop_back();
   }
-  if (matcher_) matcher_->rollback(matched);
+  if (matcher_) {
+    matcher_->rollback(matched);
+    if (!ended()) matcher_->prefetch();
+  }
 }
 
 GenerationDelta Generation::take(Release what) {

@@ -72,6 +72,8 @@ struct GenerationParams {
   // Structured outputs: the grammar the output must match (null: unconstrained). pick()
   // masks the tokens it disallows after the penalties and logit_bias, before the sampling
   // processors and the greedy pick; accept() advances its matcher, rollback() undoes it.
+  // Each then queues the next mask's fill on the grammar's mask workers (GrammarMatcher::
+  // prefetch), so it runs beside the next forward; the pick waits for it.
   std::shared_ptr<const CompiledGrammar> grammar;
 };
 

@@ -1,11 +1,18 @@
 #include "grammar/grammar.h"
 
 #include <algorithm>
+#include <bit>
+#include <cctype>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <exception>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -36,6 +43,29 @@ std::string GrammarSpec::key() const {
 }
 
 namespace {
+
+// xgrammar reads "\x" followed by any number of hex digits as one codepoint, in an int that
+// overflows (undefined behaviour, found by fuzz/grammar_compile_fuzz.cc): an escape past
+// U+10FFFF is refused here, naming `what` (the field, or the schema path of a pattern).
+void check_hex_escapes(std::string_view text, const std::string& what) {
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    if (text[i] != '\\') continue;
+    if (text[i + 1] == 'x') {
+      uint64_t value = 0;
+      size_t j = i + 2;
+      for (; j < text.size() && std::isxdigit(static_cast<unsigned char>(text[j])); ++j) {
+        const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(text[j])));
+        value = std::min<uint64_t>(
+            value * 16 + static_cast<uint64_t>(c <= '9' ? c - '0' : c - 'a' + 10),
+            uint64_t{1} << 32);
+      }
+      METRALE_CHECK(value <= 0x10FFFF, what, ": the escape '",
+                    text.substr(i, std::min<size_t>(j - i, 16)), j - i > 16 ? "...'" : "'",
+                    " (at byte ", i, ") is past U+10FFFF, the last Unicode codepoint");
+    }
+    ++i;  // the escaped character (a backslash too) is not an escape's start
+  }
+}
 
 // Keywords xgrammar 0.2.9 accepts and then ignores (it logs a warning): refused here instead,
 // so a schema is enforced as written or not at all.
@@ -79,6 +109,9 @@ void check_keywords_at(const nlohmann::json& s, const std::string& path, const s
                        path.empty() ? "#" : path,
                        "') is supported only with \"type\": \"integer\"");
   }
+  if (s.contains("pattern") && s["pattern"].is_string())
+    check_hex_escapes(s["pattern"].get<std::string>(),
+                      field + " ('pattern' at '" + (path.empty() ? "#" : path) + "')");
   for (auto it = s.begin(); it != s.end(); ++it) {
     const std::string& k = it.key();
     // Values that are data, not schemas.
@@ -94,7 +127,8 @@ void check_keywords_at(const nlohmann::json& s, const std::string& path, const s
   }
 }
 
-// An EBNF string literal of `s` (UTF-8 kept; quotes, backslashes and control bytes escaped).
+// An EBNF string literal of `s` (UTF-8 kept; quotes, backslashes and control bytes escaped,
+// the latter as \u00XX: xgrammar's \x takes every hex digit that follows).
 [[maybe_unused]] std::string ebnf_literal(const std::string& s) {  // used only with xgrammar
   std::string out = "\"";
   for (unsigned char c : s) {
@@ -103,7 +137,7 @@ void check_keywords_at(const nlohmann::json& s, const std::string& path, const s
       out += static_cast<char>(c);
     } else if (c < 0x20 || c == 0x7f) {
       char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
       out += buf;
     } else {
       out += static_cast<char>(c);
@@ -120,6 +154,39 @@ void check_schema_keywords(const std::string& schema_json, const std::string& fi
   METRALE_CHECK(s.is_object() || s.is_boolean(), field,
                 ": the JSON schema must be an object, found ", s.type_name());
   check_keywords_at(s, "", field, 0);
+}
+
+int grammar_mask_threads() {
+  static const int n = [] {
+    if (const char* env = std::getenv("METRALE_GRAMMAR_THREADS"); env != nullptr) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      METRALE_CHECK(end != env && *end == '\0' && v >= 0 && v <= 64,
+                    "METRALE_GRAMMAR_THREADS: expected an integer in [0, 64], found '", env, "'");
+      return static_cast<int>(v);
+    }
+    return static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u));
+  }();
+  return n;
+}
+
+void apply_token_mask(std::span<const uint32_t> mask, std::span<float> logits) {
+  const size_t n = logits.size();
+  METRALE_CHECK(mask.size() * 32 >= n, "grammar mask: ", mask.size(), " words for ", n, " logits");
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float* row = logits.data();
+  for (size_t w = 0, base = 0; base < n; ++w, base += 32) {
+    const uint32_t word = mask[w];
+    if (word == 0xffffffffu) continue;
+    const size_t len = std::min<size_t>(32, n - base);
+    if (word == 0) {
+      std::fill_n(row + base, len, ninf);
+      continue;
+    }
+    uint32_t off = ~word;
+    if (len < 32) off &= (1u << len) - 1u;
+    for (; off != 0; off &= off - 1) row[base + static_cast<size_t>(std::countr_zero(off))] = ninf;
+  }
 }
 
 #if METRALE_HAVE_XGRAMMAR
@@ -291,9 +358,11 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
         }
         break;
       case GrammarSpec::Kind::kRegex:
+        check_hex_escapes(spec.text, spec.field);
         g = impl_->compiler.CompileRegex(spec.text);
         break;
       case GrammarSpec::Kind::kEbnf:
+        check_hex_escapes(spec.text, spec.field);
         g = impl_->compiler.CompileGrammar(spec.text, "root");
         break;
       case GrammarSpec::Kind::kChoice: {
@@ -325,15 +394,164 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
   return compiled;
 }
 
-struct GrammarMatcher::Impl {
+namespace {
+
+// The mask workers: matchers whose next mask is wanted wait in `queue`; the threads take them
+// in turn. One mutex guards the queue and every matcher's fill state, so a matcher's owner
+// and a worker never touch its xgrammar state at once: a worker owns it from kQueued (taken
+// off the queue) until it sets kReady, and an owner that wants it back first takes a queued
+// fill off the queue (to run it itself, or to drop it) or waits for a running one.
+enum class Fill : uint8_t { kNone, kQueued, kRunning, kReady };
+
+struct FillJob {
+  Fill state = Fill::kNone;  // under MaskWorkers::mu
+  bool restricts = false;    // kReady: fill's result (false: every token allowed)
+  std::exception_ptr error;  // kReady: what the fill threw
+  virtual void run() = 0;    // fills the mask (no lock held)
+  virtual ~FillJob() = default;
+};
+
+class MaskWorkers {
+ public:
+  // Null when METRALE_GRAMMAR_THREADS is 0. Started on first use and never stopped (a fill
+  // may still be wanted by a matcher destroyed during the process's exit).
+  static MaskWorkers* get() {
+    static MaskWorkers* const w =
+        grammar_mask_threads() > 0 ? new MaskWorkers(grammar_mask_threads()) : nullptr;
+    return w;
+  }
+
+  void push(FillJob& j) {
+    {
+      std::lock_guard lock(mu_);
+      if (j.state != Fill::kNone) return;
+      j.state = Fill::kQueued;
+      queue_.push_back(&j);
+    }
+    work_cv_.notify_one();
+  }
+
+  // What settle() does with a fill still queued.
+  enum class Queued : uint8_t {
+    kRun,   // takes it off the queue and runs it on the calling thread
+    kDrop,  // takes it off the queue
+    kKeep,  // leaves it queued: no worker starts it while the returned lock is held
+  };
+
+  // Gives `j` back to its owner: a running fill is waited for (kRun: while filling other
+  // queued masks), a queued one as `how` says. Returns with the lock held (the caller may
+  // then read j's results).
+  std::unique_lock<std::mutex> settle(FillJob& j, Queued how) {
+    std::unique_lock lock(mu_);
+    if (j.state == Fill::kQueued && how != Queued::kKeep) {
+      queue_.erase(std::find(queue_.begin(), queue_.end(), &j));
+      j.state = Fill::kNone;
+      if (how == Queued::kRun) {
+        j.state = Fill::kRunning;  // (no worker can see it: it is off the queue)
+        lock.unlock();
+        finish(j);
+        lock.lock();
+      }
+    }
+    while (j.state == Fill::kRunning) {
+      if (how == Queued::kRun && !queue_.empty()) {
+        // The pick waits on a worker: meanwhile it fills the mask wanted last (the rows of
+        // a step are picked in the order their fills were queued).
+        FillJob& other = *queue_.back();
+        queue_.pop_back();
+        other.state = Fill::kRunning;
+        lock.unlock();
+        finish(other);
+        lock.lock();
+        continue;
+      }
+      done_cv_.wait(lock);
+    }
+    return lock;
+  }
+
+ private:
+  explicit MaskWorkers(int n) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { work(); });
+  }
+
+  // Runs j (state kRunning, no lock held), then publishes its result.
+  void finish(FillJob& j) {
+    std::exception_ptr error;
+    try {
+      j.run();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mu_);
+      j.error = error;
+      j.state = Fill::kReady;
+    }
+    done_cv_.notify_all();
+  }
+
+  void work() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      work_cv_.wait(lock, [&] { return !queue_.empty(); });
+      FillJob& j = *queue_.front();
+      queue_.pop_front();
+      j.state = Fill::kRunning;
+      lock.unlock();
+      finish(j);
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<FillJob*> queue_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+struct GrammarMatcher::Impl final : FillJob {
   std::shared_ptr<const CompiledGrammar> grammar;
   xgrammar::GrammarMatcher m;
   int64_t vocab;
-  std::vector<uint32_t> mask;
+  std::vector<uint32_t> mask;  // the prefetched mask (kReady)
+  MaskWorkers* workers = MaskWorkers::get();
   explicit Impl(std::shared_ptr<const CompiledGrammar> g)
       : grammar(std::move(g)),
         m(grammar->get()),
-        vocab(grammar->get().GetTokenizerInfo().GetVocabSize()) {}
+        vocab(grammar->get().GetTokenizerInfo().GetVocabSize()),
+        mask(static_cast<size_t>(xgrammar::GetBitmaskSize(static_cast<int>(vocab)))) {}
+  ~Impl() override { release(); }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  bool fill(std::span<uint32_t> out) {
+    int64_t shape[1] = {static_cast<int64_t>(out.size())};
+    DLTensor t{};
+    t.data = out.data();
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = 1;
+    t.dtype = DLDataType{kDLInt, 32, 1};
+    t.shape = shape;
+    t.strides = nullptr;
+    t.byte_offset = 0;
+    return m.FillNextTokenBitmask(&t, 0);
+  }
+  void run() override { restricts = fill(mask); }
+
+  // The matcher back from the workers (a running fill finished, a queued one as `how` says),
+  // while the returned lock is held (kKeep) or until the next prefetch().
+  std::unique_lock<std::mutex> own(MaskWorkers::Queued how) {
+    return workers != nullptr ? workers->settle(*this, how) : std::unique_lock<std::mutex>();
+  }
+  void release() { own(MaskWorkers::Queued::kDrop); }
+  // The matcher is about to move: the prefetched mask is stale.
+  void invalidate() {
+    auto lock = own(MaskWorkers::Queued::kDrop);
+    state = Fill::kNone;
+  }
 };
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
@@ -343,50 +561,66 @@ GrammarMatcher::GrammarMatcher(GrammarMatcher&&) noexcept = default;
 GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
 
 int64_t GrammarMatcher::vocab_size() const { return impl_->vocab; }
-size_t GrammarMatcher::mask_words() const {
-  return static_cast<size_t>(xgrammar::GetBitmaskSize(static_cast<int>(impl_->vocab)));
-}
+size_t GrammarMatcher::mask_words() const { return impl_->mask.size(); }
 
 bool GrammarMatcher::fill_mask(std::span<uint32_t> mask) {
   METRALE_CHECK(mask.size() == mask_words(), "grammar mask: ", mask.size(), " words, expected ",
                 mask_words());
-  int64_t shape[1] = {static_cast<int64_t>(mask.size())};
-  DLTensor t{};
-  t.data = mask.data();
-  t.device = DLDevice{kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = DLDataType{kDLInt, 32, 1};
-  t.shape = shape;
-  t.strides = nullptr;
-  t.byte_offset = 0;
-  return impl_->m.FillNextTokenBitmask(&t, 0);
+  impl_->release();
+  return impl_->fill(mask);
+}
+
+void GrammarMatcher::prefetch() {
+  Impl& i = *impl_;
+  if (i.workers == nullptr) return;
+  {
+    // (The owner's thread: no worker holds the matcher unless it is queued or running, and
+    // then push() does nothing.)
+    auto lock = i.own(MaskWorkers::Queued::kKeep);
+    if (i.state != Fill::kNone) return;  // queued, or filled already
+  }
+  if (i.m.IsTerminated()) return;
+  i.workers->push(i);
 }
 
 void GrammarMatcher::apply_mask(std::span<float> logits) {
   METRALE_CHECK(static_cast<int64_t>(logits.size()) == impl_->vocab, "grammar mask: a row of ",
                 logits.size(), " logits, expected ", impl_->vocab);
-  impl_->mask.resize(mask_words());
-  if (!fill_mask(impl_->mask)) return;
-  const float ninf = -std::numeric_limits<float>::infinity();
-  const size_t n = logits.size();
-  for (size_t w = 0; w < impl_->mask.size(); ++w) {
-    uint32_t word = impl_->mask[w];
-    if (word == 0xffffffffu) continue;
-    size_t end = std::min(n, (w + 1) * 32);
-    for (size_t i = w * 32; i < end; ++i)
-      if (!((word >> (i - w * 32)) & 1u)) logits[i] = ninf;
+  Impl& i = *impl_;
+  bool ready = false;
+  if (i.workers != nullptr) {
+    auto lock = i.own(MaskWorkers::Queued::kRun);
+    ready = i.state == Fill::kReady;
+    if (ready && i.error) {
+      std::exception_ptr e = i.error;
+      i.error = nullptr;
+      i.state = Fill::kNone;
+      std::rethrow_exception(e);
+    }
   }
+  // (Not kReady: nothing is queued or running, so the matcher is the caller's alone.)
+  if (!ready) i.restricts = i.fill(i.mask);
+  if (i.restricts) apply_token_mask(i.mask, logits);
 }
 
 bool GrammarMatcher::accept(int32_t token) {
   if (token < 0 || token >= impl_->vocab) return false;
+  impl_->invalidate();
   return impl_->m.AcceptToken(token);
 }
 void GrammarMatcher::rollback(size_t n) {
-  if (n) impl_->m.Rollback(static_cast<int>(n));
+  if (n == 0) return;
+  impl_->invalidate();
+  impl_->m.Rollback(static_cast<int>(n));
 }
-bool GrammarMatcher::terminated() const { return impl_->m.IsTerminated(); }
-bool GrammarMatcher::completed() const { return impl_->m.IsCompleted(); }
+bool GrammarMatcher::terminated() const {
+  auto lock = impl_->own(MaskWorkers::Queued::kKeep);
+  return impl_->m.IsTerminated();
+}
+bool GrammarMatcher::completed() const {
+  auto lock = impl_->own(MaskWorkers::Queued::kKeep);
+  return impl_->m.IsCompleted();
+}
 
 #else  // built without xgrammar
 
@@ -416,6 +650,7 @@ GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
 int64_t GrammarMatcher::vocab_size() const { return 0; }
 size_t GrammarMatcher::mask_words() const { return 0; }
 bool GrammarMatcher::fill_mask(std::span<uint32_t>) { return false; }
+void GrammarMatcher::prefetch() {}
 void GrammarMatcher::apply_mask(std::span<float>) {}
 bool GrammarMatcher::accept(int32_t) { return false; }
 void GrammarMatcher::rollback(size_t) {}

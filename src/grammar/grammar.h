@@ -64,6 +64,14 @@ class GrammarCompiler {
   int64_t vocab_size_;
 };
 
+// The next token's mask is filled ahead: prefetch() (Generation calls it once a token is
+// accepted) queues the fill on the mask workers, a few threads of this process, so it runs
+// beside the next forward and beside the other streams' fills; apply_mask() then only waits
+// for it (or, when no worker has taken it yet, fills it on the calling thread) and writes
+// -inf over the disallowed logits. A matcher is used by one thread at a time (its owner's);
+// every method but vocab_size() and mask_words() first waits for its own fill in flight, and
+// the destructor does too (a fill not yet begun is dropped), so a stream going away mid-fill
+// frees nothing a worker still reads.
 class GrammarMatcher {
  public:
   explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
@@ -77,11 +85,15 @@ class GrammarMatcher {
   // Fills `mask` (mask_words() words) for the next token; returns false when every token is
   // allowed (the mask need not be applied).
   bool fill_mask(std::span<uint32_t> mask);
-  // Sets logits of disallowed tokens to -inf (the row has vocab_size() entries).
+  // Starts filling the next token's mask on a mask worker (nothing when it is filled or
+  // being filled already, or when the matcher terminated).
+  void prefetch();
+  // Sets logits of disallowed tokens to -inf (the row has vocab_size() entries), from the
+  // prefetched mask when there is one.
   void apply_mask(std::span<float> logits);
   // Advances over `token`; false (and the state unchanged) when the grammar rejects it.
   bool accept(int32_t token);
-  // Undoes the last n accepted tokens.
+  // Undoes the last n accepted tokens (a prefetched mask is dropped).
   void rollback(size_t n);
   // An eos was accepted at an accept state: nothing more can follow.
   bool terminated() const;
@@ -92,5 +104,15 @@ class GrammarMatcher {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// How many mask workers prefetch() uses: METRALE_GRAMMAR_THREADS when set (an integer in
+// [0, 64]; 0: no workers, every mask is filled at the pick on the caller's thread), otherwise
+// a quarter of the hardware threads, at least 1 and at most 4 (the forward's thread pool
+// keeps the rest; docs/performance.md measures it).
+int grammar_mask_threads();
+
+// Writes -inf over the logits of the tokens `mask` disallows (bit i of word i/32 clear),
+// a 32-bit word at a time: words of all ones are skipped, words of zeros filled whole.
+void apply_token_mask(std::span<const uint32_t> mask, std::span<float> logits);
 
 }  // namespace metrale

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -159,6 +160,72 @@ TEST(Grammar, MaskRollbackAndTokensOfTheText) {
   EXPECT_FALSE(m.completed());
 }
 
+TEST(Grammar, ApplyTokenMaskIsTheBitwiseMask) {
+  // Whole words of ones and of zeros, mixed words, and a row that ends inside a word.
+  std::mt19937 rng(3);
+  for (size_t n : {1u, 31u, 32u, 33u, 100u, 1000u}) {
+    std::vector<uint32_t> mask((n + 31) / 32);
+    for (size_t w = 0; w < mask.size(); ++w)
+      mask[w] = w % 3 == 0 ? 0xffffffffu : w % 3 == 1 ? 0u : static_cast<uint32_t>(rng());
+    std::vector<float> row(n, 1.0f);
+    apply_token_mask(mask, row);
+    for (size_t i = 0; i < n; ++i)
+      EXPECT_EQ(row[i] == 1.0f, allowed(mask, static_cast<int32_t>(i))) << "n " << n << " i " << i;
+  }
+  std::vector<float> row(33);
+  EXPECT_THROW(apply_token_mask(std::vector<uint32_t>(1), row), Error);
+}
+
+// Prefetched masks (filled on the mask workers) are the masks filled in place, whatever runs
+// beside them: many matchers prefetching at once, rollbacks and accepts over a prefetch, and
+// matchers destroyed with their fill queued or running.
+TEST(Grammar, PrefetchedMasksEqualMasksFilledInPlace) {
+  SKIP_WITHOUT_XGRAMMAR();
+  const Tokenizer& tok = qwen3();
+  const int32_t eos = *tok.token_to_id("<|im_end|>");
+  const auto V = static_cast<int64_t>(tok.id_limit());
+  GrammarCompiler c(tok, V, {eos});
+  auto g = c.compile(schema(R"({"type":"object","properties":{"name":{"type":"string"},
+      "tags":{"type":"array","items":{"enum":["a","bb","ccc"]},"maxItems":3},
+      "n":{"type":"integer"}},"required":["name","tags","n"]})"));
+  constexpr int kStreams = 12;
+  std::vector<std::optional<GrammarMatcher>> ms(kStreams);
+  for (auto& m : ms) m.emplace(g);
+  std::vector<uint32_t> want(ms[0]->mask_words());
+  std::vector<float> row(static_cast<size_t>(V));
+  std::mt19937 rng(11);
+  for (int step = 0; step < 24; ++step) {
+    for (auto& m : ms) m->prefetch();
+    for (int i = 0; i < kStreams; ++i) {
+      GrammarMatcher& m = *ms[static_cast<size_t>(i)];
+      if (m.terminated()) continue;
+      std::fill(row.begin(), row.end(), 0.0f);
+      m.apply_mask(row);  // the prefetched mask
+      const bool restricts = m.fill_mask(want);
+      std::vector<int32_t> ok;
+      for (int32_t t = 0; t < V; ++t) {
+        ASSERT_EQ(row[static_cast<size_t>(t)] == 0.0f, !restricts || allowed(want, t))
+            << "stream " << i << " step " << step << " token " << t;
+        if (row[static_cast<size_t>(t)] == 0.0f) ok.push_back(t);
+      }
+      ASSERT_FALSE(ok.empty());
+      const int32_t pick = ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+      ASSERT_TRUE(m.accept(pick));
+      if (step % 5 == 4 && !m.terminated()) {
+        // Roll back over a fill in flight; the same mask comes back.
+        m.prefetch();
+        m.rollback(1);
+        ASSERT_TRUE(m.accept(pick));
+      }
+    }
+    // A stream goes away with its fill queued or running, and a new one takes its place.
+    const size_t gone = static_cast<size_t>(step) % kStreams;
+    ms[gone]->prefetch();
+    ms[gone].reset();
+    ms[gone].emplace(g);
+  }
+}
+
 TEST(Grammar, ByteFallbackVocabulary) {
   SKIP_WITHOUT_XGRAMMAR();
   // SentencePiece-style: U+2581 for a space, <0xNN> byte tokens, Metaspace's prepended space.
@@ -204,7 +271,35 @@ TEST(Grammar, BadGrammarsNameTheField) {
             std::string::npos);
   EXPECT_NE(message({.kind = GrammarSpec::Kind::kChoice, .field = "guided_choice"}).find("empty"),
             std::string::npos);
+  // A \x escape past U+10FFFF (xgrammar reads every hex digit after \x into an int that
+  // overflows): refused before xgrammar sees it, naming the field and where.
+  const std::string hex = message(
+      {.kind = GrammarSpec::Kind::kRegex, .text = "a\\x222222222222z", .field = "guided_regex"});
+  EXPECT_TRUE(hex.starts_with("guided_regex: the escape '\\x222222222222'")) << hex;
+  EXPECT_NE(message({.kind = GrammarSpec::Kind::kEbnf,
+                     .text = "root ::= [\\x110000]",
+                     .field = "guided_grammar"})
+                .find("U+10FFFF"),
+            std::string::npos);
+  const std::string pattern = message(
+      schema(R"({"type":"object","properties":{"a":{"type":"string","pattern":"\\x7fffffff"}}})"));
+  EXPECT_TRUE(pattern.starts_with("guided_json ('pattern' at '/properties/a'): the escape"))
+      << pattern;
   EXPECT_EQ(c.cached(), 0u);
+  EXPECT_NO_THROW(
+      c.compile({.kind = GrammarSpec::Kind::kRegex, .text = "\\x41\\\\x110000", .field = "r"}));
+  // A choice with a control byte before hex letters is those bytes (not one codepoint \x01ab).
+  {
+    auto g = c.compile({.kind = GrammarSpec::Kind::kChoice,
+                        .choices = {"\x01"
+                                    "ab"}});
+    GrammarMatcher m(g);
+    for (int32_t id : tok.encode("\x01"
+                                 "ab",
+                                 false))
+      EXPECT_TRUE(m.accept(id));
+    EXPECT_TRUE(m.completed());
+  }
   // A special token's text is spelled by ordinary tokens, never by the special token.
   const int32_t special = *tok.token_to_id("<|endoftext|>");
   ASSERT_TRUE(tok.is_special(special));
@@ -227,9 +322,9 @@ TEST(Grammar, GenerationMasksAndRollsBack) {
   GrammarCompiler c(tok, V, {eos});
   auto g = c.compile({.kind = GrammarSpec::Kind::kChoice, .choices = {"LORD", "Moses"}});
   const int32_t banned = *tok.token_to_id("the");
-  Generation gen(
-      {.logit_bias = {{banned, 100.0f}}, .eos_ids = {eos}, .max_tokens = 32, .grammar = g},
-      {1, 2, 3}, &tok);
+  const std::vector<std::pair<int32_t, float>> bias = {{banned, 100.0f}};
+  Generation gen({.logit_bias = bias, .eos_ids = {eos}, .max_tokens = 32, .grammar = g}, {1, 2, 3},
+                 &tok);
   PickScratch scratch(V);
   std::mt19937 rng(7);
   std::vector<float> row(static_cast<size_t>(V));
