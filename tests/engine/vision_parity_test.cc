@@ -1,7 +1,8 @@
 // Images and a video through the whole tiny Qwen2-VL (tests/data/fixtures/qwen2_vl_f32), and
 // images through the tiny Qwen2.5-VL (qwen2_5_vl_f32, window attention in its tower) and the
 // tiny Qwen3-VL (qwen3_vl_f32: deepstack features added after its first two layers) and Qwen3.5
-// (qwen3_5_vl_f32: its hybrid language model): the
+// (qwen3_5_vl_f32: its hybrid language model) and Qwen3-VL-MoE (qwen3_vl_moe_f32: fused experts
+// in the published, transposed layout): the
 // tower's features replace the placeholder rows, M-RoPE positions come from get_rope_index's
 // equal, and the prompt's logits match transformers' forward within 1e-4 while 10 greedy tokens
 // equal transformers' generate. Prefill in chunks that cut through the placeholders; bad media
@@ -81,7 +82,9 @@ TEST(VisionParity, LogitsAndGreedyEqualTransformers) {
        {Case{"qwen2_vl_f32", "one_image", {0}}, Case{"qwen2_vl_f32", "two_images_video", {0, 1, 2}},
         Case{"qwen2_5_vl_f32", "one_image", {0}}, Case{"qwen2_5_vl_f32", "two_images", {0, 1}},
         Case{"qwen3_vl_f32", "one_image", {0}}, Case{"qwen3_vl_f32", "two_images", {0, 1}},
-        Case{"qwen3_5_vl_f32", "one_image", {0}}, Case{"qwen3_5_vl_f32", "two_images", {0, 1}}}) {
+        Case{"qwen3_5_vl_f32", "one_image", {0}}, Case{"qwen3_5_vl_f32", "two_images", {0, 1}},
+        Case{"qwen3_vl_moe_f32", "one_image", {0}},
+        Case{"qwen3_vl_moe_f32", "two_images", {0, 1}}}) {
     const Tower tower(c.fixture);
     for (int64_t max_rows : {int64_t{64}, int64_t{16}}) {  // one chunk; chunks cutting the media
       SCOPED_TRACE(::testing::Message() << c.fixture << " " << c.name << " max_rows " << max_rows);
@@ -342,6 +345,15 @@ TEST(VisionParity, BadTowerCheckpointsAreRefused) {
              name != "model.visual.patch_embed.proj.bias";
     });
     testing::expect_has(testing::load_error(c), "model.visual.patch_embed.proj.bias");
+  }
+  // Qwen3-VL-MoE's fused experts: a stack in neither layout is named with both shapes.
+  {
+    testing::CheckpointCopy c("qwen3_vl_moe_f32");
+    c.replace_in_config("\"moe_intermediate_size\": 24", "\"moe_intermediate_size\": 20");
+    testing::expect_has(testing::load_error(c),
+                        "tensor 'model.language_model.layers.0.mlp.experts.gate_up_proj' has shape "
+                        "[4, 32, 48], expected [4, 40, 32] (transformers' layout) or [4, 32, 40] "
+                        "(the published one)");
   }
 }
 
