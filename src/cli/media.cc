@@ -52,9 +52,9 @@ MultimodalPrompt MediaFlags::prompt(Model& model, const std::vector<int32_t>& id
       }));
     }
   }
-  const std::vector<int32_t> expanded =
-      place_media(model.vision()->config(), ids, items,
-                  static_cast<int32_t>(model.config().bos_token_id.value_or(-1)));
+  const std::vector<int32_t> expanded = place_media(
+      model.vision()->config(), ids, items,
+      static_cast<int32_t>(model.config().bos_token_id.value_or(-1)), model.tokenizer());
   return make_multimodal_prompt(model, expanded, items);
 }
 

@@ -5,35 +5,78 @@
 
 #include "core/error.h"
 #include "vision/mrope_positions.h"
+#include "vision/video_sampling.h"
 
 namespace metrale {
 
-std::vector<int32_t> expand_placeholders(const VisionConfig& c, std::span<const int32_t> ids,
-                                         std::span<const vision::VisionItem> items, int32_t bos) {
+namespace {
+
+// Qwen3-VL and Qwen3.5 write a video frame by frame, each temporal patch after its timestamp.
+bool timestamped_videos(const VisionConfig& c) {
+  return c.tower == VisionTowerKind::kQwen3Vl || c.tower == VisionTowerKind::kQwen3_5;
+}
+
+// What the processor's replace_image_token / replace_video_token put for one placeholder.
+void append_expansion(const VisionConfig& c, const vision::VisionItem& it, size_t index,
+                      const Tokenizer* tokenizer, std::vector<int32_t>& out) {
+  const bool video = it.kind == vision::VisionKind::kVideo;
+  const auto pad = static_cast<int32_t>(video ? c.video_token_id : c.image_token_id);
+  if (!video || !timestamped_videos(c)) {
+    out.insert(out.end(), static_cast<size_t>(it.n_tokens()), pad);
+    return;
+  }
+  // processing_qwen3_vl.py: per temporal patch "<t seconds>", vision_start, its pads,
+  // vision_end; t the mean time of the patch's first and last frame, at the source's fps.
+  METRALE_CHECK(tokenizer != nullptr, "video ", index, ": ", c.model_type,
+                " spells each frame's timestamp in the prompt, which needs the checkpoint's "
+                "tokenizer (tokenizer.json)");
+  METRALE_CHECK(!it.frame_indices.empty(), "video ", index,
+                ": no frame indices (the prompt's timestamps come from them)");
+  const std::vector<double> times = vision::temporal_patch_timestamps(
+      vision::VideoFamily::kQwen3Vl, it.frame_indices, it.fps > 0 ? it.fps : 24.0,
+      static_cast<int>(c.temporal_patch_size));
+  METRALE_CHECK(static_cast<int64_t>(times.size()) == it.grid_thw[0], "video ", index, ": ",
+                it.frame_indices.size(), " frames make ", times.size(),
+                " temporal patches; its grid has ", it.grid_thw[0]);
+  for (double t : times) {
+    const std::vector<int32_t> text = tokenizer->encode(vision::timestamp_text(t), false);
+    out.insert(out.end(), text.begin(), text.end());
+    out.push_back(static_cast<int32_t>(c.vision_start_token_id));
+    out.insert(out.end(), static_cast<size_t>(it.tokens_per_frame()), pad);
+    out.push_back(static_cast<int32_t>(c.vision_end_token_id));
+  }
+}
+
+// expand_placeholders; `order` gets the index of the item each placeholder took.
+std::vector<int32_t> expand(const VisionConfig& c, std::span<const int32_t> ids,
+                            std::span<const vision::VisionItem> items, int32_t bos,
+                            const Tokenizer* tokenizer, std::vector<size_t>& order) {
   const auto image = static_cast<int32_t>(c.image_token_id);
   const auto video = static_cast<int32_t>(c.video_token_id);
-  std::vector<const vision::VisionItem*> of_kind[2];
-  for (const vision::VisionItem& it : items)
-    of_kind[it.kind == vision::VisionKind::kVideo ? 1 : 0].push_back(&it);
-  std::vector<int32_t> out;
+  std::vector<size_t> of_kind[2];
+  for (size_t i = 0; i < items.size(); ++i)
+    of_kind[items[i].kind == vision::VisionKind::kVideo ? 1 : 0].push_back(i);
+  std::vector<int32_t> front;
   const bool any =
       std::any_of(ids.begin(), ids.end(), [&](int32_t t) { return t == image || t == video; });
   if (!any) {
-    if (!ids.empty() && ids.front() == bos) {  // the media go after a leading bos
-      out.push_back(bos);
+    // No placeholder: each item in front of the prompt (after a leading bos) as a chat
+    // template writes it, vision_start, one pad, vision_end; images first, then videos.
+    if (!ids.empty() && ids.front() == bos) {
+      front.push_back(bos);
       ids = ids.subspan(1);
     }
-    for (const auto& list : of_kind) {
-      for (const vision::VisionItem* it : list) {
-        out.push_back(static_cast<int32_t>(c.vision_start_token_id));
-        out.insert(out.end(), static_cast<size_t>(it->n_tokens()),
-                   it->kind == vision::VisionKind::kVideo ? video : image);
-        out.push_back(static_cast<int32_t>(c.vision_end_token_id));
+    for (size_t k = 0; k < 2; ++k) {
+      for (size_t i = 0; i < of_kind[k].size(); ++i) {
+        front.insert(front.end(),
+                     {static_cast<int32_t>(c.vision_start_token_id), k == 1 ? video : image,
+                      static_cast<int32_t>(c.vision_end_token_id)});
       }
     }
-    out.insert(out.end(), ids.begin(), ids.end());
-    return out;
+    front.insert(front.end(), ids.begin(), ids.end());
+    ids = front;
   }
+  std::vector<int32_t> out;
   size_t used[2] = {0, 0};
   for (size_t i = 0; i < ids.size();) {
     if (ids[i] != image && ids[i] != video) {
@@ -46,13 +89,24 @@ std::vector<int32_t> expand_placeholders(const VisionConfig& c, std::span<const 
     while (i < ids.size() && ids[i] == pad) ++i;
     METRALE_CHECK(used[k] < of_kind[k].size(), "prompt: more ", kind, " placeholders than the ",
                   of_kind[k].size(), " ", kind, "(s) given");
-    out.insert(out.end(), static_cast<size_t>(of_kind[k][used[k]++]->n_tokens()), pad);
+    const size_t item = of_kind[k][used[k]];
+    append_expansion(c, items[item], used[k]++, tokenizer, out);
+    order.push_back(item);
   }
   for (size_t k = 0; k < 2; ++k) {
     METRALE_CHECK(used[k] == of_kind[k].size(), "prompt: ", of_kind[k].size(),
                   k == 1 ? " video(s)" : " image(s)", " given for ", used[k], " placeholder(s)");
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<int32_t> expand_placeholders(const VisionConfig& c, std::span<const int32_t> ids,
+                                         std::span<const vision::VisionItem> items, int32_t bos,
+                                         const Tokenizer* tokenizer) {
+  std::vector<size_t> order;
+  return expand(c, ids, items, bos, tokenizer, order);
 }
 
 MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int32_t> ids,
@@ -68,6 +122,7 @@ MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int3
   const std::vector<int32_t> types = vision::mm_token_types(
       ids, static_cast<int32_t>(vc.image_token_id), static_cast<int32_t>(vc.video_token_id));
   std::vector<std::array<int64_t, 3>> images, videos;
+  std::vector<float> seconds;
   int64_t patches = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const vision::VisionItem& it = items[i];
@@ -76,34 +131,46 @@ MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int3
                   "media item ", i, ": patches of ", it.patch_dim, " values merged by ",
                   it.merge_size, "; the vision tower takes ", vc.patch_dim(), " merged by ",
                   vc.spatial_merge_size);
-    // Qwen2.5-VL's video time step needs the processor's second_per_grid_ts (temporal patch /
-    // the sampled fps), which VisionItem does not carry yet; Qwen3-VL / Qwen3.5's prompts split
-    // a video into frames with timestamps, which expand_placeholders does not write yet.
-    METRALE_CHECK(it.kind == vision::VisionKind::kImage || vc.tower == VisionTowerKind::kQwen2Vl,
-                  "media item ", i, ": videos for ", model.config().model_type,
-                  " are not supported yet (Qwen2.5-VL: second_per_grid_ts; Qwen3-VL / Qwen3.5: "
-                  "per-frame timestamps)");
+    if (it.kind == vision::VisionKind::kVideo) {
+      // processing_qwen2_5_vl.py's second_per_grid_ts (only Qwen2.5-VL's rope reads it).
+      seconds.push_back(vision::second_per_grid(it.frame_indices, it.total_frames, it.fps,
+                                                static_cast<int>(vc.temporal_patch_size)));
+    }
     (it.kind == vision::VisionKind::kImage ? images : videos).push_back(it.grid_thw);
     patches += it.n_patches();
   }
-  // The items in prompt order must be the placeholder runs' kinds in order.
+  // The items in prompt order must be the placeholder runs' kinds in order; a Qwen3-VL /
+  // Qwen3.5 video takes one run per temporal patch (its frames, timestamps between them).
+  const bool per_frame = timestamped_videos(vc);
   size_t next = 0;
+  int64_t frames_left = 0;  // runs the last video still takes
   for (size_t r = 0; r < types.size(); ++r) {
     if (types[r] == vision::kTextToken || (r > 0 && types[r] == types[r - 1])) continue;
     const bool video = types[r] == vision::kVideoToken;
+    if (frames_left > 0) {
+      METRALE_CHECK(video, "prompt: the image placeholders at token ", r, " come between frames ",
+                    "of media item ", next - 1, ", a video (", frames_left, " frame(s) to go)");
+      --frames_left;
+      continue;
+    }
     METRALE_CHECK(next < items.size(), "prompt: the ", video ? "video" : "image",
                   " placeholders at token ", r, " have no media item (", items.size(), " given)");
     METRALE_CHECK((items[next].kind == vision::VisionKind::kVideo) == video, "prompt: the ",
                   video ? "video" : "image", " placeholders at token ", r, " meet media item ",
                   next, ", a", video ? "n image" : " video");
+    if (video && per_frame) frames_left = items[next].grid_thw[0] - 1;
     ++next;
   }
+  METRALE_CHECK(frames_left == 0, "prompt: media item ", next - 1, ", a video of ",
+                items.empty() ? 0 : items[next - 1].grid_thw[0], " temporal patches, has ",
+                frames_left, " frame(s) without placeholders");
   // mrope_positions checks each run's length against its grid and that every grid is used.
   const vision::MropePositions pos =
       vision::mrope_positions(vision::mrope_index_style(model.config().model_type),
                               {.token_types = types,
                                .image_grids = images,
                                .video_grids = videos,
+                               .second_per_grid_ts = seconds,
                                .spatial_merge_size = vc.spatial_merge_size,
                                .tokens_per_second = vc.tokens_per_second});
   p.positions3 = pos.positions3;
@@ -179,20 +246,13 @@ MultimodalPrompt make_multimodal_prompt(Model& model, std::span<const int32_t> i
 }
 
 std::vector<int32_t> place_media(const VisionConfig& vc, std::span<const int32_t> ids,
-                                 std::vector<vision::VisionItem>& items, int32_t bos) {
-  std::vector<int32_t> expanded = expand_placeholders(vc, ids, items, bos);
-  // Each kind's items in their order; taken as the placeholders appear.
-  std::vector<size_t> of_kind[2];
-  for (size_t i = 0; i < items.size(); ++i)
-    of_kind[items[i].kind == vision::VisionKind::kVideo ? 1 : 0].push_back(i);
+                                 std::vector<vision::VisionItem>& items, int32_t bos,
+                                 const Tokenizer* tokenizer) {
+  std::vector<size_t> order;
+  std::vector<int32_t> expanded = expand(vc, ids, items, bos, tokenizer, order);
   std::vector<vision::VisionItem> ordered;
-  size_t next[2] = {0, 0};
-  for (size_t i = 0; i < expanded.size(); ++i) {
-    const bool image = expanded[i] == vc.image_token_id, video = expanded[i] == vc.video_token_id;
-    if (!(image || video) || (i > 0 && expanded[i - 1] == expanded[i])) continue;
-    const size_t k = video ? 1 : 0;
-    ordered.push_back(std::move(items[of_kind[k][next[k]++]]));
-  }
+  ordered.reserve(order.size());
+  for (size_t i : order) ordered.push_back(std::move(items[i]));
   items = std::move(ordered);
   return expanded;
 }

@@ -1,7 +1,9 @@
 #pragma once
 // A prompt holding images and videos, ready for a vision-language model's steps: the tower's
 // features for the placeholder rows, every row's M-RoPE (t, h, w) position and the rope delta
-// decode carries (transformers' get_rope_index), then a chunked prefill that hands each chunk
+// decode carries (transformers' get_rope_index; Qwen2.5-VL's video time axis scaled by each
+// video's second_per_grid_ts, Qwen3-VL / Qwen3.5's videos one frame per run), then a chunked
+// prefill that hands each chunk
 // its share of them (StepItem::positions3 / embeds / embed_rows).
 #include <cstdint>
 #include <list>
@@ -23,20 +25,25 @@ struct MultimodalPrompt {
 };
 
 // The processor's placeholder expansion on token ids: each run of image (video) pad tokens in
-// `ids` is one placeholder, taking the next image (video) item in order and expanded to its
-// token count (a run already that long stays). Without any pad token, each item is put in front
-// of the prompt (after a leading `bos`, when given) as vision_start, its pads, vision_end
-// (images first, then videos). Throws Error when the placeholders of a kind and its items
-// differ in number.
+// `ids` is one placeholder, taking the next image (video) item in order and expanded as the
+// processor's replace_image_token / replace_video_token write it: one pad per merged patch
+// (a run already that long stays); for Qwen3-VL / Qwen3.5 videos, per temporal patch the text
+// "<t seconds>" (encoded alone by `tokenizer`, which such a video needs), vision_start, its
+// pads, vision_end (the template's own vision_start / vision_end stay around them, as in
+// transformers). Without any pad token, each item is put in front of the prompt (after a
+// leading `bos`, when given) as a chat template writes it, vision_start, pad, vision_end
+// (images first, then videos), then expanded. Throws Error when the placeholders of a kind
+// and its items differ in number.
 std::vector<int32_t> expand_placeholders(const VisionConfig& config, std::span<const int32_t> ids,
                                          std::span<const vision::VisionItem> items,
-                                         int32_t bos = -1);
+                                         int32_t bos = -1, const Tokenizer* tokenizer = nullptr);
 
 // expand_placeholders, then `items` (each kind in its own order, kinds in any order) reordered
 // to the order their placeholders appear in the returned ids: what make_multimodal_prompt takes.
 // `generate --image` and `serve`'s chat content parts both place their media through this.
 std::vector<int32_t> place_media(const VisionConfig& config, std::span<const int32_t> ids,
-                                 std::vector<vision::VisionItem>& items, int32_t bos = -1);
+                                 std::vector<vision::VisionItem>& items, int32_t bos = -1,
+                                 const Tokenizer* tokenizer = nullptr);
 
 // A 64-bit content hash of what the tower sees (kind, grid, patch values): the key of the
 // tower-output cache and of media rows in the server's prefix cache.

@@ -94,7 +94,8 @@ std::vector<vision::VisionItem> HttpServer::Impl::load_media(const OpenAiRequest
   }
   try {
     prompt = place_media(vision->config(), prompt, items,
-                         static_cast<int32_t>(model.config().bos_token_id.value_or(-1)));
+                         static_cast<int32_t>(model.config().bos_token_id.value_or(-1)),
+                         model.tokenizer());
   } catch (const Error& e) {
     throw ApiError(400, "messages: " + e.message(), "messages");
   }

@@ -79,8 +79,23 @@ std::unique_ptr<MoeFfn> MoeFfn::load(const ModelConfig& c, TensorLoader& l, cons
   f->experts_.resize(static_cast<size_t>(E));
   const std::string fused_gate_up = p + "experts.gate_up_proj";
   if (l.has(fused_gate_up)) {
-    std::vector<WeightTensor> gu = l.stacked_matrices(fused_gate_up, E, 2 * I, H);
-    std::vector<WeightTensor> down = l.stacked_matrices(p + "experts.down_proj", E, H, I);
+    // Qwen3-VL-MoE's published checkpoints hold each stack transposed; transformers' conversion
+    // mapping transposes a tensor whose shape is not the in-memory one, and so does this.
+    const bool transposable = c.model_type == "qwen3_vl_moe";
+    auto stack = [&](const std::string& name, int64_t n_out, int64_t n_in) {
+      const CheckpointTensor* t = l.checkpoint().find(name);
+      if (!transposable || t == nullptr || n_out == n_in)
+        return l.stacked_matrices(name, E, n_out, n_in);
+      const Shape shape = t->info->shape, as_is{E, n_out, n_in}, flipped{E, n_in, n_out};
+      METRALE_CHECK(shape == as_is || shape == flipped, l.checkpoint().dir().string(), ": tensor '",
+                    name, "' has shape ", shape.str(), ", expected ", as_is.str(),
+                    " (transformers' layout) or ", flipped.str(),
+                    " (the published one) from config.json");
+      return shape == as_is ? l.stacked_matrices(name, E, n_out, n_in)
+                            : l.stacked_matrices_transposed(name, E, n_out, n_in);
+    };
+    std::vector<WeightTensor> gu = stack(fused_gate_up, 2 * I, H);
+    std::vector<WeightTensor> down = stack(p + "experts.down_proj", H, I);
     for (size_t e = 0; e < gu.size(); ++e) f->experts_[e] = {std::move(gu[e]), std::move(down[e])};
   } else {
     for (int64_t e = 0; e < E; ++e) {

@@ -45,6 +45,8 @@ class MoeFfn final : public Ffn {
   //  - published checkpoints: prefix + experts.E.{gate,up,down}_proj.weight per expert;
   //  - transformers 5 save_pretrained: prefix + experts.gate_up_proj [E, 2I, H] (gate rows
   //    first) and prefix + experts.down_proj [E, H, I];
+  //  - qwen3_vl_moe's published checkpoints: the same tensors transposed, [E, H, 2I] (gate
+  //    columns first) and [E, I, H] (either layout per tensor, told apart by shape);
   // and, with a shared expert, prefix + shared_expert.{gate,up,down}_proj and
   // prefix + shared_expert_gate.weight [1, H]; sigmoid routers also prefix +
   // gate.e_score_correction_bias [E] and prefix + shared_experts.{gate,up,down}_proj.

@@ -8,6 +8,8 @@
 // visual.* (or model.visual.*), which the engine loads separately (engine/vision_encoder.h).
 // Qwen3-VL's is Qwen3's decoder (q/k norms, no biases) with the interleaved multimodal rope,
 // under model.language_model.*; the engine sets Architecture::deepstack from its tower.
+// Qwen3-VL-MoE's (qwen3_vl_moe) is the same with qwen3_moe's sparse layers
+// (ModelConfig::is_moe_layer), whose experts ship fused (MoeFfn::load).
 #include "layers/attention.h"
 #include "layers/ffn.h"
 #include "models/decoder_stack.h"
@@ -23,10 +25,10 @@ std::unique_ptr<Architecture> build_qwen2_vl(const ModelConfig& c, TensorLoader&
        .unloaded = {"visual.", "model.visual."},
        .mixer = [&](int64_t i,
                     const std::string& p) { return GqaAttention::load(c, i, l, p + "self_attn."); },
-       .ffn =
-           [&](int64_t, const std::string& p) {
-             return DenseFfn::load(c, l, p + "mlp.", c.intermediate_size);
-           }});
+       .ffn = [&](int64_t i, const std::string& p) -> std::unique_ptr<Ffn> {
+         if (c.is_moe_layer(i)) return MoeFfn::load(c, l, p + "mlp.");
+         return DenseFfn::load(c, l, p + "mlp.", c.intermediate_size);
+       }});
 }
 
 }  // namespace metrale

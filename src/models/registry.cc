@@ -7,7 +7,7 @@
 namespace metrale {
 
 std::span<const ArchitectureEntry> architectures() {
-  static constexpr std::array<ArchitectureEntry, 15> kFamilies = {{
+  static constexpr std::array<ArchitectureEntry, 16> kFamilies = {{
       {"llama", &build_dense_decoder},
       {"mistral", &build_dense_decoder},
       {"qwen2", &build_dense_decoder},
@@ -16,6 +16,7 @@ std::span<const ArchitectureEntry> architectures() {
       {"qwen3", &build_dense_decoder},
       {"qwen3_moe", &build_qwen3_moe},
       {"qwen3_vl", &build_qwen2_vl},
+      {"qwen3_vl_moe", &build_qwen2_vl},
       {"qwen3_next", &build_qwen3_next, &build_qwen3_next_mtp},
       {"qwen3_5", &build_qwen3_next},
       {"qwen3_5_text", &build_qwen3_next},

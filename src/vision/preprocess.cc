@@ -112,6 +112,8 @@ VisionItem preprocess_video(std::span<const Image> frames, double fps,
   VisionItem item = make_item(VisionKind::kVideo, g, grid_t, seq[0]->height, seq[0]->width);
   patchify(seq, g, make_normalize_table(g), item.pixels.data());
   item.frame_indices = indices;
+  item.fps = fps;
+  item.total_frames = static_cast<int64_t>(frames.size());
   item.timestamps = temporal_patch_timestamps(config.family, indices, fps, g.temporal_patch_size);
   return item;
 }

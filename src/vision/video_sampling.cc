@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -164,6 +165,23 @@ std::vector<double> temporal_patch_timestamps(VideoFamily family, std::span<cons
     out.push_back(family == VideoFamily::kQwen3Vl ? (first + last) / 2 : first);
   }
   return out;
+}
+
+float second_per_grid(std::span<const int64_t> indices, int64_t total_frames, double fps,
+                      int temporal_patch_size) {
+  double sampled = fps > 0 ? fps : 24.0;
+  if (fps > 0 && total_frames > 0 && !indices.empty()) {
+    sampled = static_cast<double>(indices.size()) / static_cast<double>(total_frames) * fps;
+  }
+  return static_cast<float>(static_cast<double>(temporal_patch_size) / sampled);
+}
+
+std::string timestamp_text(double seconds) {
+  char buf[64];
+  const int n = std::snprintf(buf, sizeof(buf), "<%.1f seconds>", seconds);
+  METRALE_CHECK(n > 0 && static_cast<size_t>(n) < sizeof(buf), "video timestamp ", seconds,
+                " s is out of range");
+  return {buf, static_cast<size_t>(n)};
 }
 
 }  // namespace metrale::vision

@@ -5,6 +5,7 @@
 // truncation, math.ceil) is reproduced so the same frames are picked.
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "vision/processor_config.h"
@@ -23,5 +24,16 @@ std::vector<int64_t> sample_frame_indices(const VideoProcessorConfig& config, in
 //   Qwen2-VL: time of the patch's first frame (its mrope uses temporal_patch_size / fps).
 std::vector<double> temporal_patch_timestamps(VideoFamily family, std::span<const int64_t> indices,
                                               double video_fps, int temporal_patch_size);
+
+// Qwen2.5-VL's second_per_grid_ts of a video (processing_qwen2_5_vl.py): temporal_patch_size /
+// VideoMetadata.sampled_fps, where sampled_fps = len(indices) / total_frames * fps in float64
+// (fps itself when the indices or the frame count are unknown, 24 when the rate is), then
+// float32 as the processor's tensor holds it.
+float second_per_grid(std::span<const int64_t> indices, int64_t total_frames, double fps,
+                      int temporal_patch_size);
+
+// The text Qwen3-VL / Qwen3.5's processor writes before each temporal patch of a video:
+// "<%.1f seconds>" (Python's f"<{t:.1f} seconds>", correctly rounded as printf is).
+std::string timestamp_text(double seconds);
 
 }  // namespace metrale::vision

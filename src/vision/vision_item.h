@@ -24,9 +24,13 @@ struct VisionItem {
   std::vector<float> pixels;  // [n_patches(), patch_dim]
 
   // Video only: the source frames used (before padding to a multiple of the temporal patch
-  // size) and seconds per temporal patch (see video_sampling.h for each family's rule).
+  // size) and seconds per temporal patch (see video_sampling.h for each family's rule), and
+  // the source's frame rate and frame count (HF's VideoMetadata fps / total_num_frames): what
+  // Qwen2.5-VL's second_per_grid_ts and Qwen3-VL's prompt timestamps are computed from.
   std::vector<int64_t> frame_indices;
   std::vector<double> timestamps;
+  double fps = 0;            // 0: unknown (transformers then assumes 24)
+  int64_t total_frames = 0;  // 0: unknown
 
   int64_t n_patches() const { return grid_thw[0] * grid_thw[1] * grid_thw[2]; }
   // Placeholder tokens in the prompt: merge_size x merge_size patches become one token.

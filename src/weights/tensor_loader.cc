@@ -368,6 +368,44 @@ std::vector<WeightTensor> TensorLoader::stacked_matrices(const std::string& name
   return out;
 }
 
+std::vector<WeightTensor> TensorLoader::stacked_matrices_transposed(const std::string& name,
+                                                                    int64_t n_stack, int64_t n_out,
+                                                                    int64_t n_in) {
+  const CheckpointTensor& t = claim(name, {n_stack, n_in, n_out});
+  const auto format = weight_format_for_dtype(t.info->dtype);
+  METRALE_CHECK(
+      format.has_value() && (*format == WeightFormat::kF32 || *format == WeightFormat::kBF16),
+      checkpoint_.dir().string(), ": tensor '", name, "' has dtype ", dtype_name(t.info->dtype),
+      "; transposed fused experts must be f32 or bf16");
+  backend_.require(Op::kLinear, *format, DType::kF32, name);
+  const size_t elem = *format == WeightFormat::kF32 ? 4 : 2;
+  const size_t slice_bytes = elem * static_cast<size_t>(n_out * n_in);
+  const std::span<const std::byte> all = t.bytes();
+  std::vector<WeightTensor> out;
+  out.reserve(static_cast<size_t>(n_stack));
+  for (int64_t i = 0; i < n_stack; ++i) {
+    const std::byte* src = all.data() + static_cast<size_t>(i) * slice_bytes;  // [n_in, n_out]
+    const Buffer& staging = staging_for(slice_bytes);
+    auto* dst = static_cast<std::byte*>(staging.data());  // [n_out, n_in]
+    for (int64_t r = 0; r < n_in; ++r) {
+      for (int64_t c = 0; c < n_out; ++c) {
+        std::memcpy(dst + static_cast<size_t>(c * n_in + r) * elem,
+                    src + static_cast<size_t>(r * n_out + c) * elem, elem);
+      }
+    }
+    WeightTensor w{.name = name + "[" + std::to_string(i) + "]",
+                   .format = *format,
+                   .n_out = n_out,
+                   .n_in = n_in,
+                   .data = staging.data()};
+    WeightTensor prepared = backend_.prepare(w, PrepareMode::kCopy);
+    storage_.push_back(prepared.storage);
+    out.push_back(std::move(prepared));
+    advance(slice_bytes);
+  }
+  return out;
+}
+
 DeviceFloats TensorLoader::norm(const std::string& name, int64_t n) {
   return {backend_, floats(name, {n})};
 }

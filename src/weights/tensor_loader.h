@@ -72,6 +72,10 @@ class TensorLoader {
   // matrices, slice i named "name[i]"; copied, or read in place when asked and aligned.
   std::vector<WeightTensor> stacked_matrices(const std::string& name, int64_t n_stack,
                                              int64_t n_out, int64_t n_in);
+  // The same for a stack of transposed matrices, [n_stack, n_in, n_out] (Qwen3-VL-MoE's
+  // published fused experts): each slice transposed into a [n_out, n_in] copy of its dtype.
+  std::vector<WeightTensor> stacked_matrices_transposed(const std::string& name, int64_t n_stack,
+                                                        int64_t n_out, int64_t n_in);
   // `prefix`.weight [n_out, n_in] widened to f32 rows in host memory, for a layer that derives
   // its own matrices from it (MLA absorbs kv_b_proj into per-head query and value matrices).
   // Plain f32 / bf16 / f16 weights, or a quantized module decoded by its format's reference.

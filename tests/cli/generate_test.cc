@@ -156,5 +156,31 @@ TEST(GenerateJson, AnImageThroughTheVisionTower) {
   EXPECT_NE(bad.out.find("cannot be used"), std::string::npos) << bad.out;
 }
 
+// --video on the tiny Qwen2.5-VL, Qwen3-VL and Qwen3.5 (anim.gif, decoded in-process): the
+// prompt text with one video pad expanded as the processor expands it (Qwen3-VL / Qwen3.5: a
+// "<t seconds>" before each frame) and the 10 greedy tokens transformers' generate gave
+// (video.safetensors, tools/fixtures/models/vision_video_fixtures.py).
+TEST(GenerateJson, AVideoThroughTheVisionTower) {
+  for (const char* fixture : {"qwen2_5_vl_f32", "qwen3_vl_f32", "qwen3_5_vl_f32"}) {
+    SCOPED_TRACE(fixture);
+    const std::string dir = testing::fixture_dir(fixture);
+    const SafetensorsFile ref = SafetensorsFile::open(dir + "/video.safetensors");
+    auto ints = [&](const char* key) {
+      const auto& t = ref.at(key);
+      std::vector<int64_t> v(static_cast<size_t>(t.shape.numel()));
+      std::memcpy(v.data(), ref.bytes(t).data(), v.size() * sizeof(int64_t));
+      return std::vector<int32_t>(v.begin(), v.end());
+    };
+    const CliRun r = run_metrale("generate",
+                                 {"--model", dir, "--prompt", ref.metadata().at("text"),
+                                  "--no-special", "--video", "tests/data/vision/images/anim.gif",
+                                  "-n", "10", "--ignore-eos", "--json", "--threads", "2"},
+                                 /*with_stderr=*/false);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(array_of(r.out, "prompt_ids"), ints("ids"));
+    EXPECT_EQ(array_of(r.out, "ids"), ints("greedy"));
+  }
+}
+
 }  // namespace
 }  // namespace metrale

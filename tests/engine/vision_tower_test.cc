@@ -149,7 +149,7 @@ TEST_P(VisionTowerTest, BadCallsAreRefused) {
 
 INSTANTIATE_TEST_SUITE_P(Towers, VisionTowerTest,
                          ::testing::Values("qwen2_vl_f32", "qwen2_5_vl_f32", "qwen3_vl_f32",
-                                           "qwen3_5_vl_f32"));
+                                           "qwen3_5_vl_f32", "qwen3_vl_moe_f32"));
 
 // Qwen3-VL's learned positions (get_vision_interpolation_indices_and_weights, bilinear,
 // align_corners): a 4 x 4 table onto a 2 x 4 grid. Row 1 is patch (h 0, w 1): src_h 0 (taps

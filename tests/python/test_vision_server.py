@@ -2,7 +2,8 @@
 Qwen2-VL the parity tests use (tests/data/fixtures/qwen2_vl_f32, which ships no tokenizer: this
 test gives it a small byte-level one whose vision tokens sit at the config's ids, and a Qwen-style
 chat template). An image chat, whole and streamed, equals `metrale generate --image` on the
-same rendered prompt; a video, data: and file:// URLs; the tower's output and the prompt's pages
+same rendered prompt; a video (on Qwen2-VL, and on the tiny Qwen3-VL, whose prompt spells each
+frame's timestamp), data: and file:// URLs; the tower's output and the prompt's pages
 come from the caches the second time; refusals (a file outside --allowed-media-dir, an http URL,
 too many items, corrupt bytes, media to a text-only model) are 400s naming the part, and the
 server keeps serving.
@@ -50,10 +51,10 @@ def bytes_to_unicode():
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def make_checkpoint(dest):
+def make_checkpoint(dest, fixture=FIXTURE):
     """The fixture plus a byte-level tokenizer over printable ASCII and newline (ids 3..; the
     other ids two letters each) and the chat template."""
-    for f in FIXTURE.iterdir():
+    for f in fixture.iterdir():
         shutil.copy(f, dest / f.name)
     b2u = bytes_to_unicode()
     vocab = {b2u[b]: 3 + i for i, b in enumerate([10] + list(range(32, 127)))}
@@ -186,6 +187,28 @@ class VisionServerTest(unittest.TestCase):
         got = self.chat([{"type": "video_url", "video_url": {"url": data_url(
             IMAGES / "anim.gif", "image/gif")}}, {"type": "text", "text": "and this?"}])
         self.assertEqual(got.choices[0].message.content, want)
+
+    def test_qwen3_vl_video_chat_equals_generate(self):
+        """Qwen3-VL writes a timestamp before each frame: the server's prompt is generate's."""
+        model = self.tmp / "qwen3_vl"
+        model.mkdir()
+        make_checkpoint(model, FIXTURE.parent / "qwen3_vl_f32")
+        ref = generate(model, render("and this?", "video"), "--video", IMAGES / "anim.gif")
+        server = Server(model=model, chat_template=None)
+        try:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+            got = client.chat.completions.create(
+                model=server.model, max_tokens=8, temperature=0,
+                extra_body={"ignore_eos": True, "skip_special_tokens": False},
+                messages=[{"role": "user", "content": [
+                    {"type": "video_url", "video_url": {"url": data_url(IMAGES / "anim.gif",
+                                                                        "image/gif")}},
+                    {"type": "text", "text": "and this?"}]}])
+            want = server.post("/detokenize", {"tokens": ref["ids"]})["content"]
+            self.assertEqual(got.choices[0].message.content, want)
+            self.assertEqual(got.usage.prompt_tokens, len(ref["prompt_ids"]))
+        finally:
+            server.stop()
 
     def refused(self, parts, *needles):
         with self.assertRaises(openai.BadRequestError) as e:

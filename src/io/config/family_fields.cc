@@ -53,14 +53,14 @@ std::vector<LayerKind> kinds_from_layer_types(const JsonFields& text, int64_t n_
 // The routed-expert count and the key it was read from. Qwen3MoeConfig.attribute_map aliases
 // num_experts to num_local_experts: transformers 5's save_pretrained writes num_local_experts,
 // published (4.x) checkpoints write num_experts, and from_pretrained accepts either (with both
-// present it keeps num_local_experts, so two different values are refused here). Qwen3Next and
-// Qwen3.5-MoE have no alias and read num_experts only.
+// present it keeps num_local_experts, so two different values are refused here); so does
+// Qwen3VLMoeTextConfig. Qwen3Next and Qwen3.5-MoE have no alias and read num_experts only.
 std::pair<int64_t, const char*> expert_count(const JsonFields& text,
                                              const ModelTypeTraits& traits) {
   if (traits.family == Family::kDeepseekMoe) {
     return {text.req_size("n_routed_experts"), "n_routed_experts"};
   }
-  const bool aliased = traits.model_type == "qwen3_moe";
+  const bool aliased = traits.model_type == "qwen3_moe" || traits.model_type == "qwen3_vl_moe";
   const bool has_local = text.has("num_local_experts");
   if (aliased && has_local) {
     const int64_t local = text.req_size("num_local_experts");
@@ -197,7 +197,10 @@ void parse_moe(const JsonFields& text, const ModelTypeTraits& traits, ModelConfi
     // sparse: norm_topk_prob / decoder_sparse_step / mlp_only_layers are not read.
     moe.norm_topk_prob = true;
   } else {
-    moe.norm_topk_prob = text.bool_or("norm_topk_prob", traits.model_type == "qwen3_next");
+    // Qwen3VLMoeTextTopKRouter always renormalises (the config has no norm_topk_prob).
+    const bool always = traits.model_type == "qwen3_vl_moe";
+    moe.norm_topk_prob =
+        always || text.bool_or("norm_topk_prob", traits.model_type == "qwen3_next");
     moe.decoder_sparse_step = text.int_at_least("decoder_sparse_step", 1, 1);
     moe.mlp_only_layers = text.opt_int_list("mlp_only_layers", 0).value_or(std::vector<int64_t>{});
     for (size_t i = 0; i < moe.mlp_only_layers.size(); ++i) {

@@ -76,6 +76,16 @@ constexpr ModelTypeTraits kTypes[] = {
    .sliding = kNone, .qkv_bias = kConfig, .out_bias = kConfig, .qk_norm = true,
    .output_gate = false, .vanilla_norm = true, .has_mlp_bias_field = false,
    .rope_theta_default = 5e5},
+  // Qwen3VLMoeTextConfig (text model "qwen3_vl_moe_text"): qwen3_vl's attention and rope with
+  // qwen3_moe's sparse layers (decoder_sparse_step, mlp_only_layers), head_dim defaulting to
+  // hidden / heads, a router that always renormalises, fused experts (ffn.h).
+  {.model_type = "qwen3_vl_moe", .modeling_class = "Qwen3VLMoeTextDecoderLayer", .family = kQwenMoe,
+   .nested_text_config = true, .moe = true, .head_dim_default = kHiddenOverHeads, .head_dim_fixed = 0,
+   .kv_heads_default_to_heads = true, .partial_rotary_default = 1.0, .rms_norm_eps_default = 1e-6,
+   .max_position_default = 128000, .bos_default = std::nullopt, .eos_default = std::nullopt,
+   .sliding = kNone, .qkv_bias = kConfig, .out_bias = kConfig, .qk_norm = true,
+   .output_gate = false, .vanilla_norm = true, .has_mlp_bias_field = false,
+   .rope_theta_default = 5e5},
   {.model_type = "qwen3_moe", .modeling_class = "Qwen3MoeDecoderLayer", .family = kQwenMoe,
    .nested_text_config = false, .moe = true, .head_dim_default = kHiddenOverHeads, .head_dim_fixed = 0,
    .kv_heads_default_to_heads = false, .partial_rotary_default = 1.0, .rms_norm_eps_default = 1e-6,

@@ -58,7 +58,7 @@ void parse_mrope(const JsonFields& d, const ModelTypeTraits& traits, RopeConfig&
   // Qwen3_5TextRotaryEmbedding: mrope_section defaults to [11, 11, 10] (Qwen3VLTextRotaryEmbedding:
   // [24, 20, 20]), and the frequencies are always recomposed interleaved (stride 3) whatever
   // mrope_interleaved says.
-  const bool qwen3_vl = traits.model_type == "qwen3_vl";
+  const bool qwen3_vl = traits.model_type == "qwen3_vl" || traits.model_type == "qwen3_vl_moe";
   rope.mrope_section =
       d.opt_int_list("mrope_section", 0)
           .value_or(qwen3_vl ? std::vector<int64_t>{24, 20, 20} : std::vector<int64_t>{11, 11, 10});
@@ -193,7 +193,7 @@ RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int
                   "\" is not supported (supported: default, linear, llama3, yarn)");
   }
 
-  if (traits.model_type.starts_with("qwen3_5") || traits.model_type == "qwen3_vl")
+  if (traits.model_type.starts_with("qwen3_5") || traits.model_type.starts_with("qwen3_vl"))
     parse_mrope(d, traits, rope);
   if (qwen2_vl) parse_sectioned_mrope(d, rope);
   // DeepseekV3Config.rope_interleave (default True): apply_rotary_pos_emb_interleave.
