@@ -274,6 +274,10 @@ void Speculator::finish(DecodeStream& s, std::span<float> logits, ConstRows hidd
     ++s.counts.verify_steps;
     s.counts.drafted += n;
     s.counts.accepted += accepted;
+    constexpr auto kAt = static_cast<int64_t>(SpeculationCounts::kPositions);
+    for (int64_t i = 0; i < std::min(n, kAt); ++i) ++s.counts.drafted_at[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < std::min(accepted, kAt); ++i)
+      ++s.counts.accepted_at[static_cast<size_t>(i)];
   }
   if (s.drafter == nullptr) return;
   speculative::DraftProposer& p = *options_.proposer;
