@@ -155,6 +155,12 @@ void Speculator::adopt(DecodeStream& s, std::unique_ptr<speculative::ProposerSta
   s.drafter = std::move(state);
 }
 
+ConstRows Speculator::prompt_hidden() const {
+  if (prompt_hidden_.empty()) return {};
+  return rows_of(prompt_hidden_.data(), static_cast<int64_t>(prompt_ids_.size()),
+                 model_.config().hidden_size);
+}
+
 void Speculator::free(std::unique_ptr<speculative::ProposerState> state) {
   if (state != nullptr) options_.proposer->free_state(*state);
 }

@@ -146,6 +146,9 @@ class Speculator {
              ConstRows hidden);
   // Frees a state take() returned.
   void free(std::unique_ptr<speculative::ProposerState> state);
+  // The final-norm rows the last prefill() recorded ([its prompt's tokens, hidden]; empty for a
+  // proposer that reads no hiddens), for a caller that adopt()s a carried state.
+  ConstRows prompt_hidden() const;
 
   // One decode step for `streams` (unended; distinct sequences): proposes their drafts, runs
   // the verify rows (split into steps of at most max_rows rows), verifies and accepts through

@@ -6,6 +6,7 @@
 // build measures (stated beside each), not to exact counts.
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "engine/mtp_proposer.h"
 #include "engine/session.h"
 
@@ -111,6 +112,62 @@ TEST(DemoMtp, DraftsChangeNoTokenAndAreAccepted) {
     EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages()) << "target pages leaked";
     EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << "drafter pages leaked";
   }
+}
+
+// MTP carry in a Session (engine/session.h): the second turn adopts the drafter rows of the
+// first (its keys 0 .. before - 2, before = the tokens the sequence held) and computes rows only
+// from the carried span's end on; both turns' greedy output is what plain decoding gives.
+// Without the carry a continued conversation cannot speculate with an MTP drafter at all.
+TEST(DemoMtp, ASessionsNextTurnAdoptsTheDrafterRows) {
+  auto m = load();
+  const Tokenizer& tok = *m->tokenizer();
+  const std::vector<int32_t> turn1 = tok.encode("And God said", true);
+  const std::vector<int32_t> turn2 = tok.encode("\nAnd Moses said unto the LORD,", false);
+  GenerateOptions plain_o = greedy();
+  plain_o.max_new_tokens = 24;
+  Session plain(*m);
+  const GenerateResult p1 = plain.generate(turn1, plain_o);
+  const GenerateResult p2 = plain.generate(turn2, plain_o);
+
+  auto drafter = MtpProposer::load(*m);
+  int64_t first_key = -1;  // the lowest key computed, from when it is reset
+  drafter->set_trace(
+      [&](const speculative::ProposerState&, int64_t key, const float*, const float*) {
+        if (first_key < 0 || key < first_key) first_key = key;
+      });
+  GenerateOptions o = plain_o;
+  o.speculation = {.proposer = std::move(drafter), .ladder = speculative::DraftLadder::constant(3)};
+  Session s(*m);
+  const GenerateResult q1 = s.generate(turn1, o);
+  EXPECT_EQ(q1.tokens, p1.tokens);
+  EXPECT_EQ(s.carry_rows_adopted(), 0);
+  const auto before = static_cast<int64_t>(s.sequence().tokens.size());
+  first_key = -1;
+  const GenerateResult q2 = s.generate(turn2, o);
+  EXPECT_EQ(q2.tokens, p2.tokens);
+  EXPECT_EQ(s.carry_rows_adopted(), before - 1);
+  // The first turn's last verify step left its accepted span's rows recorded by catchup, to be
+  // computed with the next pass (at most K + 1 = 4 keys below before - 1); nothing before them
+  // is computed again.
+  EXPECT_GE(first_key, before - 1 - 4) << "the second turn recomputed carried rows";
+  EXPECT_LE(first_key, before - 1);
+  // The adopted rows are the right ones: the drafts are accepted as in the first turn (a
+  // drafter over wrong rows drafts noise). Measured: 16 of 19.
+  EXPECT_GE(static_cast<double>(q2.speculation.accepted) /
+                static_cast<double>(std::max<int64_t>(q2.speculation.drafted, 1)),
+            0.5)
+      << q2.speculation.accepted << " of " << q2.speculation.drafted;
+  std::printf("carry: turn 2 adopted %lld rows, computed from key %lld, %lld of %lld accepted\n",
+              static_cast<long long>(s.carry_rows_adopted()), static_cast<long long>(first_key),
+              static_cast<long long>(q2.speculation.accepted),
+              static_cast<long long>(q2.speculation.drafted));
+
+  // Another proposer (a fresh drafter) does not adopt the first one's rows, and so cannot
+  // continue the conversation with a hidden-reading drafter.
+  GenerateOptions other = plain_o;
+  other.speculation = {.proposer = MtpProposer::load(*m),
+                       .ladder = speculative::DraftLadder::constant(3)};
+  EXPECT_THROW(s.generate(turn2, other), Error);
 }
 
 }  // namespace
