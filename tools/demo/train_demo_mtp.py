@@ -16,7 +16,7 @@ it): the trunk's hidden after its final norm, enorm(embed) and hnorm(hidden) con
 position), shared_head.norm, the tied head; the row at position 0 has its embedding zeroed.
 
     apt-get install bible-kjv-text bible-kjv
-    OMP_NUM_THREADS=1 python3 tools/demo/train_demo_mtp.py        # ~10-25 min, by load
+    OMP_NUM_THREADS=1 python3 tools/demo/train_demo_mtp.py        # ~15-30 min, by load (seed kSeed)
     OMP_NUM_THREADS=1 python3 tools/demo/train_demo_mtp.py --reference-only
 
 Seeded (kSeed) and single-threaded; the committed files are what the tests rely on.
@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 import transformers
 from transformers import (AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM,
-                          GenerationConfig, PreTrainedTokenizerFast)
+                          GenerationConfig)
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import (DeepseekV3DecoderLayer,
                                                                   DeepseekV3RMSNorm)
 
