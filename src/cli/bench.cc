@@ -158,6 +158,19 @@ double per_step(const SpeculationCounts& c) {
 double share(const SpeculationCounts& c) {
   return c.drafted > 0 ? static_cast<double>(c.accepted) / static_cast<double>(c.drafted) : 0.0;
 }
+// The draft positions the run fed (at most SpeculationCounts::kPositions).
+size_t positions(const SpeculationCounts& c) {
+  size_t n = 0;
+  while (n < c.drafted_at.size() && c.drafted_at[n] > 0) ++n;
+  return n;
+}
+// The acceptance at draft position i + 1: of the verify steps that fed that draft, the share
+// that accepted it.
+double share_at(const SpeculationCounts& c, size_t i) {
+  return c.drafted_at[i] > 0
+             ? static_cast<double>(c.accepted_at[i]) / static_cast<double>(c.drafted_at[i])
+             : 0.0;
+}
 
 // Prints `prof`'s tallies as a table sorted by time: per op (and weight) time per `unit`
 // (`units` of them were timed in `seconds`), its share, and what falls between the ops.
@@ -331,11 +344,17 @@ void run_bench(const BenchFlags& f) {
         std::printf(
             "%s\"%lld\": {\"off_tps\": %.3f, \"on_tps\": %.3f, \"verify_steps\": %lld, "
             "\"drafted\": %lld, \"accepted\": %lld, \"accepted_per_step\": %.4f, "
-            "\"identical\": %s}",
+            "\"identical\": %s, \"drafted_at\": [",
             i ? ", " : "", static_cast<long long>(r.batch), r.off_tps, r.on_tps,
             static_cast<long long>(r.counts.verify_steps), static_cast<long long>(r.counts.drafted),
             static_cast<long long>(r.counts.accepted), per_step(r.counts),
             r.identical ? "true" : "false");
+        for (size_t p = 0; p < positions(r.counts); ++p)
+          std::printf("%s%lld", p ? ", " : "", static_cast<long long>(r.counts.drafted_at[p]));
+        std::printf("], \"accepted_at\": [");
+        for (size_t p = 0; p < positions(r.counts); ++p)
+          std::printf("%s%lld", p ? ", " : "", static_cast<long long>(r.counts.accepted_at[p]));
+        std::printf("]}");
       }
       std::printf("}");
     }
@@ -396,6 +415,12 @@ void run_bench(const BenchFlags& f) {
           static_cast<long long>(r.batch), r.off_tps, f.spec.kind.c_str(), r.on_tps,
           r.off_tps > 0 ? r.on_tps / r.off_tps : 0.0, per_step(r.counts), 100.0 * share(r.counts),
           static_cast<long long>(r.counts.drafted), r.identical ? "identical" : "DIFFERS");
+      if (positions(r.counts) > 0) {
+        std::printf("             accepted by draft position:");
+        for (size_t p = 0; p < positions(r.counts); ++p)
+          std::printf(" %zu: %.0f%%", p + 1, 100.0 * share_at(r.counts, p));
+        std::printf("\n");
+      }
     }
   }
   std::printf("executor: %s", std::string(executor_name(m.executor())).c_str());

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "speculative/mtp_carry.h"
 
 namespace metrale {
 namespace {
@@ -55,10 +56,23 @@ std::vector<int32_t> default_eos_ids(const Model& model) {
   return eos;
 }
 
+struct Session::Carry {
+  std::shared_ptr<speculative::DraftProposer> proposer;
+  std::unique_ptr<speculative::ProposerState> state;
+  speculative::CarryRecord record;
+  std::vector<float> last_hidden;
+  ~Carry() {
+    if (state != nullptr) proposer->free_state(*state);
+  }
+};
+
 Session::Session(Model& model, const std::string& adapter) : model_(model) {
   model_.set_adapter(seq_, adapter);
 }
-Session::~Session() { model_.release(seq_); }
+Session::~Session() {
+  carry_.reset();
+  model_.release(seq_);
+}
 
 GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
                                  const TextCallback& on_text) {
@@ -82,6 +96,14 @@ GenerateResult Session::run(std::span<const int32_t> prompt,
                             const std::function<void(std::span<float>)>& media_prefill,
                             const GenerateOptions& o, const TextCallback& on_text) {
   check_options(o);
+  carry_rows_adopted_ = 0;
+  // The carried drafter state serves only the same proposer over an unchanged sequence.
+  std::unique_ptr<Carry> carry = std::move(carry_);
+  const std::shared_ptr<speculative::DraftProposer>& proposer = o.speculation.proposer;
+  if (carry != nullptr &&
+      (media_prefill || carry->proposer != proposer || carry->record.tokens != seq_.tokens)) {
+    carry.reset();
+  }
   GenerateResult r;
   r.prompt_tokens = static_cast<int64_t>(prompt.size());
   // The context is the whole conversation so far: the repetition penalty sees it.
@@ -101,7 +123,29 @@ GenerateResult Session::run(std::span<const int32_t> prompt,
   // Taken after every step (with or without a callback), so nothing stays undoable.
   report(gen.take(Release::kCertain).text, on_text);
   DecodeStream stream{.seq = &seq_, .gen = &gen};
+  const auto before = carry != nullptr ? static_cast<int64_t>(carry->record.tokens.size()) : 0;
   try {
+    if (!gen.ended() && carry != nullptr) {
+      // The carry's bookkeeping as the server's: the rows of keys 0..adopt_through hold, and
+      // keys from adopt_through + 1 are appended from the target's hiddens — the carried last
+      // row (position before - 1) and this prefill's (before ..).
+      const speculative::CarryDecision d = speculative::usable_by(
+          &carry->record, {.session = 1, .hidden_source = 1, .prompt = seq_.tokens});
+      const speculative::AppendPlan plan = speculative::plan_append(
+          d.adopt_through, before - 1, static_cast<int64_t>(seq_.tokens.size()));
+      if (d.outcome == speculative::CarryOutcome::kAdopted && plan.missing == 0 &&
+          d.adopt_through == before - 2) {
+        const int64_t H = model_.config().hidden_size;
+        const ConstRows fresh = spec.prompt_hidden();
+        std::vector<float> rows(carry->last_hidden);
+        for (int64_t i = 0; i < fresh.n_rows; ++i)
+          rows.insert(rows.end(), fresh.row(i), fresh.row(i) + H);
+        spec.adopt(stream, std::move(carry->state), d.adopt_through + 1,
+                   {rows.data(), static_cast<int64_t>(rows.size()) / H, H, H});
+        carry_rows_adopted_ = d.adopt_through + 1;
+      }
+      carry.reset();
+    }
     if (!gen.ended()) spec.start(stream);
     DecodeStream* const one = &stream;
     while (!gen.ended()) {
@@ -111,6 +155,19 @@ GenerateResult Session::run(std::span<const int32_t> prompt,
   } catch (...) {
     spec.stop(stream);
     throw;
+  }
+  if (stream.drafter != nullptr && spec.needs_hidden() && !media_prefill) {
+    // Left for the next turn: the drafter's rows over the sequence as it now stands.
+    auto next = std::make_unique<Carry>();
+    next->proposer = proposer;
+    next->state = spec.take(stream, next->record.last_key);
+    next->record.session = 1;
+    next->record.hidden_source = 1;
+    next->record.tokens = seq_.tokens;
+    next->last_hidden = stream.last_hidden;
+    carry_ = std::move(next);
+    // A state whose rows do not end at the sequence's last token cannot be extended.
+    if (carry_->record.last_key != static_cast<int64_t>(seq_.tokens.size()) - 2) carry_.reset();
   }
   spec.stop(stream);
   report(gen.take(Release::kAll).text, on_text);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,7 +63,11 @@ class Session {
 
   Sequence& sequence() { return seq_; }
   // Prefill `prompt` and generate. The sequence keeps its tokens, so a later generate()
-  // continues the conversation from the cache.
+  // continues the conversation from the cache. With a drafter that reads the target's hidden
+  // states (MTP), the next generate() given the same proposer adopts this turn's drafter rows
+  // (MTP carry, speculative/mtp_carry.h) and prefills the drafter over the new prompt only;
+  // without the carry (another proposer, the sequence changed) a continued conversation
+  // cannot speculate with such a drafter (an Error, as before).
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                           const TextCallback& on_text = nullptr);
   // The same for a prompt with images / videos (engine/multimodal.h); the sequence must be
@@ -77,8 +82,19 @@ class Session {
                      const std::function<void(std::span<float>)>& media_prefill,
                      const GenerateOptions& options, const TextCallback& on_text);
 
+  // MTP carry: the drafter state the last turn left (keys 0..record.last_key over
+  // record.tokens, which the sequence then held), the proposer it belongs to, and the target's
+  // hidden row of the sequence's last token (the one row the next prefill does not compute).
+  struct Carry;
+
   Model& model_;
   Sequence seq_;
+  std::unique_ptr<Carry> carry_;
+  int64_t carry_rows_adopted_ = 0;
+
+ public:
+  // Drafter rows the last generate() adopted from the turn before (0: none; tests, bench).
+  int64_t carry_rows_adopted() const { return carry_rows_adopted_; }
 };
 
 // Generates for several prompts at once: each decode step runs every unfinished sequence in

@@ -155,6 +155,12 @@ void Speculator::adopt(DecodeStream& s, std::unique_ptr<speculative::ProposerSta
   s.drafter = std::move(state);
 }
 
+ConstRows Speculator::prompt_hidden() const {
+  if (prompt_hidden_.empty()) return {};
+  return rows_of(prompt_hidden_.data(), static_cast<int64_t>(prompt_ids_.size()),
+                 model_.config().hidden_size);
+}
+
 void Speculator::free(std::unique_ptr<speculative::ProposerState> state) {
   if (state != nullptr) options_.proposer->free_state(*state);
 }
@@ -274,6 +280,10 @@ void Speculator::finish(DecodeStream& s, std::span<float> logits, ConstRows hidd
     ++s.counts.verify_steps;
     s.counts.drafted += n;
     s.counts.accepted += accepted;
+    constexpr auto kAt = static_cast<int64_t>(SpeculationCounts::kPositions);
+    for (int64_t i = 0; i < std::min(n, kAt); ++i) ++s.counts.drafted_at[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < std::min(accepted, kAt); ++i)
+      ++s.counts.accepted_at[static_cast<size_t>(i)];
   }
   if (s.drafter == nullptr) return;
   speculative::DraftProposer& p = *options_.proposer;

@@ -41,6 +41,7 @@
 // which is what records them), the row that produced `last` at propose, and after
 // after_verify(a) the accepted span's rows by catchup (keys P .. P + a - 1), so the drafter's
 // rows for accepted drafts are the target's exact ones.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -65,13 +66,23 @@ struct SpeculationOptions {
 
 // A stream's speculation figures.
 struct SpeculationCounts {
+  // Draft positions tallied one by one (drafted_at / accepted_at); deeper drafts count in the
+  // totals only.
+  static constexpr size_t kPositions = 8;
   int64_t verify_steps = 0;  // steps in which the stream had at least one draft
   int64_t drafted = 0;       // draft tokens fed to the target
   int64_t accepted = 0;      // of those, accepted
+  // [i]: verify steps that fed draft i + 1, and those that accepted it (so drafts 1..i too):
+  // accepted_at[i] / drafted_at[i] is the acceptance at draft position i + 1.
+  std::array<int64_t, kPositions> drafted_at{}, accepted_at{};
   SpeculationCounts& operator+=(const SpeculationCounts& o) {
     verify_steps += o.verify_steps;
     drafted += o.drafted;
     accepted += o.accepted;
+    for (size_t i = 0; i < kPositions; ++i) {
+      drafted_at[i] += o.drafted_at[i];
+      accepted_at[i] += o.accepted_at[i];
+    }
     return *this;
   }
 };
@@ -135,6 +146,9 @@ class Speculator {
              ConstRows hidden);
   // Frees a state take() returned.
   void free(std::unique_ptr<speculative::ProposerState> state);
+  // The final-norm rows the last prefill() recorded ([its prompt's tokens, hidden]; empty for a
+  // proposer that reads no hiddens), for a caller that adopt()s a carried state.
+  ConstRows prompt_hidden() const;
 
   // One decode step for `streams` (unended; distinct sequences): proposes their drafts, runs
   // the verify rows (split into steps of at most max_rows rows), verifies and accepts through

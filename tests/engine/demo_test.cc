@@ -1,6 +1,8 @@
-// The shipped demo checkpoint (models/demo) against transformers: the tokenizer's prompt ids,
-// the greedy continuation (stopping at eos like HF's generate) and its text, as recorded by
-// tools/demo/train_demo.py in tests/data/demo/reference.json.
+// The shipped demo checkpoints against transformers: the tokenizer's prompt ids, the greedy
+// continuation (stopping at eos like HF's generate) and its text, as recorded by
+// tools/demo/train_demo.py in tests/data/demo/reference.json (models/demo) and by
+// tools/demo/train_demo_mtp.py in tests/data/demo_mtp/reference.json (models/demo_mtp: the
+// target without its MTP layer, which transformers drops).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -11,13 +13,17 @@
 namespace metrale {
 namespace {
 
-TEST(DemoCheckpoint, GreedyOutputEqualsTransformers) {
-  std::ifstream in("tests/data/demo/reference.json");
-  ASSERT_TRUE(in) << "tests/data/demo/reference.json";
+class DemoCheckpoint : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DemoCheckpoint, GreedyOutputEqualsTransformers) {
+  const std::string name = GetParam();
+  const std::string path = "tests/data/" + name + "/reference.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
   const nlohmann::json ref = nlohmann::json::parse(in);
   LoadOptions o;
   o.n_threads = 2;
-  auto model = Model::load("models/demo", o);
+  auto model = Model::load("models/" + name, o);
   ASSERT_NE(model->tokenizer(), nullptr);
   const Tokenizer& tok = *model->tokenizer();
   const auto max_new = ref.at("max_new_tokens").get<int64_t>();
@@ -40,6 +46,8 @@ TEST(DemoCheckpoint, GreedyOutputEqualsTransformers) {
     EXPECT_FALSE(r.text.empty()) << prompt;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shipped, DemoCheckpoint, ::testing::Values("demo", "demo_mtp"));
 
 }  // namespace
 }  // namespace metrale

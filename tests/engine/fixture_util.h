@@ -16,6 +16,11 @@ class Reference {
   // `file`: the fixture's reference.safetensors, or another file of the same layout beside it.
   explicit Reference(const std::string& name, const std::string& file = "reference.safetensors")
       : file_(SafetensorsFile::open(fixture_dir(name) + "/" + file)) {}
+  // A file of the same layout elsewhere (a shipped checkpoint's references).
+  struct Path {
+    std::string path;
+  };
+  explicit Reference(const Path& p) : file_(SafetensorsFile::open(p.path)) {}
 
   bool has(const std::string& key) const { return file_.find(key) != nullptr; }
 

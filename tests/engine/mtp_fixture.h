@@ -15,11 +15,22 @@
 
 namespace metrale::testing {
 
+// "demo_mtp" names the shipped trained pair (models/demo_mtp, tools/demo/train_demo_mtp.py),
+// whose drafter reference is tests/data/demo_mtp/mtp_reference.safetensors; any other name is a
+// fixture dir of tests/data/fixtures.
+inline bool is_demo_mtp(const std::string& name) { return name == "demo_mtp"; }
+inline std::string mtp_model_dir(const std::string& name) {
+  return is_demo_mtp(name) ? "models/demo_mtp" : fixture_dir(name);
+}
+
 // The drafter's reference rows (tools/fixtures/models/mtp_fixtures.py), read as Reference reads
 // reference.safetensors.
 class MtpReference : public Reference {
  public:
-  explicit MtpReference(const std::string& dir) : Reference(dir, "mtp_reference.safetensors") {}
+  explicit MtpReference(const std::string& dir)
+      : Reference(is_demo_mtp(dir)
+                      ? Reference(Path{"tests/data/demo_mtp/mtp_reference.safetensors"})
+                      : Reference(dir, "mtp_reference.safetensors")) {}
 };
 
 // A fixture's target and its MTP drafter, and the rows the drafter's passes computed by key
@@ -33,7 +44,7 @@ struct MtpPair {
     LoadOptions o;
     o.n_threads = n_threads;
     o.kv_tokens = 128;
-    target = Model::load(fixture_dir(dir), o);
+    target = Model::load(mtp_model_dir(dir), o);
     drafter = MtpProposer::load(*target, options);
     const int64_t V = target->vocab_size(), H = target->config().hidden_size;
     drafter->set_trace([this, V, H](const speculative::ProposerState&, int64_t key, const float* l,

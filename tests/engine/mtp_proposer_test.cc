@@ -239,9 +239,11 @@ TEST_P(MtpDrafter, WeightsInPlaceDraftTheSame) {
     EXPECT_LE(max_diff(in_place.logits[k], logits_, k, V_), kTol) << "key " << k;
 }
 
+// demo_mtp: the trained pair models/demo_mtp ships (a dense MLA layer, the tied head shared),
+// its reference from tools/demo/train_demo_mtp.py by the same forward.
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpDrafter,
                          ::testing::Values("deepseek_v3_mtp_bf16", "glm4_moe_qknorm_bf16",
-                                           "qwen3_next_bf16"));
+                                           "qwen3_next_bf16", "demo_mtp"));
 
 TEST(MtpDrafterLoad, HeadsAndPoolAsTheCheckpointShipsThem) {
   MtpPair ds("deepseek_v3_mtp_bf16");

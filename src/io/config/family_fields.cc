@@ -185,9 +185,12 @@ void parse_moe(const JsonFields& text, const ModelTypeTraits& traits, ModelConfi
       throw text.error("topk_group", "expected at most n_group ", moe.n_group, ", found ",
                        moe.topk_group);
     }
-    if (moe.first_k_dense_replace > config.n_layers) {
-      throw text.error("first_k_dense_replace", "expected at most num_hidden_layers ",
-                       config.n_layers, ", found ", moe.first_k_dense_replace);
+    // Up to the last MTP layer's index: a model whose MTP layers are dense too (vLLM and
+    // transformers decide dense vs MoE by the same rule at the MTP layer's index).
+    if (moe.first_k_dense_replace > config.n_layers + config.n_mtp_layers) {
+      throw text.error(
+          "first_k_dense_replace", "expected at most num_hidden_layers + num_nextn_predict_layers ",
+          config.n_layers + config.n_mtp_layers, ", found ", moe.first_k_dense_replace);
     }
     return;
   }

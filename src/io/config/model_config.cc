@@ -277,10 +277,17 @@ ModelConfig parse_model_config(std::string_view config_json, std::string_view so
   config_detail::parse_layer_kinds(text, traits, config);
   if (traits.family == config_detail::Family::kQwenHybrid)
     config_detail::parse_linear_attention(text, config);
+  // DeepseekV3Config / Glm4MoeConfig: num_mtp_layers (alias num_nextn_predict_layers) defaults
+  // to 1; Qwen3.5 spells it mtp_num_hidden_layers. HF's modeling code itself drops MTP weights.
+  // Read before the MoE fields: first_k_dense_replace may reach past the stack into them.
+  config.n_mtp_layers = traits.family == config_detail::Family::kDeepseekMoe ? 1 : 0;
+  for (const char* key : {"num_nextn_predict_layers", "mtp_num_hidden_layers"}) {
+    if (text.has(key)) config.n_mtp_layers = text.int_at_least(key, 0, 0);
+  }
   config_detail::parse_moe(text, traits, config);
 
-  bool any_dense_layer = false;
-  for (int64_t i = 0; i < config.n_layers && !any_dense_layer; ++i)
+  bool any_dense_layer = false;  // the MTP layers' FFNs follow the same rule at their index
+  for (int64_t i = 0; i < config.n_layers + config.n_mtp_layers && !any_dense_layer; ++i)
     any_dense_layer = !config.is_moe_layer(i);
   if (any_dense_layer) {
     config.intermediate_size = text.req_size("intermediate_size");
@@ -288,12 +295,6 @@ ModelConfig parse_model_config(std::string_view config_json, std::string_view so
     config.intermediate_size = text.req_size("intermediate_size");  // unused, but validated
   }
 
-  // DeepseekV3Config / Glm4MoeConfig: num_mtp_layers (alias num_nextn_predict_layers) defaults
-  // to 1; Qwen3.5 spells it mtp_num_hidden_layers. HF's modeling code itself drops MTP weights.
-  config.n_mtp_layers = traits.family == config_detail::Family::kDeepseekMoe ? 1 : 0;
-  for (const char* key : {"num_nextn_predict_layers", "mtp_num_hidden_layers"}) {
-    if (text.has(key)) config.n_mtp_layers = text.int_at_least(key, 0, 0);
-  }
   if (std::optional<JsonFields> q = top.opt_object("quantization_config")) {
     config.quantization_config_json = q->object().dump();
   }
