@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "backend/cpu/linear_job.h"
+#include "circuit/fusion.h"
 #include "graph/executor.h"
 #include "graph/graph.h"
 #include "graph/plan.h"
@@ -59,18 +60,25 @@ class Program {
     int64_t partitioned = 0;  // instructions every thread runs a share of
     int64_t serial = 0;       // instructions thread 0 runs alone
     int64_t barriers = 0;     // per step, the region's end included
+    // The barriers were rope, rms_norm, kv_store and attention run on thread 0 (as before they
+    // split): what splitting them saved or cost.
+    int64_t barriers_unsplit = 0;
+    int64_t split_ops = 0;  // of the partitioned: rope, rms_norm, kv_store and attention
     // The layer loop's pool dispatches per step for the same pass: one per op it runs, each
     // ending in a join (a barrier).
     int64_t layer_dispatches = 0;
     size_t workspace_bytes = 0;  // the arena's bytes plus the program's input scratch
+    // Fusions taken (circuit/fusion.h), and candidates the policy allowed that ran unfused.
+    int64_t fused_residual = 0, fused_gate_up = 0, fused_norm = 0, not_fused = 0;
   };
 
   // Compiles `graph` (planned as `plan`, whose nodes `exec` runs over `arena`) for decode steps
   // of `width` rows on `backend`'s pool. The externals other than io.logits must already be
   // bound on `exec` to the memory every step uses. Never fails for a graph the layer loop runs:
   // a node it cannot partition runs serially.
+  // `fusion`: the pairs it may fuse (circuit/fusion.h); none: the layer loop's exact ops.
   Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuBackend& backend,
-          int64_t width, ProgramIo io);
+          int64_t width, ProgramIo io, FusionPolicy fusion = {});
   ~Program();
   Program(const Program&) = delete;
   Program& operator=(const Program&) = delete;
@@ -83,12 +91,19 @@ class Program {
   const Stats& stats() const { return stats_; }
   // One line per instruction (kind, scope, partition, barrier before it).
   std::string describe() const;
+  // One line per candidate pair the policy allowed that this program runs unfused, and why.
+  const std::vector<std::string>& fusion_notes() const { return notes_; }
+  const FusionPolicy& fusion() const { return fusion_; }
 
  private:
   struct Instr;
   struct Access;
-  void add_accesses(const Instr& in, std::vector<Access>& out) const;
+  void add_accesses(const Instr& in, std::vector<Access>& out, bool unsplit) const;
+  // Marks barrier_before where the accesses need one (unsplit: only counts them, the split ops
+  // taken as serial); returns how many.
+  int64_t place_barriers(bool unsplit);
   void region(int t, const PassInputs& in);
+  void run_pre_norm(const Instr& in, int t) const;
   void barrier();
 
   const Graph* graph_;
@@ -97,9 +112,15 @@ class Program {
   int64_t width_ = 0;
   int n_threads_ = 1;
   ProgramIo io_;
+  FusionPolicy fusion_;
+  std::vector<std::string> notes_;
   std::vector<Instr> code_;
   std::vector<float> scratch_;  // linear inputs as their kernels read them (bf16, quantized)
   uintptr_t scratch_base_ = 0;  // its 64-byte aligned start
+  // Each thread's own rows for the norm fusion (the normalised rows and their kernel input).
+  std::vector<float> private_;
+  size_t private_stride_ = 0;  // floats per thread
+  float* private_base_ = nullptr;
   std::vector<float*> base_;    // [buffers] where each buffer's rows start in a step
   Stats stats_;
   // The region's barrier (sense-reversing, spinning then yielding) and its failure state.

@@ -402,9 +402,12 @@ void run_bench(const BenchFlags& f) {
   if (!m.programs().empty()) {
     const Program::Stats& s = m.programs().front()->stats();
     std::printf(
-        " (width 1: %lld barriers per step vs the layer loop's %lld dispatches; steps run by a "
-        "program %lld, by the layer loop %lld)",
-        static_cast<long long>(s.barriers), static_cast<long long>(s.layer_dispatches),
+        " (width 1: %lld split / %lld serial instructions, %lld barriers per step (%lld were "
+        "only linears split) vs the layer loop's %lld dispatches; steps run by a program %lld, "
+        "by the layer loop %lld)",
+        static_cast<long long>(s.partitioned), static_cast<long long>(s.serial),
+        static_cast<long long>(s.barriers), static_cast<long long>(s.barriers_unsplit),
+        static_cast<long long>(s.layer_dispatches),
         static_cast<long long>(m.circuit_steps()), static_cast<long long>(m.layer_steps()));
   }
   std::printf("\n");
