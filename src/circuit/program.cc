@@ -39,9 +39,7 @@ bool norm_by_groups(const node::RmsNorm& n) {
 
 // Whether a norm splits at all: by groups, or by rows when the step has more than one (a row's
 // sum of squares is one thread's, in the kernel's order).
-bool norm_splits(const node::RmsNorm& n, int64_t width) {
-  return norm_by_groups(n) || width > 1;
-}
+bool norm_splits(const node::RmsNorm& n, int64_t width) { return norm_by_groups(n) || width > 1; }
 
 }  // namespace
 
@@ -85,14 +83,14 @@ struct Program::Access {
 
 struct Program::Instr {
   enum class Kind : uint8_t {
-    kSerial,  // thread 0: the executor runs `node`
-    kPrep,    // thread 0: a linear's input as its kernel reads it, into the scratch
-    kLinear,  // every thread: outputs part[t] of `job`
-    kAdd,     // every thread: columns part[t] of y += x
-    kGated,   // every thread: columns part[t] of out = act(gate) * up
-    kRope,    // every thread: heads part[t] of every row
-    kNorm,    // every thread: groups part[t] of every row (norm_groups), or rows part[t]
-    kKvStore,  // every thread: items part[t] (kv heads x rows, head-major)
+    kSerial,     // thread 0: the executor runs `node`
+    kPrep,       // thread 0: a linear's input as its kernel reads it, into the scratch
+    kLinear,     // every thread: outputs part[t] of `job`
+    kAdd,        // every thread: columns part[t] of y += x
+    kGated,      // every thread: columns part[t] of out = act(gate) * up
+    kRope,       // every thread: heads part[t] of every row
+    kNorm,       // every thread: groups part[t] of every row (norm_groups), or rows part[t]
+    kKvStore,    // every thread: items part[t] (kv heads x rows, head-major)
     kAttention,  // every thread: items part[t] of the call's AttentionPlan
   };
   Kind kind = Kind::kSerial;
@@ -116,8 +114,8 @@ struct Program::Instr {
   Rows add_to{};               // residual fusion: add_to[r][o] += y[r][o] after each piece
   bool gate_up = false;        // gate_up fusion: outputs o and half + o, then gated
   int64_t half = 0;
-  int64_t n_claimed = 0;  // outputs claimed: n_out, or half
-  std::string label;      // the fused ops, for describe()
+  int64_t n_claimed = 0;      // outputs claimed: n_out, or half
+  std::string label;          // the fused ops, for describe()
   std::unique_ptr<Node> own;  // the node as it runs when a fusion changed it (a norm's residual)
   // kLinear: the threads claim pieces of `grain` outputs from `next` as they go (the backend's
   // split: a thread the machine slows takes fewer), so every thread may write any output.
@@ -188,7 +186,8 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
     for (int t = 0; t < n_threads_; ++t) {
       size_t gb, ge;
       ThreadPool::chunk_range(static_cast<size_t>(n_groups), n_threads_, t, &gb, &ge);
-      part[static_cast<size_t>(t)] = {static_cast<int64_t>(gb) * per, static_cast<int64_t>(ge) * per};
+      part[static_cast<size_t>(t)] = {static_cast<int64_t>(gb) * per,
+                                      static_cast<int64_t>(ge) * per};
     }
     return part;
   };
@@ -277,8 +276,7 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
         in.part = item_partition(nm.x.n_cols, 1);  // the columns of out each thread writes
         in.private_stride = (nm.x.n_cols + 15) / 16 * 16;
         in.private_input = static_cast<size_t>(width * in.private_stride);
-        private_floats = std::max(private_floats,
-                                  in.private_input + (prep_need + 63) / 64 * 16);
+        private_floats = std::max(private_floats, in.private_input + (prep_need + 63) / 64 * 16);
         in.label = "rms_norm+linear";
       } else if (bf16 || bytes != 0) {
         Instr prep;
@@ -393,8 +391,7 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
       if (fusion.norm && whole_rows && !nm.gate.valid()) {
         size_t j = i + 1;
         while (j < run.size() && is_view(*run[j])) ++j;
-        const node::Linear* l =
-            j < run.size() ? std::get_if<node::Linear>(&run[j]->args) : nullptr;
+        const node::Linear* l = j < run.size() ? std::get_if<node::Linear>(&run[j]->args) : nullptr;
         const Rows out = rows_of(nm.out);
         if (nm.residual.valid()) {
           not_fused(node, "norm: it adds a residual no linear took");
@@ -422,8 +419,8 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
         if (nm.residual.valid()) in.norm.residual = rows_of(nm.residual);
         if (nm.gate.valid()) in.norm.gate = rows_of(nm.gate);
         in.norm_groups = norm_by_groups(nm);
-        in.part = in.norm_groups ? item_partition(nm.x.n_cols / nm.group, 1)
-                                 : item_partition(width, 1);
+        in.part =
+            in.norm_groups ? item_partition(nm.x.n_cols / nm.group, 1) : item_partition(width, 1);
       }
     } else if (const auto* kv = std::get_if<node::KvStore>(&node.args);
                kv != nullptr && kv_heads_of(kv->layer) > 0) {
@@ -466,8 +463,8 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
   scratch_base_ = reinterpret_cast<uintptr_t>(scratch);
   private_stride_ = (private_floats + 15) / 16 * 16;
   private_.resize(private_stride_ * static_cast<size_t>(n_threads_) + 16);
-  float* priv = reinterpret_cast<float*>(
-      (reinterpret_cast<uintptr_t>(private_.data()) + 63) / 64 * 64);
+  float* priv =
+      reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(private_.data()) + 63) / 64 * 64);
   private_base_ = priv;
   for (Instr& in : code_) {
     if (in.kind != Instr::Kind::kLinear) continue;
@@ -484,9 +481,9 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
       float* own = priv + static_cast<size_t>(t) * private_stride_;
       const ConstRows x{own, in.x.n_rows, in.x.n_cols, in.private_stride};
       float* input = own + in.private_input;
-      in.jobs.push_back(cpu::make_linear_job(
-          x, bf16 ? reinterpret_cast<const uint16_t*>(input) : nullptr, *in.w, in.y,
-          quant ? input : nullptr));
+      in.jobs.push_back(
+          cpu::make_linear_job(x, bf16 ? reinterpret_cast<const uint16_t*>(input) : nullptr, *in.w,
+                               in.y, quant ? input : nullptr));
     }
   }
   for (Instr& in : code_) {

@@ -121,7 +121,7 @@ class Program {
   std::vector<float> private_;
   size_t private_stride_ = 0;  // floats per thread
   float* private_base_ = nullptr;
-  std::vector<float*> base_;    // [buffers] where each buffer's rows start in a step
+  std::vector<float*> base_;  // [buffers] where each buffer's rows start in a step
   Stats stats_;
   // The region's barrier (sense-reversing, spinning then yielding) and its failure state.
   alignas(64) std::atomic<int> arrived_{0};

@@ -407,8 +407,8 @@ void run_bench(const BenchFlags& f) {
         "by the layer loop %lld)",
         static_cast<long long>(s.partitioned), static_cast<long long>(s.serial),
         static_cast<long long>(s.barriers), static_cast<long long>(s.barriers_unsplit),
-        static_cast<long long>(s.layer_dispatches),
-        static_cast<long long>(m.circuit_steps()), static_cast<long long>(m.layer_steps()));
+        static_cast<long long>(s.layer_dispatches), static_cast<long long>(m.circuit_steps()),
+        static_cast<long long>(m.layer_steps()));
   }
   std::printf("\n");
   std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);

@@ -176,8 +176,7 @@ void print_circuit(const std::string& dir, int threads, int64_t max_rows,
   o.fusion = fusion;
   const std::unique_ptr<Model> model = Model::load(dir, o);
   std::printf("\ncircuit (%d threads, fusion policy %s%s):\n", model->pool().size(),
-              fusion_name(fusion).c_str(),
-              fusion.any() ? "" : ": the layer loop's exact ops");
+              fusion_name(fusion).c_str(), fusion.any() ? "" : ": the layer loop's exact ops");
   if (model->programs().empty()) {
     std::printf("  no programs: the %s backend runs every step with the layer loop\n",
                 std::string(model->backend().name()).c_str());
@@ -188,14 +187,13 @@ void print_circuit(const std::string& dir, int threads, int64_t max_rows,
               "workspace bytes");
   for (const auto& p : model->programs()) {
     const Program::Stats& s = p->stats();
-    std::printf("  %6lld %12lld %6lld %6lld %8lld |               %5lld %6lld %8lld | %16lld %16zu\n",
-                static_cast<long long>(s.width), static_cast<long long>(s.instructions),
-                static_cast<long long>(s.partitioned), static_cast<long long>(s.serial),
-                static_cast<long long>(s.barriers),
-                static_cast<long long>(s.partitioned - s.split_ops),
-                static_cast<long long>(s.serial + s.split_ops),
-                static_cast<long long>(s.barriers_unsplit),
-                static_cast<long long>(s.layer_dispatches), s.workspace_bytes);
+    std::printf(
+        "  %6lld %12lld %6lld %6lld %8lld |               %5lld %6lld %8lld | %16lld %16zu\n",
+        static_cast<long long>(s.width), static_cast<long long>(s.instructions),
+        static_cast<long long>(s.partitioned), static_cast<long long>(s.serial),
+        static_cast<long long>(s.barriers), static_cast<long long>(s.partitioned - s.split_ops),
+        static_cast<long long>(s.serial + s.split_ops), static_cast<long long>(s.barriers_unsplit),
+        static_cast<long long>(s.layer_dispatches), s.workspace_bytes);
   }
   const Program& first = *model->programs().front();
   const Program::Stats& f = first.stats();

@@ -239,8 +239,7 @@ void Model::record_graphs() {
   e.bind(plain_.io.injected, injected_.as<float>(), h_.stride);
   for (int64_t width = 1; width <= max_rows_; width *= 2) {
     programs_.push_back(std::make_unique<Program>(plain_.graph, plain_.plan, e, *cpu, width,
-                                                  ProgramIo{.logits = plain_.io.logits},
-                                                  fusion_));
+                                                  ProgramIo{.logits = plain_.io.logits}, fusion_));
   }
 }
 

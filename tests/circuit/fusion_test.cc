@@ -33,7 +33,8 @@ std::vector<float> values(size_t n, float scale, int seed) {
 }
 
 WeightTensor f32_weight(const std::vector<float>& w, int64_t n_out, int64_t n_in) {
-  return {.name = "w", .format = WeightFormat::kF32, .n_out = n_out, .n_in = n_in, .data = w.data()};
+  return {
+      .name = "w", .format = WeightFormat::kF32, .n_out = n_out, .n_in = n_in, .data = w.data()};
 }
 
 // The graph and its weights; I is the intermediate size.
@@ -78,7 +79,8 @@ std::vector<float> reference(const Net& net, std::vector<float>& h) {
     for (int64_t i = 0; i < kH; ++i) ss += static_cast<double>(x[i]) * x[i];
     const double inv = 1.0 / std::sqrt(ss / kH + kEps);
     std::vector<double> y(kH);
-    for (int64_t i = 0; i < kH; ++i) y[static_cast<size_t>(i)] = x[i] * inv * net.norm_w[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < kH; ++i)
+      y[static_cast<size_t>(i)] = x[i] * inv * net.norm_w[static_cast<size_t>(i)];
     return y;
   };
   auto dot = [](const float* w, const std::vector<double>& x) {
@@ -96,9 +98,11 @@ std::vector<float> reference(const Net& net, std::vector<float>& h) {
       const double up = dot(net.gate_up.data() + (net.I + o) * kH, n);
       act[static_cast<size_t>(o)] = gte / (1.0 + std::exp(-gte)) * up;
     }
-    for (int64_t o = 0; o < kH; ++o) hr[o] = static_cast<float>(hr[o] + dot(net.down.data() + o * net.I, act));
+    for (int64_t o = 0; o < kH; ++o)
+      hr[o] = static_cast<float>(hr[o] + dot(net.down.data() + o * net.I, act));
     const std::vector<double> n2 = norm(hr);
-    for (int64_t v = 0; v < kV; ++v) out.push_back(static_cast<float>(dot(net.head.data() + v * kH, n2)));
+    for (int64_t v = 0; v < kV; ++v)
+      out.push_back(static_cast<float>(dot(net.head.data() + v * kH, n2)));
   }
   return out;
 }

@@ -109,9 +109,10 @@ TEST_P(CircuitEquality, ProgramLogitsEqualTheLayerLoop) {
     layers->prefill(gl, a, std::span(want).first(V));
     fused->prefill(gf, a, std::span(got_fused).first(V));
     for (int s = 0; s < 6; ++s) {
-      const auto tl = static_cast<int32_t>(std::max_element(want.begin(), want.begin() + V) - want.begin());
-      const auto tf = static_cast<int32_t>(std::max_element(got_fused.begin(), got_fused.begin() + V) -
-                                           got_fused.begin());
+      const auto tl =
+          static_cast<int32_t>(std::max_element(want.begin(), want.begin() + V) - want.begin());
+      const auto tf = static_cast<int32_t>(
+          std::max_element(got_fused.begin(), got_fused.begin() + V) - got_fused.begin());
       ASSERT_EQ(tf, tl) << "greedy token " << s << " at " << threads << " threads";
       std::vector<Sequence*> one_l{&gl}, one_f{&gf};
       layers->decode(one_l, std::vector<int32_t>{tl}, std::span(want).first(V));
