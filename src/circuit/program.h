@@ -12,16 +12,22 @@
 // Instructions come in two forms:
 //  - partitioned: a linear layer (the threads claim pieces of 16-output units as they go, as
 //    the backend's linear does: a thread the machine slows takes fewer; each piece the
-//    backend's LinearJob), and the elementwise add / gated activation (each thread a fixed range
-//    of 16-column units). Each output's arithmetic is the backend kernel's, so the results
-//    equal the layer loop's bit for bit whatever the split;
-//  - serial: every other node, run on thread 0 through the executor's call of the backend op
-//    (its own parallel_for runs inline there), exactly as the layer loop runs it.
+//    backend's LinearJob), the elementwise add / gated activation (each thread a fixed range
+//    of 16-column units), rope (whole heads of every row), rms_norm (whole groups of a
+//    per-head norm, or whole rows when the step has several), the KV store (whole kv heads of
+//    every row: cpu::kv_store_items) and attention (a static range of the call's
+//    AttentionPlan items: cpu::attention_items, kv head outermost). Each output's arithmetic is
+//    the backend kernel's, so the results equal the layer loop's bit for bit whatever the split;
+//  - serial: every other node (a whole-row norm at width 1, MoE, the delta rule, ...), run on
+//    thread 0 through the executor's call of the backend op (its own parallel_for runs inline
+//    there), exactly as the layer loop runs it.
+// A fusion policy (circuit/fusion.h) may fold a residual add, a gated activation or a norm into
+// the linear next to it; the ops' arithmetic stays the same.
 // A barrier is put before an instruction only when one of its threads touches bytes (of the
-// arena, an external buffer, a layer's KV pages or recurrent state, or the program's scratch)
-// that another thread touched since the last barrier, one of the two a write: a serial op after
-// a serial op needs none (same thread), nor an elementwise op whose columns are split as its
-// producer's outputs were.
+// arena, an external buffer, a layer's KV pages (per kv head) or recurrent state, or the
+// program's scratch) that another thread touched since the last barrier, one of the two a
+// write: a serial op after a serial op needs none (same thread), nor an op whose heads or
+// columns are split as its producer's were (qk-norm -> rope -> KV store -> attention, per head).
 #include <atomic>
 #include <cstdint>
 #include <exception>
