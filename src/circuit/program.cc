@@ -491,6 +491,19 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
       in.y = Rows{reinterpret_cast<float*>(scratch + in.scratch_offset), 0, 0, 0};
   }
 
+  // A whole-row norm split by rows saves little at decode widths; where the split costs a
+  // barrier (beside serial ops: the embedding, MoE), it runs on thread 0 instead.
+  int64_t fewest = place_barriers(false);
+  for (Instr& in : code_) {
+    if (in.kind != Instr::Kind::kNorm || in.norm_groups) continue;
+    in.kind = Instr::Kind::kSerial;
+    const int64_t n = place_barriers(false);
+    if (n < fewest) {
+      fewest = n;
+    } else {
+      in.kind = Instr::Kind::kNorm;
+    }
+  }
   for (Instr& in : code_) {
     if (in.kind == Instr::Kind::kAttention) in.plan.spans = in.spans.data();
     if (in.kind == Instr::Kind::kSerial || in.kind == Instr::Kind::kPrep) {
@@ -520,6 +533,7 @@ int64_t Program::place_barriers(bool unsplit) {
   int64_t n = 0;
   std::vector<Access> since, mine;
   for (Instr& in : code_) {
+    if (!unsplit) in.barrier_before = false;
     mine.clear();
     add_accesses(in, mine, unsplit);
     bool conflict = false;
