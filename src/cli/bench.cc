@@ -364,7 +364,7 @@ void run_bench(const BenchFlags& f) {
         "\"bandwidth_gbs\": %.3f, \"kv_bytes_per_token\": %lld, \"kv_dtype\": \"%s\", \"depth\": "
         "%lld, "
         "\"decode1_roofline_fraction\": %.4f, \"executor\": \"%s\", \"circuit_steps\": %lld, "
-        "\"layer_steps\": %lld, \"barriers_per_step\": %lld}\n",
+        "\"layer_steps\": %lld, \"barriers_per_step\": %lld, \"fusion\": \"%s\"}\n",
         static_cast<unsigned long long>(m.lora_pool() ? m.lora_pool()->bytes() : 0),
         static_cast<double>(m.weight_bytes()), bytes, static_cast<unsigned long long>(rss), gbs,
         static_cast<long long>(m.kv_pool().bytes_per_token()),
@@ -373,7 +373,8 @@ void run_bench(const BenchFlags& f) {
         batches.empty() ? 0.0 : roofline(decode_tps[0]) / static_cast<double>(batches[0]),
         std::string(executor_name(m.executor())).c_str(), static_cast<long long>(m.circuit_steps()),
         static_cast<long long>(m.layer_steps()),
-        static_cast<long long>(m.programs().empty() ? -1 : m.programs().front()->stats().barriers));
+        static_cast<long long>(m.programs().empty() ? -1 : m.programs().front()->stats().barriers),
+        fusion_name(m.fusion()).c_str());
     return;
   }
   std::printf("model: %s, %d thread(s), weights %.1f MB (%s), %.1f MB read per decoded token\n",
@@ -423,14 +424,18 @@ void run_bench(const BenchFlags& f) {
       }
     }
   }
-  std::printf("executor: %s", std::string(executor_name(m.executor())).c_str());
+  std::printf("executor: %s, fusion %s", std::string(executor_name(m.executor())).c_str(),
+              fusion_name(m.fusion()).c_str());
   if (!m.programs().empty()) {
     const Program::Stats& s = m.programs().front()->stats();
     std::printf(
-        " (width 1: %lld barriers per step vs the layer loop's %lld dispatches; steps run by a "
-        "program %lld, by the layer loop %lld)",
-        static_cast<long long>(s.barriers), static_cast<long long>(s.layer_dispatches),
-        static_cast<long long>(m.circuit_steps()), static_cast<long long>(m.layer_steps()));
+        " (width 1: %lld split / %lld serial instructions, %lld barriers per step (%lld were "
+        "only linears split) vs the layer loop's %lld dispatches; steps run by a program %lld, "
+        "by the layer loop %lld)",
+        static_cast<long long>(s.partitioned), static_cast<long long>(s.serial),
+        static_cast<long long>(s.barriers), static_cast<long long>(s.barriers_unsplit),
+        static_cast<long long>(s.layer_dispatches), static_cast<long long>(m.circuit_steps()),
+        static_cast<long long>(m.layer_steps()));
   }
   std::printf("\n");
   std::printf("peak RSS: %.1f MB\n", static_cast<double>(rss) / 1e6);

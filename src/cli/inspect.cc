@@ -37,6 +37,7 @@ struct InspectFlags {
   bool circuit = false;
   int threads = 0;
   int64_t max_rows = 16;
+  std::string fusion = "none";
 };
 
 // The recurrent-state request the flags describe, validated before anything is read.
@@ -163,7 +164,8 @@ void print_quantization(const std::string& dir, const ModelConfig& config,
 // The circuit's programs (circuit/program.h) as the model compiles them at load: per decode
 // width, its instructions, how many each thread shares, the barriers per step beside the layer
 // loop's dispatches, and the workspace; then width 1's instruction list ('|': a barrier first).
-void print_circuit(const std::string& dir, int threads, int64_t max_rows) {
+void print_circuit(const std::string& dir, int threads, int64_t max_rows,
+                   const FusionPolicy& fusion) {
   LoadOptions o;
   o.n_threads = threads;
   o.kv_tokens = 64;
@@ -171,27 +173,46 @@ void print_circuit(const std::string& dir, int threads, int64_t max_rows) {
   o.max_rows = max_rows;
   o.load_tokenizer = false;
   o.executor = ExecutorKind::kCircuit;
+  o.fusion = fusion;
   const std::unique_ptr<Model> model = Model::load(dir, o);
-  std::printf("\ncircuit (%d threads, fusion policy none: the layer loop's exact ops):\n",
-              model->pool().size());
+  std::printf("\ncircuit (%d threads, fusion policy %s%s):\n", model->pool().size(),
+              fusion_name(fusion).c_str(), fusion.any() ? "" : ": the layer loop's exact ops");
   if (model->programs().empty()) {
     std::printf("  no programs: the %s backend runs every step with the layer loop\n",
                 std::string(model->backend().name()).c_str());
     return;
   }
-  std::printf("  %6s %12s %8s %8s %14s %16s %16s\n", "width", "instructions", "split", "serial",
-              "barriers/step", "layer dispatches", "workspace bytes");
+  std::printf("  %6s %12s %6s %6s %8s | %-21s | %16s %16s\n", "width", "instructions", "split",
+              "serial", "barriers", "linears only: split serial barriers", "layer dispatches",
+              "workspace bytes");
   for (const auto& p : model->programs()) {
     const Program::Stats& s = p->stats();
-    std::printf("  %6lld %12lld %8lld %8lld %14lld %16lld %16zu\n", static_cast<long long>(s.width),
-                static_cast<long long>(s.instructions), static_cast<long long>(s.partitioned),
-                static_cast<long long>(s.serial), static_cast<long long>(s.barriers),
-                static_cast<long long>(s.layer_dispatches), s.workspace_bytes);
+    std::printf(
+        "  %6lld %12lld %6lld %6lld %8lld |               %5lld %6lld %8lld | %16lld %16zu\n",
+        static_cast<long long>(s.width), static_cast<long long>(s.instructions),
+        static_cast<long long>(s.partitioned), static_cast<long long>(s.serial),
+        static_cast<long long>(s.barriers), static_cast<long long>(s.partitioned - s.split_ops),
+        static_cast<long long>(s.serial + s.split_ops), static_cast<long long>(s.barriers_unsplit),
+        static_cast<long long>(s.layer_dispatches), s.workspace_bytes);
   }
+  const Program& first = *model->programs().front();
+  const Program::Stats& f = first.stats();
   std::printf(
+      "  linears only: the counts were rope, rms_norm, kv_store and attention run on one thread\n"
       "  other widths, prefill chunks, verify rows, LoRA rows and hidden-state readers: the "
-      "layer loop\n  fusions taken: none\nwidth 1's program ('|': a barrier before it):\n%s",
-      model->programs().front()->describe().c_str());
+      "layer loop\n");
+  if (!fusion.any()) {
+    std::printf("  fusions taken: none\n");
+  } else {
+    std::printf(
+        "  fusions taken (width 1): residual add in the linear's epilogue x%lld, act(gate) * up "
+        "in the gate|up epilogue x%lld, rms_norm in the next linear's input pass x%lld\n",
+        static_cast<long long>(f.fused_residual), static_cast<long long>(f.fused_gate_up),
+        static_cast<long long>(f.fused_norm));
+    for (const std::string& note : first.fusion_notes())
+      std::printf("  not fused, run as separate ops: %s\n", note.c_str());
+  }
+  std::printf("width 1's program ('|': a barrier before it):\n%s", first.describe().c_str());
 }
 
 void run_inspect(const std::string& dir, const std::optional<StateFlags>& state) {
@@ -294,11 +315,15 @@ void setup(CLI::App& app) {
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--max-rows", f->max_rows, "--circuit: the widest program (default 16)")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  cmd->add_option("--fusion", f->fusion,
+                  "--circuit: the fusion policy: none, default or a list of residual, gate_up, "
+                  "norm (as generate / bench / serve take it)");
   cmd->callback([f, max_batch, budget, dtype, snapshots] {
+    const FusionPolicy fusion = parse_fusion(f->fusion, "--fusion");  // before anything loads
     const std::optional<StateFlags> state = state_flags(
         *f, max_batch->count() > 0, budget->count() + dtype->count() + snapshots->count() > 0);
     run_inspect(f->dir, state);
-    if (f->circuit) print_circuit(f->dir, f->threads, f->max_rows);
+    if (f->circuit) print_circuit(f->dir, f->threads, f->max_rows, fusion);
   });
 }
 

@@ -83,6 +83,11 @@ void ModelFlags::add_to(CLI::App& cmd) {
                  "what runs decode steps: layers (the layer loop, op by op) or circuit (a "
                  "program per batch width 1, 2, 4, ... run in one parallel region; other steps "
                  "run the layer loop)");
+  cmd.add_option("--fusion", fusion,
+                 "--executor circuit: what the programs fuse: none (the layer loop's exact ops), "
+                 "default (all of them) or a comma-separated list of residual (the residual add "
+                 "in the o_proj / down_proj epilogue), gate_up (act(gate) * up in the gate|up "
+                 "epilogue), norm (RMSNorm in the next linear's input pass)");
   cmd.add_option("--max-seqs", max_seqs,
                  "hybrid models: sequences that hold a recurrent-state slot at once")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
@@ -105,6 +110,7 @@ LoadOptions ModelFlags::load_options() const {
                                   : Compute::kF32;
   o.max_seqs = max_seqs;
   o.executor = parse_executor(executor, "--executor");
+  o.fusion = parse_fusion(fusion, "--fusion");
   o.state_dtype = state_dtype == "f16" ? DType::kF16 : DType::kF32;
   o.kv_dtype = kv_dtype == "f16" ? DType::kF16 : kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   if (!state_budget.empty()) o.state_budget = parse_byte_size(state_budget, "--state-budget");

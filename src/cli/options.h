@@ -32,6 +32,7 @@ struct ModelFlags {
   std::string kv_dtype = "f32";     // KV cache storage
   std::string state_budget;         // hybrid models: bytes for the state pool ("" = no limit)
   std::string executor = "layers";  // decode steps: the layer loop or the circuit's programs
+  std::string fusion = "none";      // what the circuit's programs fuse (circuit/fusion.h)
 
   void add_to(CLI::App& cmd);
   LoadOptions load_options() const;

@@ -118,6 +118,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
 
     m->max_rows_ = o.max_rows;
     m->executor_ = o.executor;
+    m->fusion_ = o.fusion;
     const int64_t R = o.max_rows, H = c.hidden_size;
     const size_t resid = static_cast<size_t>(R * padded_cols(H));
     m->pass_buffer_ = m->backend_->allocate(2 * resid * sizeof(float));
@@ -238,7 +239,7 @@ void Model::record_graphs() {
   e.bind(plain_.io.injected, injected_.as<float>(), h_.stride);
   for (int64_t width = 1; width <= max_rows_; width *= 2) {
     programs_.push_back(std::make_unique<Program>(plain_.graph, plain_.plan, e, *cpu, width,
-                                                  ProgramIo{.logits = plain_.io.logits}));
+                                                  ProgramIo{.logits = plain_.io.logits}, fusion_));
   }
 }
 

@@ -52,6 +52,8 @@ struct LoadOptions {
   // Which executor runs decode steps: the layer loop, or the circuit's compiled programs
   // (circuit/program.h) for widths 1, 2, 4, ... up to max_rows on the CPU backend.
   ExecutorKind executor = ExecutorKind::kLayers;
+  // What the circuit's programs may fuse (circuit/fusion.h; `--fusion`).
+  FusionPolicy fusion{};
   // Vision-language checkpoints: the most patches one vision tower pass takes (its arena is
   // planned for this many).
   int64_t max_image_patches = 4096;
@@ -155,6 +157,7 @@ class Model {
   // runs the layer loop.
   std::span<const std::unique_ptr<Program>> programs() const { return programs_; }
   ExecutorKind executor() const { return executor_; }
+  const FusionPolicy& fusion() const { return fusion_; }
   // Steps the programs ran, and steps the layer loop ran (since load).
   int64_t circuit_steps() const { return circuit_steps_; }
   int64_t layer_steps() const { return layer_steps_; }
@@ -259,6 +262,7 @@ class Model {
   Pass plain_, observed_;
   Buffer arena_;
   ExecutorKind executor_ = ExecutorKind::kLayers;
+  FusionPolicy fusion_{};
   std::vector<std::unique_ptr<Program>> programs_;  // the plain pass's, by ascending width
   int64_t circuit_steps_ = 0, layer_steps_ = 0;
   std::vector<KvLayerView> kv_views_;             // [layers]

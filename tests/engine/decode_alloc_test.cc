@@ -117,21 +117,24 @@ TEST_P(DecodeAllocations, StepsAllocateNothing) {
 }
 
 // The circuit's programs (circuit/program.h) allocate nothing per step either: their pointers,
-// partitions and scratch are resolved at load (widths 2 and 1 run a program each).
+// partitions and scratch are resolved at load (widths 2 and 1 run a program each), with and
+// without fusions (the norm fusion's per-thread rows too).
 TEST(DecodeAllocations, CircuitStepsAllocateNothing) {
-  for (const auto& [fixture, compute] :
-       {std::pair<std::string, Compute>{"qwen3_bf16", Compute::kF32},
-        {"qwen3_bf16", Compute::kBF16},
-        {"qwen3_moe_bf16", Compute::kF32},
-        {"qwen3_next_bf16", Compute::kF32},
-        {"deepseek_v3_mtp_bf16", Compute::kF32},
-        {"quant_ct_gptq_actorder", Compute::kInt8}}) {
+  for (const auto& [fixture, compute, fusion] :
+       {std::tuple<std::string, Compute, FusionPolicy>{"qwen3_bf16", Compute::kF32, {}},
+        {"qwen3_bf16", Compute::kBF16, {}},
+        {"qwen3_bf16", Compute::kBF16, FusionPolicy::all()},
+        {"qwen3_moe_bf16", Compute::kF32, {}},
+        {"qwen3_next_bf16", Compute::kF32, FusionPolicy::all()},
+        {"deepseek_v3_mtp_bf16", Compute::kF32, {}},
+        {"quant_ct_gptq_actorder", Compute::kInt8, FusionPolicy::all()}}) {
     LoadOptions o;
     o.n_threads = 2;
     o.kv_tokens = 256;
     o.max_rows = 8;
     o.compute = compute;
     o.executor = ExecutorKind::kCircuit;
+    o.fusion = fusion;
     auto m = Model::load(testing::fixture_dir(fixture), o);
     const auto V = static_cast<size_t>(m->vocab_size());
     std::vector<Sequence> seqs(2);

@@ -349,6 +349,19 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace metrale::cpu {
 
+AttentionTask attention_task(const AttentionArgs& a) {
+  AttentionTask task{.q = a.q,
+                     .out = a.out,
+                     .cache = a.cache,
+                     .tables = a.seqs.data(),
+                     .row_seq = a.row_seq.data(),
+                     .positions = a.positions.data(),
+                     .shape = a.shape};
+  if (task.shape.scale == 0.0f)
+    task.shape.scale = 1.0f / std::sqrt(static_cast<float>(a.shape.head_dim));
+  return task;
+}
+
 AttentionPlan plan_attention(const AttentionShape& shape) {
   AttentionPlan p;
   const int64_t group = shape.n_heads / shape.n_kv_heads;

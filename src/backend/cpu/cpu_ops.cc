@@ -58,31 +58,40 @@ void store_key(const float* k, int64_t slot, const KvLayerView& cache) {
 
 }  // namespace
 
-void CpuBackend::do_kv_store(const KvStoreArgs& a) {
+namespace cpu {
+
+void kv_store_items(const KvStoreArgs& a, int64_t item_begin, int64_t item_end) {
   const KvLayout& kv = a.cache.layout;
-  pool_->parallel_for(a.slots.size(), [&](size_t b, size_t e, int) {
-    for (auto i = static_cast<int64_t>(b); i < static_cast<int64_t>(e); ++i) {
-      const int64_t slot = a.slots[static_cast<size_t>(i)];
-      store_key(a.k.row(i), slot, a.cache);
-      auto* v = static_cast<std::byte*>(a.cache.v) + slot * kv.row_elems() * kv.elem_bytes();
-      if (kv.dtype == DType::kF32)
-        std::memcpy(v, a.v.row(i), static_cast<size_t>(kv.row_elems()) * sizeof(float));
-      else
-        from_f32(a.v.row(i), kv.dtype, v, static_cast<size_t>(kv.row_elems()));
-    }
+  const auto n_rows = static_cast<int64_t>(a.slots.size());
+  const int64_t hd = kv.head_dim;
+  for (int64_t item = item_begin; item < item_end; ++item) {
+    const int64_t h = item / n_rows, r = item % n_rows;
+    const int64_t slot = a.slots[static_cast<size_t>(r)];
+    const int64_t page = slot / kv.page_size, offset = slot % kv.page_size;
+    void* col = kv.dtype == DType::kF32
+                    ? static_cast<void*>(a.cache.k_page<float>(page, h) + offset)
+                    : static_cast<void*>(a.cache.k_page<uint16_t>(page, h) + offset);
+    store_strided(a.k.row(r) + h * hd, hd, kv, col, kv.page_size);
+    auto* v =
+        static_cast<std::byte*>(a.cache.v) + (slot * kv.row_elems() + h * hd) * kv.elem_bytes();
+    if (kv.dtype == DType::kF32)
+      std::memcpy(v, a.v.row(r) + h * hd, static_cast<size_t>(hd) * sizeof(float));
+    else
+      from_f32(a.v.row(r) + h * hd, kv.dtype, v, static_cast<size_t>(hd));
+  }
+}
+
+}  // namespace cpu
+
+void CpuBackend::do_kv_store(const KvStoreArgs& a) {
+  const auto n = static_cast<size_t>(a.cache.layout.n_kv_heads) * a.slots.size();
+  pool_->parallel_for(n, [&](size_t b, size_t e, int) {
+    cpu::kv_store_items(a, static_cast<int64_t>(b), static_cast<int64_t>(e));
   });
 }
 
 void CpuBackend::do_attention(const AttentionArgs& a) {
-  cpu::AttentionTask task{.q = a.q,
-                          .out = a.out,
-                          .cache = a.cache,
-                          .tables = a.seqs.data(),
-                          .row_seq = a.row_seq.data(),
-                          .positions = a.positions.data(),
-                          .shape = a.shape};
-  if (task.shape.scale == 0.0f)
-    task.shape.scale = 1.0f / std::sqrt(static_cast<float>(a.shape.head_dim));
+  const cpu::AttentionTask task = cpu::attention_task(a);
   cpu::AttentionPlan plan = cpu::plan_attention(task.shape);
   const auto n = static_cast<size_t>(a.q.n_rows);
   if (attention_spans_.size() < n) attention_spans_.resize(n);

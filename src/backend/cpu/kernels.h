@@ -64,6 +64,10 @@ struct AttentionTask {
   int64_t position(int64_t row) const { return positions[row]; }
 };
 
+// The task of one attention call (the scale resolved); CpuBackend::attention and the circuit's
+// split attention (circuit/program.h) both run its items.
+AttentionTask attention_task(const AttentionArgs& a);
+
 inline constexpr int64_t kAttentionBlock = 32;  // keys per online-softmax step
 inline constexpr int64_t kMaxQueries = 8;       // queries of one tile (they share K/V reads)
 
@@ -98,6 +102,11 @@ AttentionPlan plan_attention(const AttentionShape& shape);
 int64_t attention_row_spans(const AttentionTask& t, int64_t rows_per_tile, AttentionRowSpan* out);
 void attention_items(const AttentionTask& t, const AttentionPlan& plan, int64_t item_begin,
                      int64_t item_end);
+
+// K/V store (backend.h KvStoreArgs) of items [item_begin, item_end), item = kv head h times
+// the rows plus row r: head h of row r's K into its page column and of its V into its row.
+// The items are head-major so a static split gives each thread whole heads of every row.
+void kv_store_items(const KvStoreArgs& a, int64_t item_begin, int64_t item_end);
 
 // Largest head_dim the attention kernel accepts (its accumulators live on the stack).
 inline constexpr int64_t kMaxHeadDim = 512;
