@@ -144,8 +144,11 @@ TEST(SchedulerMedia, PreemptionKeepsTheMedia) {
   std::vector<std::vector<int32_t>> want;
   for (size_t i : which) want.push_back(alone(*m, ids, {tower.item(i)}, n));
   Scheduler sched(*m, {.max_seqs = 3});
-  std::vector<std::shared_ptr<ServeStream>> streams;
-  for (size_t i : which) streams.push_back(sched.submit(request(ids, {tower.item(i)}, n)));
+  // Queued together, so the three are admitted together and must outgrow the 128-token pool
+  // (one by one, a late third could wait for the first two to end and never preempt one).
+  std::vector<ServeRequest> rs;
+  for (size_t i : which) rs.push_back(request(ids, {tower.item(i)}, n));
+  std::vector<std::shared_ptr<ServeStream>> streams = sched.submit_all(std::move(rs));
   for (size_t k = 0; k < 3; ++k) EXPECT_EQ(drain(*streams[k]).tokens, want[k]) << k;
   std::this_thread::sleep_for(50ms);
   const SchedulerStats st = sched.stats();
