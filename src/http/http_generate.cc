@@ -204,6 +204,10 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
 void HttpServer::Impl::render(ApiKind kind, const httplib::Request& req, httplib::Response& res,
                               const httplib::ContentReader& reader) {
   const std::string body = read_body(req, res, reader);
+  // A draining replica takes no new work, and a router renders on the replica it may place a
+  // request on: refused as a generation request is (503, Retry-After, the connection closed),
+  // so the router's connections to it end and its drain can finish.
+  if (lifecycle.draining()) throw refuse_draining(res);
   const OpenAiRequest r =
       kind == ApiKind::kChat ? parse_chat_request(body) : parse_completion_request(body);
   ReplyFormat reply;

@@ -1,9 +1,9 @@
 // The graceful stop: HttpServer::drain() over the demo model, with one stream slot held by
 // long requests submitted straight to the scheduler, so the HTTP requests under test wait in
 // the queue for as long as the test wants (no timing). While draining: /health is 503
-// {"status": "draining"}, new generation requests are 503 with Retry-After, and the requests
-// in flight finish with their whole answer; past the timeout they end cleanly (a stream with
-// an error event and [DONE], a waiting request with a 503). Lifecycle itself is tested alone.
+// {"status": "draining"}, new generation (and render) requests are 503 with Retry-After, and the
+// requests in flight finish with their whole answer; past the timeout they end cleanly (a stream
+// with an error event and [DONE], a waiting request with a 503). Lifecycle itself is tested alone.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -199,7 +199,9 @@ TEST_F(DrainServer, InFlightStreamsFinishWhileNewRequestsAreRefused) {
   EXPECT_EQ(health->status, 503);
   EXPECT_EQ(json::parse(health->body)["status"], "draining") << health->body;
   EXPECT_EQ(json::parse(health->body)["requests_in_flight"], 1);
-  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+  // The render endpoints too: a router renders on the replica it may place a request on.
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/v1/completions/render",
+                           "/v1/chat/completions/render"}) {
     auto refused = client().Post(path, R"({"prompt": "x", "max_tokens": 1})", "application/json");
     ASSERT_TRUE(refused) << path;
     EXPECT_EQ(refused->status, 503) << path;
