@@ -24,3 +24,9 @@ else()
   message(STATUS "xgrammar: not found at ${METRALE_XGRAMMAR_DIR} (run scripts/fetch-xgrammar.sh); "
                  "structured outputs off")
 endif()
+# CI (scripts/test.sh exports METRALE_REQUIRE_XGRAMMAR=1) must not build without it: the grammar
+# tests would skip instead of run.
+if(NOT METRALE_HAVE_XGRAMMAR AND "$ENV{METRALE_REQUIRE_XGRAMMAR}" STREQUAL "1")
+  message(FATAL_ERROR "xgrammar: required (METRALE_REQUIRE_XGRAMMAR=1) but not found at "
+                      "${METRALE_XGRAMMAR_DIR}; run scripts/fetch-xgrammar.sh")
+endif()

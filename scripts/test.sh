@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # CI must build structured outputs (xgrammar fetched); METRALE_REQUIRE_XGRAMMAR=0 lets an offline
 # machine test without them (their tests then skip, saying why).
-METRALE_REQUIRE_XGRAMMAR="${METRALE_REQUIRE_XGRAMMAR:-1}" bash scripts/bootstrap.sh
+export METRALE_REQUIRE_XGRAMMAR="${METRALE_REQUIRE_XGRAMMAR:-1}"  # cmake/xgrammar.cmake checks it too
+bash scripts/bootstrap.sh
 bash scripts/check_format.sh
 # The Python tests' venv (tests/python/requirements.txt: the official openai client): made
 # once, reinstalled only when the requirements change.
