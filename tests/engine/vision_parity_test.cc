@@ -21,6 +21,7 @@
 #include "fixture_util.h"
 #include "io/safetensors/file.h"
 #include "support/test_support.h"
+#include "tower_fixture.h"
 #include "vision/preprocess.h"
 #include "vision/processor_config.h"
 #include "vision/video.h"
@@ -31,35 +32,7 @@ namespace {
 
 constexpr const char* kFixture = "qwen2_vl_f32";
 
-class Tower {
- public:
-  explicit Tower(const std::string& fixture = kFixture)
-      : file_(SafetensorsFile::open(testing::fixture_dir(fixture) + "/tower.safetensors")) {}
-  template <class T>
-  std::vector<T> get(const std::string& key) const {
-    const auto& t = file_.at(key);
-    std::vector<T> out(static_cast<size_t>(t.shape.numel()));
-    std::memcpy(out.data(), file_.bytes(t).data(), out.size() * sizeof(T));
-    return out;
-  }
-  // Item i of the tower fixture (0, 1: images; 2: the video) as preprocessing hands it over.
-  vision::VisionItem item(size_t i) const {
-    const std::vector<int64_t> g = get<int64_t>("grid_thw");
-    const std::vector<float> pixels = get<float>("pixel_values");
-    int64_t start = 0;
-    for (size_t k = 0; k < i; ++k) start += g[3 * k] * g[3 * k + 1] * g[3 * k + 2];
-    vision::VisionItem it;
-    it.kind = i == 2 ? vision::VisionKind::kVideo : vision::VisionKind::kImage;
-    it.grid_thw = {g[3 * i], g[3 * i + 1], g[3 * i + 2]};
-    it.patch_dim = 96;
-    it.merge_size = 2;
-    it.pixels.assign(pixels.begin() + start * 96, pixels.begin() + (start + it.n_patches()) * 96);
-    return it;
-  }
-
- private:
-  SafetensorsFile file_;
-};
+using Tower = testing::TowerFixture;
 
 std::unique_ptr<Model> load(int64_t max_rows, const std::string& fixture = kFixture) {
   return Model::load(

@@ -14,6 +14,7 @@
 #include "engine/fixture_util.h"
 #include "engine/multimodal.h"
 #include "engine/session.h"
+#include "engine/tower_fixture.h"
 #include "io/safetensors/file.h"
 #include "serve/scheduler.h"
 #include "stream_drain.h"
@@ -23,39 +24,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// The fixture's preprocessed items (0, 1: images of 12 tokens each, other shapes) and prompts.
-class Tower {
- public:
-  Tower()
-      : file_(SafetensorsFile::open(testing::fixture_dir("qwen2_vl_f32") + "/tower.safetensors")) {}
-  template <class T>
-  std::vector<T> get(const std::string& key) const {
-    const auto& t = file_.at(key);
-    std::vector<T> out(static_cast<size_t>(t.shape.numel()));
-    std::memcpy(out.data(), file_.bytes(t).data(), out.size() * sizeof(T));
-    return out;
-  }
-  vision::VisionItem item(size_t i) const {
-    const std::vector<int64_t> g = get<int64_t>("grid_thw");
-    const std::vector<float> pixels = get<float>("pixel_values");
-    int64_t start = 0;
-    for (size_t k = 0; k < i; ++k) start += g[3 * k] * g[3 * k + 1] * g[3 * k + 2];
-    vision::VisionItem it;
-    it.kind = vision::VisionKind::kImage;
-    it.grid_thw = {g[3 * i], g[3 * i + 1], g[3 * i + 2]};
-    it.patch_dim = 96;
-    it.merge_size = 2;
-    it.pixels.assign(pixels.begin() + start * 96, pixels.begin() + (start + it.n_patches()) * 96);
-    return it;
-  }
-  std::vector<int32_t> ids(const std::string& name) const {
-    const std::vector<int64_t> wide = get<int64_t>(name + ".ids");
-    return {wide.begin(), wide.end()};
-  }
-
- private:
-  SafetensorsFile file_;
-};
+using Tower = testing::TowerFixture;
 
 using Outcome = serve_test::Drained;
 using serve_test::drain;
