@@ -124,18 +124,8 @@ TEST(SchedulerMtpAlone, DraftsWhatSessionDrafts) {
 
 TEST(SchedulerMtpAlone, ARequestMayTurnItOff) {
   auto model = load("deepseek_v3_mtp_bf16");
-  ServeRequest r = requests(20)[0];
   Mtp mtp(*model);
-  Scheduler sched(*model, {.max_seqs = 2, .speculation = mtp.options});
-  r.speculative = false;
-  const Outcome off = drain(*sched.submit(r));
-  EXPECT_FALSE(off.usage.speculative);
-  EXPECT_EQ(off.usage.draft_tokens, 0);
-  r.speculative = true;
-  const Outcome on = drain(*sched.submit(r));
-  EXPECT_TRUE(on.usage.speculative);
-  EXPECT_GT(on.usage.draft_tokens, 0);
-  EXPECT_EQ(on.tokens, off.tokens);
+  serve_test::expect_a_request_may_turn_it_off(*model, mtp.options, requests(20)[0]);
 }
 
 // 8 pages of 16 tokens for 3 streams of ~60 tokens: the youngest stream is preempted and

@@ -10,6 +10,7 @@
 #include "engine/session.h"
 #include "serve/scheduler.h"
 #include "speculative/ngram_proposer.h"
+#include "stream_drain.h"
 
 namespace metrale {
 namespace {
@@ -29,43 +30,9 @@ SpeculationOptions ngram(int64_t k = 4) {
           .ladder = speculative::DraftLadder::constant(k)};
 }
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::string text;
-  FinishReason finish = FinishReason::kStop;
-  ServeUsage usage;
-};
-
-Outcome drain(ServeStream& s) {
-  Outcome o;
-  const auto give_up = std::chrono::steady_clock::now() + 60s;
-  std::vector<ServeEvent> events;
-  while (std::chrono::steady_clock::now() < give_up) {
-    events.clear();
-    if (!s.next(events, 100ms)) continue;
-    for (ServeEvent& e : events) {
-      o.tokens.insert(o.tokens.end(), e.tokens.begin(), e.tokens.end());
-      o.text += e.text;
-      if (e.done) {
-        o.finish = e.finish;
-        o.usage = e.usage;
-        return o;
-      }
-    }
-  }
-  ADD_FAILURE() << "stream " << s.id() << " never finished";
-  return o;
-}
-
-SchedulerStats settled(const Scheduler& sched) {
-  const auto give_up = std::chrono::steady_clock::now() + 10s;
-  SchedulerStats st = sched.stats();
-  while ((st.running != 0 || st.waiting != 0) && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(2ms);
-    st = sched.stats();
-  }
-  return st;
-}
+using Outcome = serve_test::Drained;
+using serve_test::drain;
+using serve_test::settled;
 
 const std::vector<std::string> kPrompts = {
     "And God said, I am the LORD. And God said, I am the LORD. And God said",
@@ -130,17 +97,7 @@ TEST(SchedulerSpeculative, StreamsEqualEachRequestRunAloneWithoutDrafts) {
 
 TEST(SchedulerSpeculative, ARequestMayTurnItOff) {
   auto model = load("models/demo");
-  ServeRequest r = requests(*model, 30)[0];
-  r.speculative = false;
-  Scheduler sched(*model, {.max_seqs = 2, .speculation = ngram()});
-  const Outcome off = drain(*sched.submit(r));
-  EXPECT_FALSE(off.usage.speculative);
-  EXPECT_EQ(off.usage.draft_tokens, 0);
-  r.speculative = true;
-  const Outcome on = drain(*sched.submit(r));
-  EXPECT_TRUE(on.usage.speculative);
-  EXPECT_GT(on.usage.draft_tokens, 0);
-  EXPECT_EQ(on.tokens, off.tokens);
+  serve_test::expect_a_request_may_turn_it_off(*model, ngram(), requests(*model, 30)[0]);
 }
 
 TEST(SchedulerSpeculative, SeededSamplingEqualsPlainSampling) {

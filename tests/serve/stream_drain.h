@@ -1,7 +1,8 @@
 #pragma once
 // What the scheduler tests read off a ServeStream: drain() collects its events until the end
 // (at most a minute; a stream that never ends is a test failure), settled() waits for the
-// scheduler to go idle.
+// scheduler to go idle; expect_a_request_may_turn_it_off() is the per-request speculation
+// switch's check for any proposer.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -15,6 +16,7 @@ namespace metrale::serve_test {
 
 struct Drained {
   std::vector<int32_t> tokens;
+  std::string text;
   std::vector<float> embedding;
   FinishReason finish = FinishReason::kError;
   std::string error;
@@ -31,6 +33,7 @@ inline Drained drain(ServeStream& s) {
     if (!s.next(events, 100ms)) continue;
     for (ServeEvent& e : events) {
       d.tokens.insert(d.tokens.end(), e.tokens.begin(), e.tokens.end());
+      d.text += e.text;
       if (!e.done) continue;
       d.embedding = std::move(e.embedding);
       d.finish = e.finish;
@@ -52,6 +55,22 @@ inline SchedulerStats settled(const Scheduler& sched) {
     st = sched.stats();
   }
   return st;
+}
+
+// A request that sends `speculative: false` drafts nothing on a scheduler that speculates with
+// `spec`, and its tokens equal the same request's with drafts.
+inline void expect_a_request_may_turn_it_off(Model& model, const SpeculationOptions& spec,
+                                             ServeRequest r) {
+  Scheduler sched(model, {.max_seqs = 2, .speculation = spec});
+  r.speculative = false;
+  const Drained off = drain(*sched.submit(r));
+  EXPECT_FALSE(off.usage.speculative);
+  EXPECT_EQ(off.usage.draft_tokens, 0);
+  r.speculative = true;
+  const Drained on = drain(*sched.submit(r));
+  EXPECT_TRUE(on.usage.speculative);
+  EXPECT_GT(on.usage.draft_tokens, 0);
+  EXPECT_EQ(on.tokens, off.tokens);
 }
 
 }  // namespace metrale::serve_test
