@@ -139,10 +139,15 @@ def train(out_dir, log):
     return ema, final
 
 
-def record_reference(model_dir, ref_path, log):
+def record_reference(model_dir, ref_path, log, model_class=None,
+                     generator="tools/demo/train_demo.py", model_name="models/demo",
+                     note="greedy, stops early at eos (the eos id is then the last greedy id)"):
+    """The greedy continuations of kPrompts by transformers (`model_class`, default
+    AutoModelForCausalLM) in float32, with their smallest top-2 logit margins, as JSON at
+    `ref_path`; train_demo_mtp.py records its model's through this too."""
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
+    model = (model_class or AutoModelForCausalLM).from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     gen_cfg = GenerationConfig.from_pretrained(model_dir)
     cases = []
     for prompt in kPrompts:
@@ -161,11 +166,11 @@ def record_reference(model_dir, ref_path, log):
         cases.append({"prompt": prompt, "prompt_ids": ids[0].tolist(), "greedy_ids": new,
                       "text": text, "min_top2_logit_margin": round(margin, 4)})
         log(f"{prompt!r} -> {text!r} (min margin {margin:.4f})")
-    doc = {"generator": "tools/demo/train_demo.py",
+    doc = {"generator": generator,
            "transformers": transformers.__version__,
-           "model_dir": "models/demo", "dtype": "float32 (bf16 weights upcast)",
+           "model_dir": model_name, "dtype": "float32 (bf16 weights upcast)",
            "max_new_tokens": kNewTokens, "eos_token_id": gen_cfg.eos_token_id,
-           "note": "greedy, stops early at eos (the eos id is then the last greedy id)",
+           "note": note,
            "cases": cases}
     os.makedirs(os.path.dirname(ref_path), exist_ok=True)
     with open(ref_path, "w") as fh:

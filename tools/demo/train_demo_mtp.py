@@ -64,8 +64,6 @@ kLr = 3e-3
 kWarmup = 50
 kMtpWeight = 0.3  # DeepSeek-V3's lambda for the first 10T tokens
 kSeed = 2311
-kPrompts = ["And God said", "In the beginning", "The LORD is my shepherd"]
-kNewTokens = 32
 # The drafter reference's context: the first of these whose drafts clear the margin.
 kMtpPrompts = ["And Moses said unto the LORD,", "Then the king of Israel", "And it came to pass",
                "Blessed is the man that", "For thus saith the LORD"]
@@ -313,36 +311,11 @@ def check_mtp_reference(model_dir, log):
 
 
 def record_reference(model_dir, ref_path, log):
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = DeepseekV3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                  attn_implementation="eager").eval()
-    gen_cfg = GenerationConfig.from_pretrained(model_dir)
-    cases = []
-    for prompt in kPrompts:
-        ids = tok(prompt, return_tensors="pt")["input_ids"]
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=kNewTokens, eos_token_id=gen_cfg.eos_token_id,
-                                 pad_token_id=gen_cfg.pad_token_id, output_logits=True,
-                                 return_dict_in_generate=True)
-        new = out.sequences[0, ids.shape[1]:].tolist()
-        text = tok.decode(new)
-        margin = min((lambda t: (t[0] - t[1]).item())(torch.topk(s[0].float(), 2).values)
-                     for s in out.logits)
-        cases.append({"prompt": prompt, "prompt_ids": ids[0].tolist(), "greedy_ids": new,
-                      "text": text, "min_top2_logit_margin": round(margin, 4)})
-        log(f"{prompt!r} -> {text!r} (min margin {margin:.4f})")
-    doc = {"generator": "tools/demo/train_demo_mtp.py",
-           "transformers": transformers.__version__,
-           "model_dir": "models/demo_mtp", "dtype": "float32 (bf16 weights upcast)",
-           "max_new_tokens": kNewTokens, "eos_token_id": gen_cfg.eos_token_id,
-           "note": "greedy, stops early at eos (the eos id is then the last greedy id); "
-                   "transformers drops the MTP layer, so this is the target alone",
-           "cases": cases}
-    os.makedirs(os.path.dirname(ref_path), exist_ok=True)
-    with open(ref_path, "w") as fh:
-        json.dump(doc, fh, indent=1)
-        fh.write("\n")
+    train_demo.record_reference(
+        model_dir, ref_path, log, model_class=DeepseekV3ForCausalLM,
+        generator="tools/demo/train_demo_mtp.py", model_name="models/demo_mtp",
+        note="greedy, stops early at eos (the eos id is then the last greedy id); "
+             "transformers drops the MTP layer, so this is the target alone")
 
 
 def main():
