@@ -388,6 +388,7 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
   // barrier (beside serial ops: the embedding, MoE), it runs on thread 0 instead.
   int64_t fewest = place_barriers(false);
   for (Instr& in : code_) {
+    if (n_threads_ == 1) break;  // no barriers to save
     if (in.kind != Instr::Kind::kNorm || in.norm_groups) continue;
     in.kind = Instr::Kind::kSerial;
     const int64_t n = place_barriers(false);

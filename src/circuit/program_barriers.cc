@@ -23,7 +23,13 @@ using namespace circuit_detail;
 
 int64_t Program::place_barriers(bool unsplit) {
   // Before an instruction one of whose threads touches what another thread touched since the
-  // last barrier (one of them writing).
+  // last barrier (one of them writing). One thread never needs one (and without barriers the
+  // accesses since the last would be the whole program's: quadratic at wide programs).
+  if (n_threads_ == 1) {
+    if (!unsplit)
+      for (Instr& in : code_) in.barrier_before = false;
+    return 0;
+  }
   int64_t n = 0;
   std::vector<Access> since, mine;
   for (Instr& in : code_) {
