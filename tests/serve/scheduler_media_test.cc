@@ -135,44 +135,65 @@ TEST(SchedulerMedia, PreemptionKeepsTheMedia) {
 // again with the assistant's answer and a follow-up; then a follow-up bringing a second image.
 TEST(SchedulerMedia, MultiTurnChatReusesTheImage) {
   for (const char* fixture : {"qwen2_5_vl_f32", "qwen3_vl_f32"}) {
-    SCOPED_TRACE(fixture);
     const testing::ChatFixture f(fixture);
     auto m =
         Model::load(testing::fixture_dir(fixture),
                     {.n_threads = 2, .kv_tokens = 512, .max_rows = 16, .max_image_patches = 256});
     const auto image = static_cast<int32_t>(m->vision()->config().image_token_id);
-    Scheduler sched(*m, {.max_seqs = 2});
-    const auto turn = [&](const std::string& c) {
-      const std::vector<int32_t> ids = f.ids(c);
-      const Outcome o = drain(*sched.submit(request(ids, f.images(c), 10)));
-      EXPECT_EQ(o.error, "") << c;
-      EXPECT_EQ(o.tokens, f.greedy(c)) << c;
-      std::this_thread::sleep_for(50ms);
-      return o;
-    };
     // The row after turn 1's image: a prefix cache hit that reaches it covers the image.
     const std::vector<int32_t> first = f.ids("turn1");
     const auto after_image =
         static_cast<int64_t>(std::find(first.rbegin(), first.rend(), image).base() - first.begin());
-    turn("turn1");
-    SchedulerStats st = sched.stats();
-    EXPECT_EQ(st.media_encoded, 1);
-    EXPECT_EQ(st.media_cache_hits, 0);
-    // Turn 2: the image's tower output and the prompt's pages through the image are cached.
-    Outcome o = turn("followup");
-    st = sched.stats();
-    EXPECT_EQ(st.media_items, 2);
-    EXPECT_EQ(st.media_encoded, 1);
-    EXPECT_EQ(st.media_cache_hits, 1);
-    EXPECT_GE(o.usage.cached_tokens, after_image);
-    // A turn 2 with a second image: only the new one goes through the tower.
-    o = turn("second_image");
-    st = sched.stats();
-    EXPECT_EQ(st.media_items, 4);
-    EXPECT_EQ(st.media_encoded, 2);
-    EXPECT_EQ(st.media_cache_hits, 2);
-    EXPECT_GE(o.usage.cached_tokens, after_image);
+    // With the prefix cache, turn 2 adopts turn 1's pages through the image; without it, the
+    // tower's output cache supplies the image's rows.
+    for (bool prefix : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << fixture << " prefix cache " << prefix);
+      Scheduler sched(*m, {.max_seqs = 2, .cache = {.enabled = prefix}});
+      const auto turn = [&](const std::string& c) {
+        const Outcome o = drain(*sched.submit(request(f.ids(c), f.images(c), 10)));
+        EXPECT_EQ(o.error, "") << c;
+        EXPECT_EQ(o.tokens, f.greedy(c)) << c;
+        if (prefix && c != "turn1") {
+          EXPECT_GE(o.usage.cached_tokens, after_image) << c;
+        }
+        std::this_thread::sleep_for(50ms);
+        return sched.stats();
+      };
+      SchedulerStats st = turn("turn1");
+      EXPECT_EQ(st.media_encoded, 1);
+      EXPECT_EQ(st.media_cache_hits, 0);
+      // Turn 2: turn 1's image is not encoded again.
+      st = turn("followup");
+      EXPECT_EQ(st.media_items, 2);
+      EXPECT_EQ(st.media_encoded, 1);
+      EXPECT_EQ(st.media_cache_hits, 1);
+      // A turn 2 with a second image: only the new one goes through the tower.
+      st = turn("second_image");
+      EXPECT_EQ(st.media_items, 4);
+      EXPECT_EQ(st.media_encoded, 2);
+      EXPECT_EQ(st.media_cache_hits, 2);
+    }
   }
+}
+
+// Without the tower cache (--vision-cache-mb 0) turn 2 still runs no tower pass for turn 1's
+// image: its rows all lie inside the adopted prefix. The second image goes through the tower
+// (a recompute that later needs a skipped image encodes it then: vision_parity_test's
+// EncodingSkipsItemsInsideACachedPrefix).
+TEST(SchedulerMedia, AnImageInsideTheCachedPrefixIsNotEncoded) {
+  const testing::ChatFixture f("qwen2_5_vl_f32");
+  auto m =
+      Model::load(testing::fixture_dir("qwen2_5_vl_f32"),
+                  {.n_threads = 2, .kv_tokens = 512, .max_rows = 16, .max_image_patches = 256});
+  Scheduler sched(*m, {.max_seqs = 2, .vision_cache_bytes = 0});
+  for (const std::string c : testing::ChatFixture::kCases) {
+    const Outcome o = drain(*sched.submit(request(f.ids(c), f.images(c), 10)));
+    EXPECT_EQ(o.tokens, f.greedy(c)) << c;
+  }
+  std::this_thread::sleep_for(50ms);
+  const SchedulerStats st = sched.stats();
+  EXPECT_EQ(st.media_items, 4);
+  EXPECT_EQ(st.media_encoded, 2);  // turn 1's image once, the second image once
 }
 
 // Turn 2 as a chat client sends it back: turn 1's prompt, its reply (here 40 greedy tokens, so
