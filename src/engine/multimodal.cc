@@ -131,6 +131,11 @@ MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int3
                   "media item ", i, ": patches of ", it.patch_dim, " values merged by ",
                   it.merge_size, "; the vision tower takes ", vc.patch_dim(), " merged by ",
                   vc.spatial_merge_size);
+    // GLM-4V writes a video as frames of image tokens between <|begin_of_video|> and
+    // <|end_of_video|> with timestamps (processing_glm4v.py); not built yet.
+    METRALE_CHECK(it.kind != vision::VisionKind::kVideo || vc.tower != VisionTowerKind::kGlm4v,
+                  "media item ", i, ": videos through ", model.config().model_type,
+                  " are not supported yet (images are)");
     if (it.kind == vision::VisionKind::kVideo) {
       // processing_qwen2_5_vl.py's second_per_grid_ts (only Qwen2.5-VL's rope reads it).
       seconds.push_back(vision::second_per_grid(it.frame_indices, it.total_frames, it.fps,

@@ -2,7 +2,9 @@
 // images through the tiny Qwen2.5-VL (qwen2_5_vl_f32, window attention in its tower) and the
 // tiny Qwen3-VL (qwen3_vl_f32: deepstack features added after its first two layers) and Qwen3.5
 // (qwen3_5_vl_f32: its hybrid language model) and Qwen3-VL-MoE (qwen3_vl_moe_f32: fused experts
-// in the published, transposed layout): the
+// in the published, transposed layout) and GLM-4V (glm4v_f32: GLM-4's sandwich-norm decoder, the
+// adjacent-pair M-RoPE over half of each head; the chat text's ids, glm4v_fixtures.py) and
+// GLM-4.5V (glm4v_moe_f32: GLM-4.5's sigmoid-routed experts, rotate_half M-RoPE): the
 // tower's features replace the placeholder rows, M-RoPE positions come from get_rope_index's
 // equal, and the prompt's logits match transformers' forward within 1e-4 while 10 greedy tokens
 // equal transformers' generate. Prefill in chunks that cut through the placeholders; bad media
@@ -56,8 +58,9 @@ TEST(VisionParity, LogitsAndGreedyEqualTransformers) {
         Case{"qwen2_5_vl_f32", "one_image", {0}}, Case{"qwen2_5_vl_f32", "two_images", {0, 1}},
         Case{"qwen3_vl_f32", "one_image", {0}}, Case{"qwen3_vl_f32", "two_images", {0, 1}},
         Case{"qwen3_5_vl_f32", "one_image", {0}}, Case{"qwen3_5_vl_f32", "two_images", {0, 1}},
-        Case{"qwen3_vl_moe_f32", "one_image", {0}},
-        Case{"qwen3_vl_moe_f32", "two_images", {0, 1}}}) {
+        Case{"qwen3_vl_moe_f32", "one_image", {0}}, Case{"qwen3_vl_moe_f32", "two_images", {0, 1}},
+        Case{"glm4v_f32", "one_image", {0}}, Case{"glm4v_f32", "two_images", {0, 1}},
+        Case{"glm4v_moe_f32", "one_image", {0}}, Case{"glm4v_moe_f32", "two_images", {0, 1}}}) {
     const Tower tower(c.fixture);
     for (int64_t max_rows : {int64_t{64}, int64_t{16}}) {  // one chunk; chunks cutting the media
       SCOPED_TRACE(::testing::Message() << c.fixture << " " << c.name << " max_rows " << max_rows);
