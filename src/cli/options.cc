@@ -194,8 +194,9 @@ void SpeculativeFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--drafter-context", context.context,
                  "what the drafter sees: prefill,carry (default), prefill, carry or none");
   cmd.add_option("--drafter-prefill", context.prefill,
-                 "1: the drafter is prefilled over the prompt (default; also "
-                 "METRALE_DRAFTER_PREFILL)");
+                 "1: the drafter is prefilled over the prompt (default); 0: it starts at the "
+                 "prompt's last token (--speculative mtp: lower acceptance, no prompt logits, "
+                 "nothing carried; also METRALE_DRAFTER_PREFILL)");
   cmd.add_option("--mtp-carry", context.carry,
                  "1: a session's next request adopts its last request's drafter rows (serve, "
                  "--speculative mtp; default 1; also METRALE_MTP_CARRY)");
@@ -219,9 +220,6 @@ speculative::DrafterContext SpeculativeFlags::drafter_context() const {
       speculative::resolve_drafter_context(context, [](const char* name) {
         return std::getenv(name);  // NOLINT(concurrency-mt-unsafe): read once, at startup
       });
-  METRALE_CHECK(c.prefill, "--drafter-prefill 0 / ", speculative::kDrafterPrefillEnv,
-                "=0: a drafter started from the first generated token is not built yet (the MTP "
-                "drafter is always prefilled over the prompt)");
   return c;
 }
 
@@ -245,6 +243,7 @@ SpeculationOptions SpeculativeFlags::options(Model& model, int64_t streams,
                  ? speculative::DraftLadder::constant(draft_tokens)
                  : speculative::DraftLadder::parse(ladder, draft_tokens, "--draft-ladder");
   o.dispatch_cap = dispatch_cap;
+  o.drafter_prefill = drafter_context().prefill;
   return o;
 }
 

@@ -70,8 +70,8 @@ struct SpeculativeFlags {
 
   void add_to(CLI::App& cmd);
   bool on() const { return kind != "off"; }
-  // The switches, from the flags and the environment. Prefill off is refused (the MTP drafter
-  // holds a row for every context key; drafting from the first generated token is not built).
+  // The switches, from the flags and the environment (an Error naming the flag or variable
+  // for a value other than "0" / "1").
   speculative::DrafterContext drafter_context() const;
   // Checks what needs no model (the kind, the counts, the ladder's syntax); errors name the flag.
   void check() const;

@@ -13,10 +13,13 @@ using speculative::CatchupRows;
 using speculative::ProposeArgs;
 using speculative::ProposerState;
 
-// One sequence's drafter rows: keys 0..computed - 1 in the KV pages, then the rows recorded
-// for the next propose (catch-up rows, a propose(n = 0)'s row) with their hidden inputs.
+// One sequence's drafter rows: keys base..computed - 1 in the KV pages (key k at KV index
+// k - base), then the rows recorded for the next propose (catch-up rows, a propose(n = 0)'s
+// row) with their hidden inputs. base is 0 after a prefill and P - 1 after start_drafter (no
+// rows over the prompt).
 struct MtpProposer::State final : ProposerState {
   std::vector<int32_t> block_table;
+  int64_t base = 0;
   int64_t computed = 0;
   std::vector<int32_t> pending_ids;   // key computed + i's token t_{k+1}
   std::vector<float> pending_hidden;  // [pending, H] its hidden row
@@ -157,7 +160,7 @@ void MtpProposer::run(std::span<const PassRow> rows) {
       seqs_[n_seqs++] = &s;
     }
     if (r + 1 == rows.size() || rows[r + 1].state != &s)
-      kv_->reserve(s.block_table, rows[r].key + 1);
+      kv_->reserve(s.block_table, rows[r].key - s.base + 1);
   }
   int64_t n_want = 0, n_injected = 0;
   size_t seq = 0;
@@ -167,12 +170,16 @@ void MtpProposer::run(std::span<const PassRow> rows) {
     if (r == 0 || row.state != rows[r - 1].state) {
       int64_t last = row.key;
       for (size_t q = r; q < rows.size() && rows[q].state == row.state; ++q) last = rows[q].key;
-      tables_[seq] = KvPageTable{.block_table = row.state->block_table, .seq_len = last + 1};
+      tables_[seq] =
+          KvPageTable{.block_table = row.state->block_table, .seq_len = last - row.state->base + 1};
     }
+    // KV index and attention position key - base (the rotation shifts by -base with it, which
+    // no score can tell: only position differences enter them).
+    const int64_t index = row.key - row.state->base;
     ids_[r] = row.id;
-    positions_[r] = static_cast<int32_t>(row.key);
+    positions_[r] = static_cast<int32_t>(index);
     row_seq_[r] = static_cast<int32_t>(seq);
-    slots_[r] = tables_[seq].slot(row.key, page);
+    slots_[r] = tables_[seq].slot(index, page);
     if (row.key == 0 && layer_->zero_first_key())
       injected_rows_[static_cast<size_t>(n_injected++)] = static_cast<int32_t>(r);
     if (row.want || trace_) want_[static_cast<size_t>(n_want++)] = static_cast<int32_t>(r);
@@ -210,7 +217,7 @@ void MtpProposer::run(std::span<const PassRow> rows) {
                table.n_positions - 1},
       .kv = std::span<const KvLayerView>(&kv_view_, 1)};
   executor_->run(be, in);
-  for (size_t i = 0; i < n_seqs; ++i) seqs_[i]->computed = tables_[i].seq_len;
+  for (size_t i = 0; i < n_seqs; ++i) seqs_[i]->computed = seqs_[i]->base + tables_[i].seq_len;
   if (trace_) {  // every row wanted: wanted row r is pass row r
     for (size_t r = 0; r < rows.size(); ++r) {
       trace_(*rows[r].state, rows[r].key, logits_.data() + r * static_cast<size_t>(V),
@@ -233,7 +240,12 @@ void MtpProposer::truncate(State& s, int64_t keys) {
   }
   s.pending_ids.clear();
   s.pending_hidden.clear();
-  kv_->truncate(s.block_table, keys);
+  if (keys <= s.base) {  // nothing left: the next row starts the KV again
+    kv_->release(s.block_table);
+    s.base = keys;
+  } else {
+    kv_->truncate(s.block_table, keys - s.base);
+  }
   s.computed = keys;
 }
 
@@ -253,6 +265,14 @@ void MtpProposer::do_prefill(ProposerState& state, std::span<const int32_t> prom
       rows.clear();
     }
   }
+}
+
+void MtpProposer::do_start(ProposerState& state, std::span<const int32_t> prompt) {
+  State& s = static_cast<State&>(state);
+  check_ids(prompt, "start_drafter");
+  // No rows over the prompt: the first is propose's key P - 1 (t_P, the prompt's last hidden).
+  truncate(s, 0);
+  s.base = s.computed = static_cast<int64_t>(prompt.size()) - 1;
 }
 
 void MtpProposer::do_catchup(ProposerState& state, const CatchupRows& rows) {
@@ -394,7 +414,7 @@ void MtpProposer::do_free(ProposerState& state) {
   kv_->release(s.block_table);
   s.pending_ids.clear();
   s.pending_hidden.clear();
-  s.computed = 0;
+  s.base = s.computed = 0;
 }
 
 }  // namespace metrale

@@ -14,6 +14,10 @@
 //
 // Per sequence:
 //   prefill_drafter  computes keys 0..P-2 from the prompt and the target's prompt hiddens;
+//   start_drafter    (drafter prefill off) computes none: the sequence's rows start at key P-1,
+//                    the first propose's, stored at KV index 0 (key k at index k - (P - 1),
+//                    rotating at k - P + 2: the same scores, as only position differences
+//                    enter them) — the drafter attends over the rows it computed itself;
 //   propose          adds key position - 1 (last, hidden), whose argmax is the first draft, then
 //                    chains: draft j + 1 is the argmax of the row (draft j, the drafter's own
 //                    output for draft j — MtpLayer's chained row) — vLLM's "mtp" chaining;
@@ -91,6 +95,7 @@ class MtpProposer final : public speculative::DraftProposer {
   std::unique_ptr<speculative::ProposerState> do_alloc_state() override;
   void do_prefill(speculative::ProposerState& state, std::span<const int32_t> prompt,
                   ConstRows hidden) override;
+  void do_start(speculative::ProposerState& state, std::span<const int32_t> prompt) override;
   void do_propose(const speculative::ProposeArgs& args, std::vector<int32_t>& drafts) override;
   void do_propose_batch(std::span<const speculative::ProposeArgs> args,
                         std::span<std::vector<int32_t>> drafts) override;

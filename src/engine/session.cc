@@ -100,8 +100,8 @@ GenerateResult Session::run(std::span<const int32_t> prompt,
   // The carried drafter state serves only the same proposer over an unchanged sequence.
   std::unique_ptr<Carry> carry = std::move(carry_);
   const std::shared_ptr<speculative::DraftProposer>& proposer = o.speculation.proposer;
-  if (carry != nullptr &&
-      (media_prefill || carry->proposer != proposer || carry->record.tokens != seq_.tokens)) {
+  if (carry != nullptr && (media_prefill || carry->proposer != proposer ||
+                           !o.speculation.drafter_prefill || carry->record.tokens != seq_.tokens)) {
     carry.reset();
   }
   GenerateResult r;
@@ -156,7 +156,9 @@ GenerateResult Session::run(std::span<const int32_t> prompt,
     spec.stop(stream);
     throw;
   }
-  if (stream.drafter != nullptr && spec.needs_hidden() && !media_prefill) {
+  // (Without drafter prefill the rows do not start at key 0: nothing to carry.)
+  if (stream.drafter != nullptr && spec.needs_hidden() && o.speculation.drafter_prefill &&
+      !media_prefill) {
     // Left for the next turn: the drafter's rows over the sequence as it now stands.
     auto next = std::make_unique<Carry>();
     next->proposer = proposer;

@@ -67,7 +67,9 @@ class Session {
   // states (MTP), the next generate() given the same proposer adopts this turn's drafter rows
   // (MTP carry, speculative/mtp_carry.h) and prefills the drafter over the new prompt only;
   // without the carry (another proposer, the sequence changed) a continued conversation
-  // cannot speculate with such a drafter (an Error, as before).
+  // cannot speculate with such a drafter (an Error, as before). With drafter prefill off
+  // (SpeculationOptions::drafter_prefill) nothing is carried and every turn may speculate: the
+  // drafter starts at the prompt's last token.
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                           const TextCallback& on_text = nullptr);
   // The same for a prompt with images / videos (engine/multimodal.h); the sequence must be

@@ -66,17 +66,23 @@ void Speculator::prefill(Sequence& seq, std::span<const int32_t> prompt,
                 " floats, expected ", V);
   METRALE_CHECK(!requires_single_chunk_prefill(model_.config()) || n <= model_.max_rows(),
                 model_.config().model_type, " prompts must be prefilled in one chunk");
+  // Drafter prefill off: the last row's only (the last chunk wants its last row's logits).
+  const bool every_row = options_.drafter_prefill;
   prompt_hidden_.clear();
   for (int64_t done = 0; done < n; done += model_.max_rows()) {
     const int64_t rows = std::min(model_.max_rows(), n - done);
-    logits_.resize(static_cast<size_t>(rows) * V);
+    const bool last = done + rows == n;
+    const int64_t wanted = every_row ? rows : last ? 1 : 0;
+    logits_.resize(static_cast<size_t>(wanted) * V);
     const StepItem item{.seq = &seq,
                         .ids = prompt.subspan(static_cast<size_t>(done), static_cast<size_t>(rows)),
-                        .logits = LogitRows::kAll};
-    const HiddenSink sink = sink_into(prompt_hidden_, done);
+                        .logits = every_row ? LogitRows::kAll
+                                  : last    ? LogitRows::kLast
+                                            : LogitRows::kNone};
+    const HiddenSink sink = sink_into(prompt_hidden_, every_row ? done : 0);
     model_.step({&item, 1}, logits_, &sink);
-    if (done + rows == n) {
-      std::copy_n(logits_.data() + static_cast<size_t>(rows - 1) * V, V, last_logits.data());
+    if (last) {
+      std::copy_n(logits_.data() + static_cast<size_t>(wanted - 1) * V, V, last_logits.data());
     }
   }
   prompt_ids_.assign(prompt.begin(), prompt.end());
@@ -89,13 +95,24 @@ void Speculator::start(DecodeStream& s) {
   ConstRows hidden{};
   if (needs_hidden()) {
     const std::span<const int32_t> context = s.seq->tokens;
-    METRALE_CHECK(
-        std::equal(context.begin(), context.end(), prompt_ids_.begin(), prompt_ids_.end()),
-        "speculative: the ", options_.proposer->name(), " drafter needs the target's hidden ",
-        "rows of the whole context (", context.size(), " tokens); the last prefill recorded ",
-        prompt_ids_.size(), " (a continued conversation cannot speculate with it yet)");
-    hidden = rows_of(prompt_hidden_.data(), static_cast<int64_t>(context.size()),
-                     model_.config().hidden_size);
+    const int64_t H = model_.config().hidden_size;
+    if (!options_.drafter_prefill) {
+      // Only the last token's row is read: the last prefill must have ended the sequence.
+      METRALE_CHECK(!prompt_ids_.empty() && !prompt_hidden_.empty() &&
+                        context.size() >= prompt_ids_.size() &&
+                        std::equal(prompt_ids_.begin(), prompt_ids_.end(),
+                                   context.end() - static_cast<ptrdiff_t>(prompt_ids_.size())),
+                    "speculative: the ", options_.proposer->name(), " drafter needs the target's ",
+                    "hidden row of the context's last token; the last prefill did not end it");
+      hidden = rows_of(prompt_hidden_.data(), 1, H);
+    } else {
+      METRALE_CHECK(
+          std::equal(context.begin(), context.end(), prompt_ids_.begin(), prompt_ids_.end()),
+          "speculative: the ", options_.proposer->name(), " drafter needs the target's hidden ",
+          "rows of the whole context (", context.size(), " tokens); the last prefill recorded ",
+          prompt_ids_.size(), " (a continued conversation cannot speculate with it yet)");
+      hidden = rows_of(prompt_hidden_.data(), static_cast<int64_t>(context.size()), H);
+    }
   }
   start(s, hidden);
 }
@@ -106,18 +123,25 @@ void Speculator::start(DecodeStream& s, ConstRows hidden) {
   if (!on() || s.drafter != nullptr) return;
   const std::span<const int32_t> context = s.seq->tokens;
   speculative::DraftProposer& p = *options_.proposer;
+  const bool prefill = options_.drafter_prefill;
   if (p.needs_hidden()) {
     const int64_t H = model_.config().hidden_size;
-    METRALE_CHECK(hidden.n_rows == static_cast<int64_t>(context.size()) && hidden.n_cols == H,
-                  "speculative: the ", p.name(), " drafter needs one hidden row of ", H,
-                  " values per context token (", context.size(), "); given ", hidden.n_rows,
-                  " rows of ", hidden.n_cols);
+    METRALE_CHECK(
+        (prefill ? hidden.n_rows == static_cast<int64_t>(context.size()) : hidden.n_rows >= 1) &&
+            hidden.n_cols == H,
+        "speculative: the ", p.name(), " drafter needs one hidden row of ", H,
+        " values per context token (", context.size(),
+        prefill ? "" : "; without drafter prefill, the last one", "); given ", hidden.n_rows,
+        " rows of ", hidden.n_cols);
     s.last_hidden.assign(hidden.row(hidden.n_rows - 1), hidden.row(hidden.n_rows - 1) + H);
   } else {
     hidden = {};
   }
   s.drafter = p.alloc_state();
-  p.prefill_drafter(*s.drafter, context, hidden);
+  if (prefill)
+    p.prefill_drafter(*s.drafter, context, hidden);
+  else
+    p.start_drafter(*s.drafter, context);
 }
 
 std::unique_ptr<speculative::ProposerState> Speculator::take(DecodeStream& s, int64_t& last_key) {
@@ -127,7 +151,8 @@ std::unique_ptr<speculative::ProposerState> Speculator::take(DecodeStream& s, in
   s.ids.clear();
   // After after_verify and the catch-up of the accepted span (finish() does both, also on
   // the step that ends the stream), the drafter holds keys 0 .. next_position - 2.
-  last_key = s.drafter->next_position() - 2;
+  // Started without drafter prefill, it holds keys from P - 1 only: nothing a carry can extend.
+  last_key = s.drafter->first_key() == 0 ? s.drafter->next_position() - 2 : -1;
   return std::move(s.drafter);
 }
 
@@ -156,7 +181,7 @@ void Speculator::adopt(DecodeStream& s, std::unique_ptr<speculative::ProposerSta
 }
 
 ConstRows Speculator::prompt_hidden() const {
-  if (prompt_hidden_.empty()) return {};
+  if (prompt_hidden_.empty() || !options_.drafter_prefill) return {};
   return rows_of(prompt_hidden_.data(), static_cast<int64_t>(prompt_ids_.size()),
                  model_.config().hidden_size);
 }

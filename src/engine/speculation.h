@@ -62,6 +62,11 @@ struct SpeculationOptions {
   speculative::DraftLadder ladder = speculative::DraftLadder::constant(4);
   // Draft rows one step may add over all its streams (1..128).
   int64_t dispatch_cap = speculative::kDefaultDispatchCap;
+  // Drafter prefill (speculative/drafter_context.h): a hidden-reading drafter is prefilled over
+  // the prompt's hidden rows. Off: it starts at the prompt's last key (start_drafter) and needs
+  // only the last prompt row's hidden, so prefill() asks no logits but the last row's, a
+  // continued conversation may speculate, and nothing is carried to a next turn.
+  bool drafter_prefill = true;
 };
 
 // A stream's speculation figures.
@@ -120,23 +125,27 @@ class Speculator {
 
   // Prefills `prompt` into `seq`; `last_logits` [V] receives the last row's logits. A
   // hidden-reading proposer needs the prompt's hidden rows: then every prompt row's logits are
-  // computed (chunks of max_rows), and the rows kept for start().
+  // computed (chunks of max_rows), and the rows kept for start() (drafter prefill off: the
+  // last row's only).
   void prefill(Sequence& seq, std::span<const int32_t> prompt, std::span<float> last_logits);
 
   // Begins speculation for a stream whose prompt was prefilled and whose Generation accepted
   // the first token: its drafter is prefilled with the sequence's tokens. A hidden-reading
-  // proposer needs the sequence to be exactly the last prefill()'s prompt (its hiddens).
+  // proposer needs the sequence to be exactly the last prefill()'s prompt (its hiddens); with
+  // drafter prefill off, only to end with it (the last row's hidden).
   void start(DecodeStream& s);
   // The same with the target's final-norm hidden rows of the whole sequence given (one per
   // token of s.seq, [tokens, hidden]), for a caller that recorded them itself (the server,
-  // over its prefill chunks); a proposer that reads no hiddens ignores them.
+  // over its prefill chunks); a proposer that reads no hiddens ignores them. Drafter prefill
+  // off: any rows ending with the sequence's last token's (only that one is read).
   void start(DecodeStream& s, ConstRows hidden);
   // Frees the stream's drafter state (safe to call twice, and for a stream never started).
   void stop(DecodeStream& s);
 
   // MTP carry (speculative/mtp_carry.h). take(s): the stream's drafter state, out of the
   // stream and not freed (nullptr when it has none), with `last_key` the last drafter key it
-  // holds (keys 0..last_key, every row computed from the target's own hiddens; -1: none).
+  // holds (keys 0..last_key, every row computed from the target's own hiddens; -1: none, or a
+  // state started without drafter prefill, whose rows do not begin at key 0).
   std::unique_ptr<speculative::ProposerState> take(DecodeStream& s, int64_t& last_key);
   // Begins `s` (as start()) with a carried drafter state whose keys 0..first_key - 1 hold for
   // the sequence's tokens: the rows past them are dropped and keys first_key .. P - 2 appended

@@ -263,6 +263,9 @@ class Scheduler {
   SchedulerStats stats() const;
   const Model& model() const { return model_; }
   const SchedulerOptions& options() const { return options_; }
+  // SpeculationOptions::drafter_prefill: off, a hidden-reading drafter starts at the prompt's
+  // last key and its stream attaches any cached prefix (no carry is adopted).
+  bool drafter_prefill() const { return spec_.options().drafter_prefill; }
   // Drops every cached prefix no request uses (PrefixCache::clear), on the engine thread at its
   // next step boundary; waits up to `wait` for it. Returns the pages freed, or -1 when the
   // engine did not get to it in time.

@@ -62,7 +62,9 @@ void Scheduler::keep_carry(Active& a) {
   if (options_.carry_tokens <= 0 || !a.reads_hidden || a.session == 0 || !a.admitted) return;
   int64_t last_key = -1;
   std::unique_ptr<speculative::ProposerState> state = spec_.take(a.ds, last_key);
-  if (state == nullptr) last_key = -1;
+  // Without drafter prefill the record keeps no rows (the next request reads kNoHiddens): its
+  // drafter began at the prompt's last key, and a request without prefill adopts none.
+  if (state == nullptr || !drafter_prefill()) last_key = -1;
   const std::vector<int32_t> media_key = cache_key(a);
   const std::span<const int32_t> context =
       media_key.empty() ? a.gen.input() : std::span<const int32_t>(media_key);

@@ -72,12 +72,17 @@ void Scheduler::admit() {
     // (and still shares its pages with the cache for the others).
     // With the session's carried drafter rows adopted through key k, the hiddens are needed
     // from position k + 1 on only: a cached prefix of up to k + 1 tokens may be attached.
+    // Without drafter prefill only the last prompt row's hidden is read: any cached prefix.
     const bool may_attach = !a->embeds() || options_.embedding->pooling == Pooling::kLastToken;
     const std::vector<int32_t> key = cache_key(*a);
     std::span<const int32_t> attachable = a->gen.input();
     if (a->reads_hidden) {
       const int64_t through = plan_carry(*a, !a->counted);
-      attachable = attachable.first(static_cast<size_t>(through + 2 > 1 ? through + 2 : 0));
+      if (drafter_prefill()) {
+        attachable = attachable.first(static_cast<size_t>(through + 2 > 1 ? through + 2 : 0));
+      } else {
+        spec_.free(std::move(a->carried));
+      }
     }
     const std::span<const int32_t> attach_key =
         key.empty() ? std::span<const int32_t>()
@@ -164,7 +169,7 @@ bool Scheduler::build_step() {
     // input's chunks want none; their rows are pooled instead. A hidden-reading drafter's
     // stream wants every row: the step records the final-norm rows of those (HiddenSink).
     const bool last = have + len == a.input_size() && !a.embeds();
-    const bool every_row = a.reads_hidden;
+    const bool every_row = a.reads_hidden && drafter_prefill();
     items_.push_back(
         {.seq = &a.seq,
          .ids = a.gen.input().subspan(static_cast<size_t>(have), static_cast<size_t>(len)),
@@ -351,7 +356,12 @@ void Scheduler::post_process() {
         const auto P = static_cast<int64_t>(a.seq.tokens.size());
         const int64_t rows = P - a.hidden_from;
         const ConstRows h = rows_of(a.prompt_hidden.data(), rows, static_cast<int64_t>(H));
-        if (a.prompt_hidden.size() != static_cast<size_t>(rows) * H) {
+        if (!drafter_prefill()) {
+          // The prompt's last row only (the last chunk's one wanted row).
+          if (a.prompt_hidden.size() >= H)
+            spec_.start(a.ds, rows_of(a.prompt_hidden.data() + a.prompt_hidden.size() - H, 1,
+                                      static_cast<int64_t>(H)));
+        } else if (a.prompt_hidden.size() != static_cast<size_t>(rows) * H) {
           // (Not expected: the drafter needs every row; the stream decodes without drafts.)
         } else if (a.carried != nullptr && a.carry_first_key >= a.hidden_from) {
           const int64_t skip = a.carry_first_key - a.hidden_from;

@@ -32,19 +32,39 @@ void DraftProposer::check_hidden(ConstRows hidden, int64_t rows, std::string_vie
                 " columns, found ", hidden.n_cols, " (stride ", hidden.stride, ")");
 }
 
+void DraftProposer::check_start(const ProposerState& state, std::span<const int32_t> prompt,
+                                std::string_view call) const {
+  check_owned(state, call);
+  METRALE_CHECK(state.next_position_ < 0, name(), " proposer: ", call,
+                ": the state was already prefilled or started (", state.next_position_, " tokens)");
+  METRALE_CHECK(!prompt.empty(), name(), " proposer: ", call, ": empty prompt");
+  for (int32_t id : prompt) {
+    METRALE_CHECK(id >= 0, name(), " proposer: ", call, ": token id must be >= 0, found ", id);
+  }
+}
+
 void DraftProposer::prefill_drafter(ProposerState& state, std::span<const int32_t> prompt,
                                     ConstRows hidden) {
-  check_owned(state, "prefill_drafter");
-  METRALE_CHECK(state.next_position_ < 0, name(),
-                " proposer: prefill_drafter: the state was already prefilled (",
-                state.next_position_, " tokens)");
-  METRALE_CHECK(!prompt.empty(), name(), " proposer: prefill_drafter: empty prompt");
-  for (int32_t id : prompt) {
-    METRALE_CHECK(id >= 0, name(), " proposer: prefill_drafter: token id must be >= 0, found ", id);
-  }
+  check_start(state, prompt, "prefill_drafter");
   check_hidden(hidden, static_cast<int64_t>(prompt.size()), "prefill_drafter");
   do_prefill(state, prompt, hidden);
   state.next_position_ = static_cast<int64_t>(prompt.size());
+  state.first_key_ = 0;
+}
+
+void DraftProposer::start_drafter(ProposerState& state, std::span<const int32_t> prompt) {
+  check_start(state, prompt, "start_drafter");
+  do_start(state, prompt);
+  const auto P = static_cast<int64_t>(prompt.size());
+  state.next_position_ = P;
+  state.first_key_ = needs_hidden() ? P - 1 : 0;
+}
+
+void DraftProposer::do_start(ProposerState& state, std::span<const int32_t> prompt) {
+  METRALE_CHECK(!needs_hidden(), name(),
+                " proposer: start_drafter: drafting without a prefill over the prompt is not "
+                "built for this proposer");
+  do_prefill(state, prompt, {});
 }
 
 void DraftProposer::check_propose(const ProposeArgs& a) const {

@@ -8,6 +8,8 @@
 // The lifecycle, per sequence:
 //   s = alloc_state()
 //   prefill_drafter(s, prompt t_0..t_{P-1}, the target's hidden rows for positions 0..P-1)
+//     or start_drafter(s, prompt): drafter prefill off (drafter_context.h) — no rows over the
+//     prompt; a hidden-reading drafter's first row is propose's key P-1
 //   loop:
 //     drafts = propose(s, {last = t_P, hidden = the target's row that produced t_P (position
 //                          P-1), position = P, n})           // drafts for positions P+1..P+n
@@ -54,12 +56,17 @@ class ProposerState {
   // The position the next propose() expects `last` at (the context length the proposer
   // holds), or -1 before prefill_drafter().
   int64_t next_position() const { return next_position_; }
+  // The first key a hidden-reading proposer holds a row for: 0 after prefill_drafter(), P - 1
+  // after start_drafter() (its rows are keys first_key() .. next_position() - 2), -1 before
+  // either. A proposer that reads no hiddens keeps the whole context either way: 0.
+  int64_t first_key() const { return first_key_; }
 
  private:
   friend class DraftProposer;
   const DraftProposer* owner_ = nullptr;
   int64_t outstanding_ = -1;
   int64_t next_position_ = -1;
+  int64_t first_key_ = -1;
   int64_t last_position_ = -1;  // the position of the last propose()'s `last`
 };
 
@@ -98,6 +105,11 @@ class DraftProposer {
   // The prompt t_0..t_{P-1} (P >= 1) and, for a proposer that needs them, the target's P
   // hidden rows. Once per state, before the first propose().
   void prefill_drafter(ProposerState& state, std::span<const int32_t> prompt, ConstRows hidden);
+  // Drafter prefill off: the same start over `prompt`, without computing rows over it. A
+  // hidden-reading proposer then holds no rows for keys 0..P-2 and attends only over the rows
+  // it computes from propose's key P-1 on; one that reads no hiddens prefills as usual (it
+  // reads the tokens only). Once per state, instead of prefill_drafter().
+  void start_drafter(ProposerState& state, std::span<const int32_t> prompt);
   // Clears `drafts` and fills it with at most args.n drafts for positions position + 1 ...
   // A position below the proposer's context length rolls its context back to `position`
   // first (a rolled-back sequence); one above it is an error (catchup() first).
@@ -116,6 +128,9 @@ class DraftProposer {
   virtual std::unique_ptr<ProposerState> do_alloc_state() = 0;
   virtual void do_prefill(ProposerState& state, std::span<const int32_t> prompt,
                           ConstRows hidden) = 0;
+  // start_drafter's: the default prefills a proposer that reads no hiddens and refuses one
+  // that does (it must say where its rows start).
+  virtual void do_start(ProposerState& state, std::span<const int32_t> prompt);
   virtual void do_propose(const ProposeArgs& args, std::vector<int32_t>& drafts) = 0;
   virtual void do_propose_batch(std::span<const ProposeArgs> args,
                                 std::span<std::vector<int32_t>> drafts);
@@ -127,6 +142,8 @@ class DraftProposer {
  private:
   void check_owned(const ProposerState& state, std::string_view call) const;
   void check_hidden(ConstRows hidden, int64_t rows, std::string_view call) const;
+  void check_start(const ProposerState& state, std::span<const int32_t> prompt,
+                   std::string_view call) const;
   void check_propose(const ProposeArgs& args) const;
   void after_propose(const ProposeArgs& args, std::vector<int32_t>& drafts) const;
 };

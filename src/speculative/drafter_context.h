@@ -1,9 +1,12 @@
 #pragma once
 // What a drafter may see of a sequence's context before drafting (issue 23, item 5):
 //  - prefill: the drafter's KV is batch-prefilled over the prompt from the target's prompt
-//    hidden states (off: the drafter starts from the first generated token).
+//    hidden states. Off: it computes no rows over the prompt — its first row is key P - 1 (the
+//    first generated token with the prompt's last hidden, draft_proposer.h's numbering), then
+//    the rows of what is decoded; it attends over those only, and drafts accept less often.
 //  - carry (`mtp_carry`): a session's next turn adopts the previous turn's drafter rows and
-//    prefills only the new span (mtp_carry.h).
+//    prefills only the new span (mtp_carry.h). Its rows must begin at key 0, so a turn run
+//    without prefill leaves none: the next turn reads kNoHiddens.
 // Both are on by default. Each switch is set by a flag or an environment variable, whose value
 // is "1" (on) or "0" (off); any other value — "true", "yes", " 1", the empty string — is an
 // error naming the flag or variable, never silently read as either. A flag beats the

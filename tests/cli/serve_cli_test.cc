@@ -41,7 +41,7 @@ TEST(ServeCli, BadSpeculativeFlagsAreRefused) {
 }
 
 // The drafter-context switches: only "1" and "0" read, from a flag or the environment (a flag
-// beats it); a drafter without its prompt prefill is refused, not silently run.
+// beats it); "off", the empty string are errors naming the flag or variable, never read as 0.
 TEST(ServeCli, DrafterContextSwitchesReadOnlyOneOrZero) {
   const std::vector<std::string> base = {"--model", "models/demo",   "--port",
                                          "0",       "--speculative", "ngram"};
@@ -62,9 +62,18 @@ TEST(ServeCli, DrafterContextSwitchesReadOnlyOneOrZero) {
   EXPECT_NE(env.out.find("METRALE_MTP_CARRY: expected \"1\" (on) or \"0\" (off), found 'true'"),
             std::string::npos)
       << env.out;
-  const CliRun prefill = with({"--drafter-prefill", "0"});
+  const CliRun prefill = with({"--drafter-prefill", "off"});
   EXPECT_NE(prefill.status, 0);
-  EXPECT_NE(prefill.out.find("--drafter-prefill 0"), std::string::npos) << prefill.out;
+  EXPECT_NE(prefill.out.find("--drafter-prefill: expected \"1\" (on) or \"0\" (off), found 'off'"),
+            std::string::npos)
+      << prefill.out;
+  ::setenv("METRALE_DRAFTER_PREFILL", "", 1);
+  const CliRun empty = with({});
+  ::unsetenv("METRALE_DRAFTER_PREFILL");
+  EXPECT_NE(empty.status, 0);
+  EXPECT_NE(empty.out.find("METRALE_DRAFTER_PREFILL: expected \"1\" (on) or \"0\" (off), found ''"),
+            std::string::npos)
+      << empty.out;
 }
 
 }  // namespace

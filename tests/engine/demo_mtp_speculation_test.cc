@@ -114,6 +114,86 @@ TEST(DemoMtp, DraftsChangeNoTokenAndAreAccepted) {
   }
 }
 
+// Drafter prefill off (SpeculationOptions::drafter_prefill, `--drafter-prefill 0`): the drafter
+// computes no rows over the prompt — its first is key P - 1 (the first generated token and the
+// prompt's last hidden), then the rows of what is decoded — so it drafts from less context and
+// accepts less, but greedy output is still plain decoding's, alone, in a batch and in a continued
+// conversation (which needs no carry: only the last prompt row's hidden is read).
+TEST(DemoMtp, WithoutDrafterPrefillTheOutputIsUnchanged) {
+  auto m = load();
+  const Tokenizer& tok = *m->tokenizer();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* p : kPrompts) prompts.push_back(tok.encode(p, true));
+  auto drafter = MtpProposer::load(*m);
+  const MtpProposer* d = drafter.get();
+  int64_t lowest = -1;  // the lowest key computed since the last reset
+  drafter->set_trace(
+      [&](const speculative::ProposerState&, int64_t key, const float*, const float*) {
+        if (lowest < 0 || key < lowest) lowest = key;
+      });
+  constexpr int64_t kDrafts = 3;
+  GenerateOptions o = greedy();
+  o.speculation = {.proposer = std::move(drafter),
+                   .ladder = speculative::DraftLadder::constant(kDrafts),
+                   .drafter_prefill = false};
+  SpeculationCounts alone;
+  std::vector<std::vector<int32_t>> plain;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Session p(*m);
+    plain.push_back(p.generate(prompts[i], greedy()).tokens);
+    Session s(*m);
+    lowest = -1;
+    const GenerateResult r = s.generate(prompts[i], o);
+    EXPECT_EQ(r.tokens, plain[i]) << kPrompts[i];
+    EXPECT_EQ(lowest, static_cast<int64_t>(prompts[i].size()) - 1)
+        << kPrompts[i] << ": the drafter computed a row over the prompt";
+    alone += r.speculation;
+  }
+  expect_consistent(alone, kDrafts);
+  EXPECT_GT(alone.drafted, 0);
+  EXPECT_GT(alone.accepted, 0);
+  const double share = static_cast<double>(alone.accepted) /
+                       static_cast<double>(std::max<int64_t>(alone.drafted, 1));
+  // Measured (x86-64, this build), K = 3: 126 of 176 drafts (0.72, 2.10 per verify step) without
+  // prefill, against 131 of 161 (0.81, 2.38 per step) with it.
+  EXPECT_GE(share, 0.5) << alone.accepted << " of " << alone.drafted << " drafts accepted";
+  EXPECT_GE(static_cast<double>(alone.accepted) /
+                static_cast<double>(std::max<int64_t>(alone.verify_steps, 1)),
+            1.2)
+      << alone.accepted << " accepted in " << alone.verify_steps << " verify steps";
+  std::printf(
+      "drafter prefill off, K = %lld: %lld verify steps, %lld drafted, %lld accepted (%.3f)\n",
+      static_cast<long long>(kDrafts), static_cast<long long>(alone.verify_steps),
+      static_cast<long long>(alone.drafted), static_cast<long long>(alone.accepted), share);
+  const std::vector<GenerateResult> batch = generate_batch(*m, prompts, o);
+  SpeculationCounts together;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(batch[i].tokens, plain[i]) << kPrompts[i] << ", batch";
+    together += batch[i].speculation;
+  }
+  EXPECT_EQ(together.drafted, alone.drafted);
+  EXPECT_EQ(together.accepted, alone.accepted);
+
+  // A continued conversation speculates too, with no carry to adopt.
+  {
+    const std::vector<int32_t> turn2 = tok.encode("\nAnd Moses said unto the LORD,", false);
+    Session plain_chat(*m);
+    plain_chat.generate(prompts[0], greedy());
+    const GenerateResult want2 = plain_chat.generate(turn2, greedy());
+    Session chat(*m);
+    chat.generate(prompts[0], o);
+    const auto before = static_cast<int64_t>(chat.sequence().tokens.size());
+    lowest = -1;
+    const GenerateResult got2 = chat.generate(turn2, o);
+    EXPECT_EQ(got2.tokens, want2.tokens);
+    EXPECT_EQ(chat.carry_rows_adopted(), 0);
+    EXPECT_EQ(lowest, before + static_cast<int64_t>(turn2.size()) - 1);
+    EXPECT_GT(got2.speculation.drafted, 0);
+  }
+  EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages()) << "target pages leaked";
+  EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << "drafter pages leaked";
+}
+
 // MTP carry in a Session (engine/session.h): the second turn adopts the drafter rows of the
 // first (its keys 0 .. before - 2, before = the tokens the sequence held) and computes rows only
 // from the carried span's end on; both turns' greedy output is what plain decoding gives.

@@ -428,7 +428,8 @@ TEST(Speculation, BadOptionsAreClearErrors) {
 
 // The checkpoint's MTP layer as the drafter (engine/mtp_proposer.h): greedy output unchanged
 // token for token, the drafter fed the target's hidden rows through prefill, verify and
-// catch-up, and every page (the target's and the drafter's) back after.
+// catch-up, and every page (the target's and the drafter's) back after — with the drafter
+// prefilled over the prompt and without (drafter_prefill off: its rows start at key P - 1).
 class MtpGreedyIdentity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MtpGreedyIdentity, MtpDraftsChangeNoToken) {
@@ -436,18 +437,22 @@ TEST_P(MtpGreedyIdentity, MtpDraftsChangeNoToken) {
   const std::vector<int32_t> prompt = {5, 9, 5, 9, 5, 9, 5, 11, 3};
   constexpr int64_t kTokens = 40;
   const GenerateResult plain = run(*m, prompt, greedy(kTokens));
-  GenerateOptions o = greedy(kTokens);
-  auto drafter = MtpProposer::load(*m);
-  const MtpProposer* d = drafter.get();
-  o.speculation = {.proposer = std::move(drafter), .ladder = speculative::DraftLadder::constant(3)};
-  const GenerateResult spec = run(*m, prompt, o);
   ASSERT_EQ(plain.tokens.size(), static_cast<size_t>(kTokens));
-  EXPECT_EQ(spec.tokens, plain.tokens);
-  EXPECT_EQ(spec.stop, plain.stop);
-  EXPECT_GT(spec.speculation.drafted, 0);
-  EXPECT_GE(spec.speculation.drafted, spec.speculation.accepted);
-  EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages()) << "target pages leaked";
-  EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << "drafter pages leaked";
+  for (const bool prefill : {true, false}) {
+    GenerateOptions o = greedy(kTokens);
+    auto drafter = MtpProposer::load(*m);
+    const MtpProposer* d = drafter.get();
+    o.speculation = {.proposer = std::move(drafter),
+                     .ladder = speculative::DraftLadder::constant(3),
+                     .drafter_prefill = prefill};
+    const GenerateResult spec = run(*m, prompt, o);
+    EXPECT_EQ(spec.tokens, plain.tokens) << "drafter prefill " << prefill;
+    EXPECT_EQ(spec.stop, plain.stop);
+    EXPECT_GT(spec.speculation.drafted, 0);
+    EXPECT_GE(spec.speculation.drafted, spec.speculation.accepted);
+    EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages()) << "target pages leaked";
+    EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << "drafter pages leaked";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpGreedyIdentity,

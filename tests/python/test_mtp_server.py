@@ -57,6 +57,8 @@ class MtpServerTest(unittest.TestCase):
                           chat_template=None)
         cls.no_carry = Server(*FLAGS, "--speculative", "mtp", "--mtp-carry", "0", model=model,
                               chat_template=None)
+        cls.no_prefill = Server(*FLAGS, "--speculative", "mtp", "--drafter-prefill", "0",
+                                model=model, chat_template=None)
 
     @classmethod
     def tearDownClass(cls):
@@ -64,6 +66,7 @@ class MtpServerTest(unittest.TestCase):
             assert cls.plain.stop() == 0
             assert cls.spec.stop() == 0
             assert cls.no_carry.stop() == 0
+            assert cls.no_prefill.stop() == 0
         finally:
             cls.dir.cleanup()
 
@@ -132,6 +135,23 @@ class MtpServerTest(unittest.TestCase):
         self.assertEqual(labelled(self.no_carry)[adopted], 0)
         with self.assertRaises(openai.BadRequestError):
             self.complete(self.spec, first, extra_body={"session_id": 7})
+
+    def test_without_drafter_prefill_replies_are_unchanged(self):
+        # --drafter-prefill 0: the drafter starts at each prompt's last token; it still drafts,
+        # computes no prompt rows, and a session's next turn finds no rows to adopt (no_hiddens).
+        first = prompts()[2]
+        one = self.complete(self.no_prefill, first, extra_body={"session_id": "c"})
+        self.assertEqual(self.tokens(one), self.tokens(self.complete(self.plain, first)))
+        ids = self.plain.post("/tokenize", {"content": one.choices[0].text})["tokens"]
+        second = first + ids + [7, 8, 9, 10]
+        two = self.complete(self.no_prefill, second, extra_body={"session_id": "c"})
+        self.assertEqual(self.tokens(two), self.tokens(self.complete(self.plain, second)))
+        d = two.usage.completion_tokens_details
+        self.assertGreater(d.accepted_prediction_tokens + d.rejected_prediction_tokens, 0)
+        m = labelled(self.no_prefill)
+        self.assertEqual(m['metrale_mtp_carry_total{outcome="no_hiddens"}'], 1)
+        self.assertEqual(m['metrale_mtp_carry_total{outcome="adopted"}'], 0)
+        self.assertEqual(m["metrale_drafter_prefill_rows_total"], 0)
 
 
 if __name__ == "__main__":

@@ -281,5 +281,51 @@ TEST(SchedulerMtpCarry, EachOutcomeIsCounted) {
   EXPECT_EQ(mtp.drafter->kv_pool().free_pages(), mtp.drafter->kv_pool().n_pages());
 }
 
+// Drafter prefill off (SpeculationOptions::drafter_prefill): each stream's drafter starts at its
+// prompt's last key, so the scheduler asks no prompt logits but the last row's, a speculating
+// stream attaches the cached prefix of an earlier request, and a session's record holds no
+// drafter rows (its next request reads kNoHiddens). The output is still each request's alone.
+TEST(SchedulerMtpNoPrefill, OutputUnchangedAndCachedPrefixesAttached) {
+  using speculative::CarryOutcome;
+  auto model = load("deepseek_v3_mtp_bf16");
+  const std::vector<ServeRequest> reqs = requests(24);
+  std::vector<GenerateResult> want;
+  for (const ServeRequest& r : reqs) want.push_back(alone(*model, r));
+  Mtp mtp(*model);
+  mtp.options.drafter_prefill = false;
+  {
+    Scheduler sched(
+        *model,
+        {.max_seqs = 3, .prefill_chunk = 7, .speculation = mtp.options, .carry_tokens = 1024});
+    std::vector<std::shared_ptr<ServeStream>> streams;
+    for (const ServeRequest& r : reqs) streams.push_back(sched.submit(r));
+    int64_t drafted = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Outcome got = drain(*streams[i]);
+      EXPECT_EQ(got.tokens, want[i].tokens) << "request " << i;
+      drafted += got.usage.draft_tokens;
+    }
+    EXPECT_GT(drafted, 0);
+    EXPECT_EQ(settled(sched).drafter_prefill_rows, 0);
+    // The same prompt again: its cached pages are attached, and it still drafts.
+    const Outcome again = drain(*sched.submit(reqs[3]));
+    EXPECT_EQ(again.tokens, want[3].tokens);
+    EXPECT_GT(again.usage.cached_tokens, 0);
+    EXPECT_GT(again.usage.draft_tokens, 0);
+    // A session's turns: nothing carried, and the record says why.
+    ServeRequest t1 = turn(reqs[1].prompt, "s");
+    const Outcome r1 = drain(*sched.submit(t1));
+    t1.prompt.insert(t1.prompt.end(), r1.tokens.begin(), r1.tokens.end());
+    t1.prompt.push_back(42);
+    drain(*sched.submit(t1));
+    const SchedulerStats st = settled(sched);
+    EXPECT_EQ(outcome(st, CarryOutcome::kNoHiddens), 1);
+    EXPECT_EQ(outcome(st, CarryOutcome::kAdopted), 0);
+    EXPECT_EQ(st.carry_rows_adopted, 0);
+    EXPECT_EQ(st.carry_rows_held, 0);
+  }
+  EXPECT_EQ(mtp.drafter->kv_pool().free_pages(), mtp.drafter->kv_pool().n_pages());
+}
+
 }  // namespace
 }  // namespace metrale

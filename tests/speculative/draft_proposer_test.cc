@@ -240,5 +240,32 @@ TEST(DraftProposer, BatchUsesAProposersOwnBatchedForm) {
   EXPECT_EQ(static_cast<ScriptState&>(*s0).calls, (std::vector<std::string>{"prefill 3"}));
 }
 
+// start_drafter (drafter prefill off): a proposer that reads no hiddens prefills as usual and
+// holds the whole context (first_key 0); one that reads them and builds no do_start is refused,
+// naming the call; a started state cannot be prefilled again.
+TEST(DraftProposerStart, WithoutPrefill) {
+  ScriptProposer tokens(false);
+  auto s = tokens.alloc_state();
+  EXPECT_EQ(s->first_key(), -1);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  tokens.start_drafter(*s, prompt);
+  EXPECT_EQ(s->next_position(), 4);
+  EXPECT_EQ(s->first_key(), 0);
+  EXPECT_EQ(static_cast<ScriptState&>(*s).calls, std::vector<std::string>{"prefill 4"});
+  EXPECT_NE(error_of([&] { tokens.prefill_drafter(*s, prompt, {}); }).find("already prefilled"),
+            std::string::npos);
+  tokens.free_state(*s);
+
+  ScriptProposer hidden(true);
+  auto h = hidden.alloc_state();
+  EXPECT_NE(error_of([&] {
+              hidden.start_drafter(*h, prompt);
+            }).find("script proposer: start_drafter: drafting without a prefill"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { hidden.start_drafter(*h, {}); }).find("start_drafter: empty prompt"),
+            std::string::npos);
+  hidden.free_state(*h);
+}
+
 }  // namespace
 }  // namespace metrale::speculative

@@ -14,6 +14,7 @@
 #include "serve/prefix_cache.h"
 #include "serve/scheduler.h"
 #include "support/test_support.h"
+#include "test_floor.h"
 
 namespace metrale {
 namespace {
@@ -21,13 +22,10 @@ namespace {
 using test::error_of;
 
 constexpr int64_t kPage = 16;
-constexpr int64_t kFloor = 32;
+constexpr int64_t kFloor = serve_test::kHybridFloor;
 
 // Every test starts here, before it makes a cache.
-void use_test_floor() {
-  static const bool once = (set_marconi_min_tokens(kFloor), true);
-  (void)once;
-}
+void use_test_floor() { serve_test::use_hybrid_test_floor(); }
 
 std::unique_ptr<Model> load(int64_t snapshots = 2) {
   LoadOptions o;
