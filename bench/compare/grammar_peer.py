@@ -90,20 +90,20 @@ import run as compare  # noqa: E402  (bench/compare/run.py: build, machine and g
 import serve_bench as sb  # noqa: E402  (servers, streaming requests, binaries, versions)
 from random_qwen3 import random_qwen3  # noqa: E402
 
-CHAT_TEMPLATE = Path(__file__).resolve().parent / "content_only.jinja"
+CHAT_TEMPLATE = Path(__file__).resolve().parent / "chatml.jinja"  # metrale's copy of chatml
 SCHEMA = {"type": "object", "properties": {"verse": {"type": "string"}},
           "required": ["verse"], "additionalProperties": False}
 SCHEMA_BOUNDED = {"type": "object", "properties": {"verse": {"type": "string", "maxLength": 24}},
                   "required": ["verse"], "additionalProperties": False}
-# One prompt per concurrent request (the demo model writes King James English after them).
-# With them neither model's greedy constrained reply closed the string within 128 tokens on
-# metrale ("Blessed are the meek" led random-qwen3 seed 0 to `"}` after 20 tokens, and was
-# replaced); every reply is checked anyway.
-PROMPTS = ["And God said", "In the beginning", "The LORD is my shepherd", "And it came to pass",
-           "Blessed is the man", "Then Moses spake", "Hear, O Israel", "And Jesus answered",
-           "Now the serpent was", "Thus saith the LORD", "And the earth was",
-           "Praise ye the LORD", "Behold, I send", "And David said", "For God so loved",
-           "Let there be light"]
+# One prompt per concurrent request: the first 16 of 44 King James openings with which neither
+# engine's greedy constrained reply on random-qwen3 (seed 0) closed the string within 128
+# tokens (one request at a time); the other 15 closed it after 7 to 64 tokens on one engine or
+# both (the demo model never writes a double quote). Every reply is checked anyway (short).
+PROMPTS = ["In the beginning", "The LORD is my shepherd", "And it came to pass",
+           "And Jesus answered", "Thus saith the LORD", "Praise ye the LORD", "Behold, I send",
+           "For God so loved", "Let there be light", "Blessed are the meek",
+           "The heavens declare", "Comfort ye my people", "Give ear, O ye heavens",
+           "Vanity of vanities", "Love thy neighbour", "Seek ye first the kingdom"]
 CTX_EXTRA = 128  # per-slot context beyond --tokens (the prompt and a margin)
 RANDOM_QWEN3 = "random-qwen3"
 MODES = ("plain", "constrained")
@@ -236,7 +236,8 @@ def batch(srv: sb.Server, eng: sb.Engines, engine: str, concurrency: int, tokens
     def client(i: int) -> None:
         barrier.wait()
         results[i] = chat(srv, chat_body(eng, engine, srv.model_id, PROMPTS[i % len(PROMPTS)],
-                                         tokens, schema, stream=stream), timeout)
+                                         tokens, schema, ignore_eos=not constrained,
+                                         stream=stream), timeout)
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True)
                for i in range(concurrency)]
@@ -444,13 +445,12 @@ def main() -> None:
     models = [m for m in args.models.split(",") if m]
     seqs = max(args.concurrency)
     ctx = args.tokens + CTX_EXTRA
-    # serve_bench.Engines reads kv_budget and the extra flags from args; the chat template
-    # goes to both servers
+    # serve_bench.Engines reads kv_budget and the extra flags from args; both servers render
+    # ChatML (see the docstring: llama-server's legacy template path, not its Jinja one)
     args.kv_budget = None
     args.metrale_args = shlex.join(["--chat-template", str(CHAT_TEMPLATE)]) + " " + \
         args.metrale_args
-    args.llama_args = shlex.join(["--jinja", "--chat-template-file", str(CHAT_TEMPLATE)]) + \
-        " " + args.llama_args
+    args.llama_args = "--no-jinja --chat-template chatml " + args.llama_args
 
     modules, debian = ["jsonschema"], []
     if "llama.cpp" in engines:
