@@ -20,10 +20,13 @@ The schema (SCHEMA): an object with one free string, {"verse": string}, no other
 A model writing inside the string can go on for as long as the budget allows (the demo model
 writes King James text, which has no double quote; the random model's greedy pick closes the
 string only if its argmax over the allowed ids lands on one of the few ids that start with a
-quote and fit the grammar; see PROMPTS). Every request decodes exactly --tokens tokens: `ignore_eos: true`
-and the budget ends the reply inside the string, so both engines do the same steps in both
-modes; each reply's usage.completion_tokens and finish_reason ("length") are checked, and a
-reply that ends otherwise is counted in the table (`short`).
+quote and fit the grammar; see PROMPTS). Every request decodes exactly --tokens tokens: plain
+ones with `ignore_eos: true`; constrained ones end inside the string, where the grammar allows
+no eos, so the budget ends them too (they leave ignore_eos off: llama-server bans eos under
+ignore_eos, and a document that closed early then left no token its grammar allowed, which it
+answered with a 500). Both engines thus do the same steps in both modes; each reply's
+usage.completion_tokens and finish_reason ("length") are checked, and a reply that ends
+otherwise is counted in the table (`short`).
 
 Validation of every constrained reply (both engines): a reply cut by the budget is a prefix
 of a document, so it is checked strictly as one: the shortest closing (one of `""`, `"}"`,
@@ -51,11 +54,16 @@ a mode / all tokens generated in them (threads that spin while waiting count too
 
 Server flags (serve_bench.Engines, all recorded in results.json): metrale serve --model DIR
 --host 127.0.0.1 --port P --threads T --max-seqs 16 --compute bf16 --kv-tokens 17 x ctx
---chat-template bench/compare/content_only.jinja; llama-server -m GGUF --host 127.0.0.1 --port P
+--chat-template bench/compare/chatml.jinja; llama-server -m GGUF --host 127.0.0.1 --port P
 --threads T --threads-batch T --parallel 16 -c 16 x ctx --cont-batching -lm none --metrics
---jinja --chat-template-file bench/compare/content_only.jinja; ctx = --tokens + 128. Both get
-the same template, which renders the messages' contents only. Requests: temperature 0,
-ignore_eos, max_tokens --tokens, not streamed (the reply and its usage block in one response,
+--no-jinja --chat-template chatml; ctx = --tokens + 128. Both render ChatML (the prompt token
+counts in results.json agree). llama-server's legacy (non-Jinja) template path is deliberate:
+there its response_format becomes json_schema_to_grammar's grammar of the schema and the reply's
+content is the generated text; on its Jinja path (this version's default) the schema is wrapped
+in its response-format parser (free whitespace before the document, an optional json fence),
+the demo model spent its whole budget on that whitespace, and a reply cut by the budget comes
+back as the part that parser accepted, not the text. Requests: temperature 0, max_tokens
+--tokens, not streamed (the reply and its usage block in one response,
 so the Python client's work per token does not dilute the figures; --stream streams them, with
 include_usage), llama-server also cache_prompt (its default).
 
