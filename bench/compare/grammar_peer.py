@@ -362,8 +362,8 @@ def markdown(results: dict) -> str:
     met = (cfg.get("metrale") or {}).get("git") or {}
     lines = [f"    {results['command']}", "",
              f"{cfg['threads']} thread(s) per server, 16 sequences each (metrale --max-seqs 16, "
-             f"llama-server --parallel 16); {cfg['tokens']} tokens per request (ignore_eos, "
-             f"greedy); {cfg['rounds']} round(s) x {cfg['passes']} pass(es); schema "
+             f"llama-server --parallel 16); {cfg['tokens']} tokens per request, greedy (plain: "
+             f"ignore_eos; constrained: the budget ends them inside the string); {cfg['rounds']} round(s) x {cfg['passes']} pass(es); schema "
              f"`{json.dumps(SCHEMA, separators=(',', ':'))}`; metrale "
              f"{(met.get('commit') or '?')[:10]}"
              + (" (modified)" if met.get("modified_files") else "")
