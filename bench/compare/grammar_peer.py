@@ -114,6 +114,7 @@ PROMPTS = ["In the beginning", "The LORD is my shepherd", "And it came to pass",
            "Vanity of vanities", "Love thy neighbour", "Seek ye first the kingdom"]
 CTX_EXTRA = 128  # per-slot context beyond --tokens (the prompt and a margin)
 RANDOM_QWEN3 = "random-qwen3"
+CHECK_TOKENS = 64  # at least this budget for the complete-document checks (24 characters + {})
 MODES = ("plain", "constrained")
 
 
@@ -461,10 +462,13 @@ def main() -> None:
     args.llama_args = "--no-jinja --chat-template chatml " + args.llama_args
 
     modules, debian = ["jsonschema"], []
+    for m in models:
+        if m not in ("demo", RANDOM_QWEN3) and not make_random_checkpoint.is_ready(
+                compare.shape_arg(m), args.cache_dir / "checkpoints", args.seed):
+            modules += make_random_checkpoint.python_needs(compare.shape_arg(m))
     if "llama.cpp" in engines:
         if not llama_cpp_peer.sdist_path(args.cache_dir).is_file():
             modules.append("pip")
-        modules += prereqs.GGUF_CONVERSION
         if not args.no_build and not llama_cpp_peer.server_tool_path(args.cache_dir).is_file():
             debian += list(prereqs.BUILD_TOOLS.values())
     if "metrale" in engines and not args.no_build and \
@@ -478,6 +482,9 @@ def main() -> None:
         ensure_xgrammar()
     metrale, llama_server, lsrc = sb.prepare_binaries(args, engines, failures)
     dirs = {m: model_dir(m, args.cache_dir, args.seed) for m in models}
+    if "llama.cpp" in engines and any(
+            not llama_cpp_peer.gguf_path(args.cache_dir, d, "bf16").is_file() for d in dirs.values()):
+        prereqs.ensure(prereqs.GGUF_CONVERSION, [], install=not args.no_install)
     ggufs = {m: llama_cpp_peer.ensure_gguf(args.cache_dir, lsrc, d, "bf16")
              if "llama.cpp" in engines else None for m, d in dirs.items()}
     eng = sb.Engines(args, metrale, llama_server)
@@ -526,7 +533,8 @@ def main() -> None:
                             raise RuntimeError(f"warm-up failed: {w['error']}")
                     if p == 0 and args.check_requests > 0:
                         cc = completion_checks(srv, eng, engine, args.check_requests,
-                                               args.tokens, args.request_timeout)
+                                               max(args.tokens, CHECK_TOKENS),
+                                               args.request_timeout)
                         results["completion_checks"].append({"model": model, "engine": engine,
                                                              **cc})
                     rec["batches"] = []
