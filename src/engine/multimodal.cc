@@ -131,6 +131,11 @@ MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int3
                   "media item ", i, ": patches of ", it.patch_dim, " values merged by ",
                   it.merge_size, "; the vision tower takes ", vc.patch_dim(), " merged by ",
                   vc.spatial_merge_size);
+    // GLM-4V writes a video as frames of image tokens between <|begin_of_video|> and
+    // <|end_of_video|> with timestamps (processing_glm4v.py); not built yet.
+    METRALE_CHECK(it.kind != vision::VisionKind::kVideo || vc.tower != VisionTowerKind::kGlm4v,
+                  "media item ", i, ": videos through ", model.config().model_type,
+                  " are not supported yet (images are)");
     if (it.kind == vision::VisionKind::kVideo) {
       // processing_qwen2_5_vl.py's second_per_grid_ts (only Qwen2.5-VL's rope reads it).
       seconds.push_back(vision::second_per_grid(it.frame_indices, it.total_frames, it.fps,
@@ -185,7 +190,7 @@ MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int3
 
 int64_t encode_multimodal_prompt(Model& model, MultimodalPrompt& p,
                                  std::span<const vision::VisionItem> items, VisionEmbedCache* cache,
-                                 std::span<const uint64_t> hashes) {
+                                 std::span<const uint64_t> hashes, int64_t from) {
   VisionEncoder* enc = model.vision();
   METRALE_CHECK(enc != nullptr, model.config().source, ": no vision tower");
   METRALE_CHECK(cache == nullptr || hashes.size() == items.size(),
@@ -196,15 +201,32 @@ int64_t encode_multimodal_prompt(Model& model, MultimodalPrompt& p,
   const int64_t H = enc->out_cols();
   METRALE_CHECK(H == model.injected_cols(), "vision encoder: rows of ", H,
                 " features; the language model takes ", model.injected_cols());
+  if (p.encoded.size() != items.size()) {
+    p.encoded.assign(items.size(), false);
+    p.embeds.assign(p.embed_rows.size() * static_cast<size_t>(H), 0.0f);
+  }
+  // Item i's rows of embeds start at `first[i]` (rows are in item order).
+  std::vector<size_t> first(items.size() + 1, 0);
+  for (size_t i = 0; i < items.size(); ++i) {
+    first[i + 1] = first[i] + static_cast<size_t>(items[i].n_tokens());
+  }
+  METRALE_CHECK(first.back() == p.embed_rows.size(), "encode_multimodal_prompt: the items hold ",
+                first.back(), " placeholder rows; the prompt has ", p.embed_rows.size());
+  auto rows_of = [&](size_t i) {
+    return p.embeds.begin() + static_cast<ptrdiff_t>(first[i] * static_cast<size_t>(H));
+  };
   // The items the cache lacks go through the tower in one pass; their rows are in item order.
   std::vector<std::array<int64_t, 3>> grids;
   std::vector<float> pixels;
   std::vector<size_t> missed;
-  std::vector<std::vector<float>> hit(items.size());  // copies: a put below may evict
   int64_t patches = 0;
   for (size_t i = 0; i < items.size(); ++i) {
+    if (p.encoded[i] || first[i + 1] == first[i] || p.embed_rows[first[i + 1] - 1] < from) {
+      continue;
+    }
     if (const std::vector<float>* got = cache ? cache->find(hashes[i]) : nullptr) {
-      hit[i] = *got;
+      std::copy(got->begin(), got->end(), rows_of(i));
+      p.encoded[i] = true;
       continue;
     }
     missed.push_back(i);
@@ -212,28 +234,20 @@ int64_t encode_multimodal_prompt(Model& model, MultimodalPrompt& p,
     pixels.insert(pixels.end(), items[i].pixels.begin(), items[i].pixels.end());
     patches += items[i].n_patches();
   }
+  if (missed.empty()) return 0;
   std::vector<float> fresh(static_cast<size_t>(patches / vc.merge_rows() * H));
-  if (!missed.empty()) {
-    enc->encode(grids, ConstRows{pixels.data(), patches, vc.patch_dim(), vc.patch_dim()},
-                Rows{fresh.data(), patches / vc.merge_rows(), H, H});
-  }
-  p.embeds.clear();
-  p.embeds.reserve(p.embed_rows.size() * static_cast<size_t>(H));
-  size_t m = 0, at = 0;  // the next missed item, and its first value in `fresh`
-  for (size_t i = 0; i < items.size(); ++i) {
+  enc->encode(grids, ConstRows{pixels.data(), patches, vc.patch_dim(), vc.patch_dim()},
+              Rows{fresh.data(), patches / vc.merge_rows(), H, H});
+  size_t at = 0;  // the next missed item's first value in `fresh`
+  for (size_t i : missed) {
     const auto n = static_cast<size_t>(items[i].n_tokens() * H);
-    if (m < missed.size() && missed[m] == i) {
-      p.embeds.insert(p.embeds.end(), fresh.begin() + static_cast<ptrdiff_t>(at),
-                      fresh.begin() + static_cast<ptrdiff_t>(at + n));
-      if (cache != nullptr) {
-        cache->put(hashes[i], std::vector<float>(fresh.begin() + static_cast<ptrdiff_t>(at),
-                                                 fresh.begin() + static_cast<ptrdiff_t>(at + n)));
-      }
-      at += n;
-      ++m;
-    } else {
-      p.embeds.insert(p.embeds.end(), hit[i].begin(), hit[i].end());
+    const auto begin = fresh.begin() + static_cast<ptrdiff_t>(at);
+    std::copy(begin, begin + static_cast<ptrdiff_t>(n), rows_of(i));
+    if (cache != nullptr) {
+      cache->put(hashes[i], std::vector<float>(begin, begin + static_cast<ptrdiff_t>(n)));
     }
+    p.encoded[i] = true;
+    at += n;
   }
   return static_cast<int64_t>(missed.size());
 }

@@ -22,6 +22,7 @@ struct MultimodalPrompt {
   int64_t rope_delta = 0;           // Sequence::rope_delta for the rows after the prompt
   std::vector<int32_t> embed_rows;  // ascending: the placeholder rows, in item order
   std::vector<float> embeds;        // [embed_rows, hidden] the tower's output for them
+  std::vector<bool> encoded;        // per item: its rows of `embeds` hold the tower's output
 };
 
 // The processor's placeholder expansion on token ids: each run of image (video) pad tokens in
@@ -73,12 +74,16 @@ class VisionEmbedCache {
 // embed rows; embeds left empty (encode_multimodal_prompt fills them).
 MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int32_t> ids,
                                         std::span<const vision::VisionItem> items);
-// Runs the tower over the items `cache` does not hold (one pass), filling p.embeds; returns
-// how many items were encoded. `hashes`: media_hash of each item (needed with a cache).
+// Fills p.embeds for the items not yet encoded whose placeholder rows reach row `from` or past
+// it (rows before `from` are already in the sequence's KV cache, a cached prefix: an item wholly
+// inside it needs no tower pass; its rows stay zero until a later call with a smaller `from`,
+// a preempted stream's recompute, needs them), running the tower once over those `cache` does
+// not hold; returns how many items went through the tower. `hashes`: media_hash of each item
+// (needed with a cache).
 int64_t encode_multimodal_prompt(Model& model, MultimodalPrompt& p,
                                  std::span<const vision::VisionItem> items,
                                  VisionEmbedCache* cache = nullptr,
-                                 std::span<const uint64_t> hashes = {});
+                                 std::span<const uint64_t> hashes = {}, int64_t from = 0);
 
 // `ids` already hold every item's placeholders (image_token_id / video_token_id, one per merged
 // patch, as the processor expands them); `items` are the preprocessed media in prompt order.

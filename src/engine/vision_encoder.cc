@@ -30,8 +30,8 @@ void VisionEncoder::encode(std::span<const std::array<int64_t, 3>> grids, ConstR
                            Rows out) {
   const VisionConfig& c = config();
   METRALE_CHECK(!grids.empty(), "vision encoder: no items");
-  const VisionPassLayout layout =
-      vision_pass_layout(grids, c.spatial_merge_size, tower_->window(), tower_->pos_side());
+  const VisionPassLayout layout = vision_pass_layout(grids, c.spatial_merge_size, tower_->window(),
+                                                     tower_->pos_side(), tower_->pos_bicubic());
   METRALE_CHECK(layout.n_rows <= max_patches(), "vision encoder: ", layout.n_rows,
                 " patches exceed the encoder's max_patches ", max_patches());
   METRALE_CHECK(pixels.n_rows == layout.n_rows && pixels.n_cols == c.patch_dim(),

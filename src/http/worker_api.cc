@@ -81,7 +81,8 @@ std::string metrics_text(const SchedulerStats& s, const HttpCounters& http,
            s.preemptions);
   e.metric("metrale_media_items_total", "counter", "Images and videos admitted.", s.media_items);
   e.metric("metrale_media_encoded_total", "counter",
-           "Images and videos the vision tower encoded (the rest came from its output cache).",
+           "Images and videos the vision tower encoded (the rest came from its output cache or "
+           "lay inside a cached prefix).",
            s.media_encoded);
   e.metric("metrale_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
            s.prompt_tokens);

@@ -58,6 +58,7 @@ std::unique_ptr<GqaAttention> GqaAttention::load(const ModelConfig& c, LayerKind
     a->q_norm_ = load_norm(l, c, p + "q_norm.weight", D);
     a->k_norm_ = load_norm(l, c, p + "k_norm.weight", D);
   }
+  a->pairs_ = c.rope.pairs_interleaved;
   a->shape_ = AttentionShape{.n_heads = c.n_heads,
                              .n_kv_heads = c.n_kv_heads,
                              .head_dim = D,
@@ -78,8 +79,8 @@ void GqaAttention::record(Graph& g, const BlockIo& io) const {
     q_norm_.record(g, q, q, D);
     k_norm_.record(g, k, k, D);
   }
-  g.add(node::Rope{.x = q, .n_heads = shape_.n_heads, .head_dim = D});
-  g.add(node::Rope{.x = k, .n_heads = shape_.n_kv_heads, .head_dim = D});
+  g.add(node::Rope{.x = q, .n_heads = shape_.n_heads, .head_dim = D, .pairs = pairs_});
+  g.add(node::Rope{.x = k, .n_heads = shape_.n_kv_heads, .head_dim = D, .pairs = pairs_});
   g.add(node::KvStore{.k = k, .v = v, .layer = io.layer});
   g.add(node::Attention{.q = q, .out = attn, .layer = io.layer, .shape = shape_});
   if (output_gate_) g.add(node::SigmoidMul{.gate = qkv.cols(Q, Q), .y = attn});
@@ -93,6 +94,7 @@ std::string GqaAttention::describe() const {
   if (!q_norm_.empty()) os << ", qk-norm";
   if (shape_.sliding_window > 0) os << ", window " << shape_.sliding_window;
   if (output_gate_) os << ", gated output";
+  if (pairs_) os << ", rope on adjacent pairs";
   if (qkv_.is_fused()) os << ", fused qkv";
   return os.str();
 }

@@ -4,9 +4,9 @@
 //   q|k|v = x Wqkv (+ b); q, k = per-head RMSNorm (qk-norm families); q, k = rope(q, k);
 //   store k, v; o = attention(q, cache) Wo
 // Variants are fields here: partial rope (the rope table's rotary_dim < head_dim rotates the
-// first rotary_dim values of each head) and the gated output of Qwen3-Next / Qwen3.5, where
-// q_proj emits per head [query | gate] and o = (attention * sigmoid(gate)) Wo. MLA is its own
-// Mixer.
+// first rotary_dim values of each head; GLM-4V rotates adjacent pairs there) and the gated output
+// of Qwen3-Next / Qwen3.5, where q_proj emits per head [query | gate] and o = (attention *
+// sigmoid(gate)) Wo. MLA is its own Mixer.
 #include <memory>
 #include <string>
 
@@ -48,6 +48,7 @@ class GqaAttention final : public Mixer {
   Norm k_norm_;  // [D]
   AttentionShape shape_;
   bool output_gate_ = false;
+  bool pairs_ = false;  // GLM-4V: rope rotates adjacent pairs (config.rope.pairs_interleaved)
 };
 
 }  // namespace metrale

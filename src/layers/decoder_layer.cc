@@ -16,12 +16,14 @@ void DecoderLayer::record(Graph& g, int32_t index, Residual& r) const {
     const Graph::Scope scope(g, "mixer");
     mixer_->record(g, {.x = x, .out = r.delta, .layer = index});
   }
+  if (!after_mixer_.empty()) after_mixer_.record(g, r.delta, r.delta);
   r.pending = true;
   add_and_norm(g, r, x, post_norm_);
   {
     const Graph::Scope scope(g, "ffn");
     ffn_->record(g, {.x = x, .out = r.delta, .layer = index});
   }
+  if (!after_ffn_.empty()) after_ffn_.record(g, r.delta, r.delta);
   r.pending = true;
 }
 

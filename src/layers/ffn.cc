@@ -18,7 +18,11 @@ std::unique_ptr<DenseFfn> DenseFfn::load(const ModelConfig& c, TensorLoader& l,
                                          const std::string& p, int64_t intermediate) {
   auto f = std::make_unique<DenseFfn>();
   const int64_t H = c.hidden_size, I = intermediate;
-  f->gate_up_ = load_linear(l, {p + "gate_proj", p + "up_proj"}, {I, I}, H, c.mlp_bias);
+  if (l.has(p + "gate_up_proj.weight")) {  // GLM-4 (Glm4vTextMLP): one [gate | up] tensor
+    f->gate_up_ = load_linear(l, p + "gate_up_proj", 2 * I, H, c.mlp_bias);
+  } else {
+    f->gate_up_ = load_linear(l, {p + "gate_proj", p + "up_proj"}, {I, I}, H, c.mlp_bias);
+  }
   f->down_ = load_linear(l, p + "down_proj", H, I, c.mlp_bias);
   f->act_ = activation_for(c);
   return f;

@@ -17,7 +17,8 @@ Activation activation_for(const ModelConfig& config);
 // down(act(gate(x)) * up(x)).
 class DenseFfn final : public Ffn {
  public:
-  // Reads prefix + {gate,up,down}_proj of width `intermediate`.
+  // Reads prefix + {gate,up,down}_proj of width `intermediate` (or prefix + gate_up_proj
+  // [2 intermediate, H], gate rows first, as GLM-4 ships it).
   static std::unique_ptr<DenseFfn> load(const ModelConfig& config, TensorLoader& loader,
                                         const std::string& prefix, int64_t intermediate);
 

@@ -60,10 +60,55 @@ void interpolation_taps(std::span<const std::array<int64_t, 3>> grids, int64_t s
   }
 }
 
+// GLM-4V's Glm4vVisionEmbeddings: F.grid_sample(table, grid, bicubic, align_corners=False,
+// border) at each patch's normalised centre ((i + 0.5) / size) * 2 - 1, unnormalised to
+// (g + 1) * side / 2 - 0.5 in the table's pixels; taps floor - 1 .. floor + 2 clamped into the
+// table (border padding clamps each tap), the 4 x 4 outer product of the axes' weights, h major.
+void bicubic_axis(int64_t i, int64_t size, int64_t side, std::array<int32_t, 4>& taps,
+                  std::array<float, 4>& weights) {
+  const float g = ((static_cast<float>(i) + 0.5f) / static_cast<float>(size)) * 2.0f - 1.0f;
+  const float x = (g + 1.0f) * (static_cast<float>(side) / 2.0f) - 0.5f;
+  const float fl = std::floor(x);
+  weights = bicubic_weights(x - fl);
+  for (int o = 0; o < 4; ++o) {
+    const auto raw = static_cast<int64_t>(fl) - 1 + o;
+    taps[static_cast<size_t>(o)] = static_cast<int32_t>(std::clamp<int64_t>(raw, 0, side - 1));
+  }
+}
+
+void bicubic_taps(std::span<const std::array<int64_t, 3>> grids, int64_t side,
+                  VisionPassLayout& p) {
+  p.pos_taps.reserve(static_cast<size_t>(p.n_rows * 16));
+  p.pos_weights.reserve(static_cast<size_t>(p.n_rows * 16));
+  size_t row = 0;
+  for (const auto& [t, h, w] : grids) {
+    for (int64_t r = 0; r < t * h * w; ++r, ++row) {
+      std::array<int32_t, 4> ht{}, wt{};
+      std::array<float, 4> hw{}, ww{};
+      bicubic_axis(p.positions3[row * 3 + 1], h, side, ht, hw);
+      bicubic_axis(p.positions3[row * 3 + 2], w, side, wt, ww);
+      for (size_t a = 0; a < 4; ++a)
+        for (size_t b = 0; b < 4; ++b) {
+          p.pos_taps.push_back(static_cast<int32_t>(ht[a] * side + wt[b]));
+          p.pos_weights.push_back(hw[a] * ww[b]);
+        }
+    }
+  }
+}
+
 }  // namespace
 
+std::array<float, 4> bicubic_weights(float t) {
+  // aten's get_cubic_upsample_coefficients: cubic_convolution2 for the outer taps (distance
+  // t + 1 and 2 - t), cubic_convolution1 for the inner ones (t and 1 - t).
+  constexpr float A = -0.75f;
+  auto inner = [](float x) { return ((A + 2.0f) * x - (A + 3.0f)) * x * x + 1.0f; };
+  auto outer = [](float x) { return ((A * x - 5.0f * A) * x + 8.0f * A) * x - 4.0f * A; };
+  return {outer(t + 1.0f), inner(t), inner(1.0f - t), outer(2.0f - t)};
+}
+
 VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grids, int64_t merge,
-                                    int64_t window, int64_t pos_side) {
+                                    int64_t window, int64_t pos_side, bool bicubic) {
   METRALE_CHECK(merge >= 1 && window >= 0 && pos_side >= 0, "vision pass: merge size ", merge,
                 ", window ", window, ", position table side ", pos_side);
   VisionPassLayout p;
@@ -96,7 +141,8 @@ VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grid
   p.row_index.resize(static_cast<size_t>(p.n_rows));
   for (int64_t r = 0; r < p.n_rows; ++r)
     p.row_index[static_cast<size_t>(r)] = static_cast<int32_t>(r);
-  if (pos_side > 0) interpolation_taps(grids, pos_side, p);
+  if (pos_side > 0 && bicubic) bicubic_taps(grids, pos_side, p);
+  if (pos_side > 0 && !bicubic) interpolation_taps(grids, pos_side, p);
   if (window == 0) return p;
   // get_vision_window_index: per item and temporal patch, the merged grid padded up to whole
   // windows (a full window more when it divides, as transformers pads), windows in row-major
@@ -152,8 +198,10 @@ int64_t VisionTower::pos_side() const {
 
 void VisionTower::norm(Graph& g, Tensor x, Tensor out, const DeviceFloats& w,
                        const DeviceFloats& b) const {
-  if (config_.tower == VisionTowerKind::kQwen2_5Vl) {  // Qwen2RMSNorm(eps=1e-6)
-    g.add(node::RmsNorm{.x = x, .out = out, .weight = w.data(), .eps = kLayerNormEps});
+  if (config_.tower == VisionTowerKind::kQwen2_5Vl || config_.tower == VisionTowerKind::kGlm4v) {
+    // Qwen2RMSNorm(eps=1e-6), Glm4vRMSNorm(rms_norm_eps)
+    g.add(node::RmsNorm{
+        .x = x, .out = out, .weight = w.data(), .eps = static_cast<float>(config_.norm_eps)});
   } else {
     g.add(node::LayerNorm{
         .x = x, .out = out, .weight = w.data(), .bias = b.data(), .eps = kLayerNormEps});
@@ -162,7 +210,8 @@ void VisionTower::norm(Graph& g, Tensor x, Tensor out, const DeviceFloats& w,
 
 std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoader& l,
                                                const std::string& p) {
-  const bool rms = c.tower == VisionTowerKind::kQwen2_5Vl;
+  const bool glm = c.tower == VisionTowerKind::kGlm4v;
+  const bool rms = c.tower == VisionTowerKind::kQwen2_5Vl || glm;
   const bool qwen3 = c.tower == VisionTowerKind::kQwen3Vl || c.tower == VisionTowerKind::kQwen3_5;
   auto t = std::unique_ptr<VisionTower>(new VisionTower());
   t->config_ = c;
@@ -173,11 +222,13 @@ std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoad
   const std::vector<float> conv =
       l.floats(embed, {W, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size});
   t->patch_embed_ = l.derived_matrix(embed, W, c.patch_dim(), conv);
-  if (qwen3) {
+  if (qwen3 || glm) {
     t->patch_bias_ = l.norm(p + "patch_embed.proj.bias", W);
     t->patch_embed_.bias = t->patch_bias_.data();
     t->patch_embed_.bias_dtype = DType::kF32;
-    t->pos_embed_ = l.device_floats(p + "pos_embed.weight", {c.num_position_embeddings, W});
+    t->pos_embed_ =
+        l.device_floats(p + (glm ? "embeddings.position_embedding.weight" : "pos_embed.weight"),
+                        {c.num_position_embeddings, W});
   }
   for (int64_t i = 0; i < c.depth; ++i) {
     const std::string b = p + "blocks." + std::to_string(i) + ".";
@@ -188,12 +239,12 @@ std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoad
       blk.norm1_b = l.norm(b + "norm1.bias", W);
       blk.norm2_b = l.norm(b + "norm2.bias", W);
     }
-    blk.qkv = l.linear(b + "attn.qkv", 3 * W, W, true);
-    blk.proj = l.linear(b + "attn.proj", W, W, true);
-    if (rms) {
-      blk.fc1 = l.linear(b + "mlp.gate_proj", c.mlp_width, W, true);
-      blk.up = l.linear(b + "mlp.up_proj", c.mlp_width, W, true);
-      blk.fc2 = l.linear(b + "mlp.down_proj", W, c.mlp_width, true);
+    blk.qkv = l.linear(b + "attn.qkv", 3 * W, W, c.qkv_bias);
+    blk.proj = l.linear(b + "attn.proj", W, W, !glm);
+    if (rms) {  // GLM-4V's Glm4VisionMlp has no biases
+      blk.fc1 = l.linear(b + "mlp.gate_proj", c.mlp_width, W, !glm);
+      blk.up = l.linear(b + "mlp.up_proj", c.mlp_width, W, !glm);
+      blk.fc2 = l.linear(b + "mlp.down_proj", W, c.mlp_width, !glm);
       blk.full_attention = std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
                                      i) != c.fullatt_block_indexes.end();
     } else if (qwen3) {
@@ -216,7 +267,11 @@ std::unique_ptr<VisionTower> VisionTower::load(const VisionConfig& c, TensorLoad
     g.fc2 = l.linear(m + (qwen3 ? "linear_fc2" : "mlp.2"), c.out_width, M, true);
     return g;
   };
-  t->merger_ = merger(p + "merger.", false);
+  if (glm) {
+    t->load_glm_head(l, p);
+  } else {
+    t->merger_ = merger(p + "merger.", false);
+  }
   for (size_t j = 0; j < c.deepstack_visual_indexes.size(); ++j) {
     t->deepstack_.emplace_back(
         c.deepstack_visual_indexes[j],
@@ -253,11 +308,13 @@ void VisionTower::record(Graph& g, Tensor pixels, Tensor out) const {
   } else {
     g.add(node::Linear{.x = pixels, .w = &patch_embed_, .y = h});
   }
+  // GLM-4V: post_conv_layernorm before the positions are added.
+  if (!glm_.post_conv_norm.empty()) norm(g, h, h, glm_.post_conv_norm, glm_.post_conv_norm);
   if (pos_embed_.data() != nullptr) {  // + the learned positions, interpolated to the grid
     g.add(node::TapSum{.out = h,
                        .table = pos_embed_.data(),
                        .table_rows = c.num_position_embeddings,
-                       .n_taps = 4});
+                       .n_taps = pos_bicubic() ? 16 : 4});
   }
   {
     const Graph::Scope scope(g, "rotary");
@@ -312,6 +369,10 @@ void VisionTower::record(Graph& g, Tensor pixels, Tensor out) const {
       record_merger(g, deepstack_[j].second, h,
                     out.cols(c.out_width * static_cast<int64_t>(j + 1), c.out_width), windows);
     }
+  }
+  if (c.tower == VisionTowerKind::kGlm4v) {
+    record_glm_head(g, h, out);
+    return;
   }
   const Graph::Scope scope(g, "merger");
   record_merger(g, merger_, h, out.cols(0, c.out_width), windows);

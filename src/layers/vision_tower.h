@@ -30,6 +30,16 @@
 // its features; out's row for a merged patch is [merger | deepstack 0 | deepstack 1 | ...]
 // (out_cols() wide), the language model adds deepstack j to layer j's input at the placeholder
 // rows. Qwen3.5 (Qwen3_5VisionModel): the same tower without deepstack mergers.
+// GLM-4V (Glm4vVisionModel): the Conv3d patch embedding (with bias), post_conv_layernorm
+// (RMSNorm), plus learned position embeddings (embeddings.position_embedding [side^2, width],
+// side = image_size / patch_size) resampled to each item's grid as F.grid_sample does it
+// (bicubic, A = -0.75, align_corners=False, border padding: 16 taps per patch, one tap_sum
+// node); blocks of RMSNorm (rms_norm_eps), qkv (bias: attention_bias), the 2-D rotary,
+// proj without bias, and a SiLU-gated MLP of width out_hidden_size without biases; then
+// post_layernorm, the downsample Conv2d (kernel = stride = merge: a linear over the merged row,
+// its weight [out, width, m, m] regrouped at load to the merged row's (patch, channel) order)
+// and the merger: proj, LayerNorm (eps 1e-5), GELU, down(act(gate(x)) * up(x)) of width
+// intermediate_size.
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -59,16 +69,22 @@ struct VisionPassLayout {
   std::vector<int32_t> merged_inverse;
   std::vector<int32_t> cu_window_seqlens;
   // With a learned position table (transformers' get_vision_interpolation_indices_and_weights,
-  // bilinear, align_corners): [n_rows * 4] taps (h_tap * side + w_tap) and their weights.
+  // bilinear, align_corners): [n_rows * 4] taps (h_tap * side + w_tap) and their weights;
+  // GLM-4V's bicubic grid_sample: [n_rows * 16] (4 h taps x 4 w taps, h major).
   std::vector<int32_t> pos_taps;
   std::vector<float> pos_weights;
 };
 // `window`: merged patches per window side (window_size / merge / patch_size), 0 for none.
 // Throws Error naming the grid when a size is not positive or h, w are not multiples of merge.
 // `pos_side`: the side of a learned square position table to interpolate (Qwen3-VL), 0 for
-// none; pos_taps / pos_weights then hold 4 (table row, weight) pairs per row.
+// none; pos_taps / pos_weights then hold 4 (table row, weight) pairs per row, or 16 with
+// `bicubic` (GLM-4V).
 VisionPassLayout vision_pass_layout(std::span<const std::array<int64_t, 3>> grids, int64_t merge,
-                                    int64_t window = 0, int64_t pos_side = 0);
+                                    int64_t window = 0, int64_t pos_side = 0, bool bicubic = false);
+
+// F.grid_sample's bicubic weights (cubic convolution, A = -0.75) of the 4 taps floor(x) - 1 ..
+// floor(x) + 2 around the unnormalised coordinate x, in its float32 arithmetic.
+std::array<float, 4> bicubic_weights(float t);
 
 class VisionTower {
  public:
@@ -79,8 +95,10 @@ class VisionTower {
   const VisionConfig& config() const { return config_; }
   // Merged patches per attention window side (Qwen2.5-VL), 0 without window attention.
   int64_t window() const;
-  // The side of the learned position table (Qwen3-VL / Qwen3.5), 0 without one.
+  // The side of the learned position table (Qwen3-VL / Qwen3.5 / GLM-4V), 0 without one.
   int64_t pos_side() const;
+  // Whether it is resampled bicubically (GLM-4V: 16 taps per patch) rather than bilinearly.
+  bool pos_bicubic() const { return config_.tower == VisionTowerKind::kGlm4v; }
   // The width of out's rows: out_width for the merger, once more per deepstack merger.
   int64_t out_cols() const {
     return config_.out_width * (1 + static_cast<int64_t>(deepstack_.size()));
@@ -106,7 +124,21 @@ class VisionTower {
     WeightTensor fc2;             // [out_width, merge^2 width] + bias
     bool post_shuffle = false;
   };
-  // A LayerNorm (Qwen2-VL, Qwen3) or RMSNorm (Qwen2.5-VL) node.
+  // GLM-4V's tail after the blocks: post_layernorm, downsample, merger.
+  struct GlmHead {
+    DeviceFloats post_conv_norm;  // post_conv_layernorm.weight [width]
+    DeviceFloats post_norm;       // post_layernorm.weight [width]
+    WeightTensor downsample;      // [out_width, merge^2 width] + bias (regrouped Conv2d)
+    DeviceFloats downsample_bias;
+    WeightTensor proj;            // merger.proj [out_width, out_width]
+    DeviceFloats norm_w, norm_b;  // merger.post_projection_norm [out_width] (LayerNorm)
+    WeightTensor gate, up;        // merger.{gate,up}_proj [merger_width, out_width]
+    WeightTensor down;            // merger.down_proj [out_width, merger_width]
+  };
+  void load_glm_head(TensorLoader& l, const std::string& prefix);
+  void record_glm_head(Graph& g, Tensor h, Tensor out) const;
+
+  // A LayerNorm (Qwen2-VL, Qwen3) or RMSNorm (Qwen2.5-VL, GLM-4V) node.
   void norm(Graph& g, Tensor x, Tensor out, const DeviceFloats& w, const DeviceFloats& b) const;
   // Records merger `m` over the stream `h` into `out` (kMerged rows, out_width).
   void record_merger(Graph& g, const Merger& m, Tensor h, Tensor out, bool windows) const;
@@ -120,6 +152,7 @@ class VisionTower {
   Merger merger_;  // Qwen2: ln_q, mlp.0, mlp.2; Qwen3: norm, linear_fc1, linear_fc2
   // Qwen3-VL: (block index, its deepstack merger), ascending block index.
   std::vector<std::pair<int64_t, Merger>> deepstack_;
+  GlmHead glm_;  // GLM-4V only
   // The 2-D rotary's rope_rows inputs: [h freqs | w freqs], each head_dim / 4.
   DeviceFloats inv_freq_;
   DeviceArray<int32_t> axes_;

@@ -25,6 +25,10 @@ std::unique_ptr<Architecture> build_decoder_stack(const ModelConfig& c, TensorLo
     Norm post_norm = load_norm(l, c, p + "post_attention_layernorm.weight", H);
     a->layers.emplace_back(std::move(input_norm), std::move(mixer), std::move(post_norm),
                            parts.ffn(i, p));
+    if (parts.sandwich_norms) {
+      a->layers.back().set_sandwich_norms(load_norm(l, c, p + "post_self_attn_layernorm.weight", H),
+                                          load_norm(l, c, p + "post_mlp_layernorm.weight", H));
+    }
     // Buffers written by transformers < 4.31 for the rotary embedding; never weights.
     l.ignore(p + "self_attn.rotary_emb.inv_freq");
   }

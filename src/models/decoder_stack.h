@@ -21,6 +21,9 @@ struct DecoderStackParts {
   // Checkpoint subtrees that are recognised and deliberately not loaded (a vision tower, MTP
   // layers), each a tensor-name prefix.
   std::vector<std::string> unloaded;
+  // GLM-4: every layer also normalises its attention's and MLP's outputs before the residual
+  // adds (post_self_attn_layernorm, post_mlp_layernorm).
+  bool sandwich_norms = false;
   // The blocks of layer `i`, whose tensors start with `prefix` ("model.layers.i.").
   std::function<std::unique_ptr<Mixer>(int64_t i, const std::string& prefix)> mixer;
   std::function<std::unique_ptr<Ffn>(int64_t i, const std::string& prefix)> ffn;

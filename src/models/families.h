@@ -21,6 +21,10 @@ std::unique_ptr<Architecture> build_deepseek_v3(const ModelConfig& config,
                                                 TensorLoader& loader);  // deepseek_v3.cc
 std::unique_ptr<Architecture> build_glm4_moe(const ModelConfig& config,
                                              TensorLoader& loader);  // glm4_moe.cc
+std::unique_ptr<Architecture> build_glm4v(const ModelConfig& config,
+                                          TensorLoader& loader);  // glm4v.cc
+std::unique_ptr<Architecture> build_glm4v_moe(const ModelConfig& config,
+                                              TensorLoader& loader);  // glm4v.cc
 
 // Their MTP drafter layers (models/mtp_layers.h).
 std::unique_ptr<MtpLayer> build_deepseek_v3_mtp(const ModelConfig& config,

@@ -7,7 +7,7 @@
 namespace metrale {
 
 std::span<const ArchitectureEntry> architectures() {
-  static constexpr std::array<ArchitectureEntry, 16> kFamilies = {{
+  static constexpr std::array<ArchitectureEntry, 18> kFamilies = {{
       {"llama", &build_dense_decoder},
       {"mistral", &build_dense_decoder},
       {"qwen2", &build_dense_decoder},
@@ -24,6 +24,8 @@ std::span<const ArchitectureEntry> architectures() {
       {"qwen3_5_moe_text", &build_qwen3_next},
       {"deepseek_v3", &build_deepseek_v3, &build_deepseek_v3_mtp},
       {"glm4_moe", &build_glm4_moe, &build_glm4_moe_mtp},
+      {"glm4v", &build_glm4v},
+      {"glm4v_moe", &build_glm4v_moe},
   }};
   return kFamilies;
 }

@@ -221,7 +221,8 @@ struct SchedulerStats {
   // router's "KV-cache usage" counts as free, as vLLM's does.
   int64_t kv_pages_evictable = 0;
   int64_t kv_page_tokens = 0;  // tokens per KV page
-  // Media items admitted, those the vision tower encoded, and those its output cache supplied.
+  // Media items admitted, those the vision tower encoded, and the others (its output cache
+  // supplied them, or their rows lay inside the adopted cached prefix).
   int64_t media_items = 0, media_encoded = 0, media_cache_hits = 0;
   bool prefix_cache = false;  // whether prefixes are reused
   PrefixCacheStats cache;
@@ -331,8 +332,9 @@ class Scheduler {
   void cache_insert(const Active& a);
   // a's input as the prefix cache keys it (empty: its tokens).
   std::vector<int32_t> cache_key(const Active& a) const;
-  // A media request's tower output (first admission); false: it failed and was retired.
-  bool encode_media(Active& a);
+  // A media request's tower output for the items whose rows reach `from` (the rows before are
+  // its adopted cached prefix), at each admission; false: it failed and was retired.
+  bool encode_media(Active& a, int64_t from);
 
   Model& model_;
   SchedulerOptions options_;

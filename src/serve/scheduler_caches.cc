@@ -114,14 +114,16 @@ void Scheduler::cache_insert(const Active& a) {
   cache_->insert(a.seq, cache_key(a));
 }
 
-bool Scheduler::encode_media(Active& a) {
+bool Scheduler::encode_media(Active& a, int64_t from) {
   a.seq.rope_delta = a.mm->rope_delta;
-  if (!a.mm->embeds.empty()) return true;  // a preempted stream keeps its tower output
+  // Items wholly inside the adopted prefix need no tower output (a multi-turn chat's earlier
+  // images, even when the tower cache no longer holds them); a preempted stream keeps what it
+  // has and encodes only what its recompute now needs.
   try {
-    counts_.media_items += static_cast<int64_t>(a.media.size());
+    if (!a.counted) counts_.media_items += static_cast<int64_t>(a.media.size());
     counts_.media_encoded += encode_multimodal_prompt(
         model_, *a.mm, a.media, options_.vision_cache_bytes > 0 ? &vision_cache_ : nullptr,
-        a.hashes);
+        a.hashes, from);
   } catch (const Error& e) {
     model_.release(a.seq);
     retire(a, FinishReason::kError, e.message());

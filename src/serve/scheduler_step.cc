@@ -73,7 +73,6 @@ void Scheduler::admit() {
     // With the session's carried drafter rows adopted through key k, the hiddens are needed
     // from position k + 1 on only: a cached prefix of up to k + 1 tokens may be attached.
     const bool may_attach = !a->embeds() || options_.embedding->pooling == Pooling::kLastToken;
-    if (a->mm != nullptr && !encode_media(*a)) continue;
     const std::vector<int32_t> key = cache_key(*a);
     std::span<const int32_t> attachable = a->gen.input();
     if (a->reads_hidden) {
@@ -85,6 +84,7 @@ void Scheduler::admit() {
                     : std::span<const int32_t>(key).first(attachable.size());
     const int64_t adopted =
         may_attach && !attachable.empty() ? cache_->attach(a->seq, attachable, attach_key) : 0;
+    if (a->mm != nullptr && !encode_media(*a, adopted)) continue;
     a->hidden_from = adopted;
     a->snapshot_points = cache_->snapshot_points(
         a->seq, key.empty() ? a->gen.input() : std::span<const int32_t>(key));

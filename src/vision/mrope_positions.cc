@@ -11,12 +11,14 @@ namespace metrale::vision {
 MropeIndexStyle mrope_index_style(std::string_view model_type) {
   if (model_type == "qwen2_vl") return MropeIndexStyle::kQwen2Vl;
   if (model_type == "qwen2_5_vl") return MropeIndexStyle::kQwen2_5Vl;
-  for (std::string_view t : {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"}) {
+  // Glm4vModel.get_rope_index: images as Qwen2-VL's, videos split per frame.
+  for (std::string_view t :
+       {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe"}) {
     if (model_type == t) return MropeIndexStyle::kQwen3Vl;
   }
   throw make_error("mrope positions: model_type \"", model_type,
                    "\" has no multimodal rope index (expected qwen2_vl, qwen2_5_vl, qwen3_vl, "
-                   "qwen3_vl_moe, qwen3_5 or qwen3_5_moe)");
+                   "qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v or glm4v_moe)");
 }
 
 std::vector<int32_t> mm_token_types(std::span<const int32_t> ids, int32_t image_token_id,

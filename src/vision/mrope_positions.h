@@ -10,7 +10,8 @@
 //   kQwen2_5Vl (Qwen2_5_VLModel): long(float(i) * interval) for a video, the interval
 //             float32(tokens_per_second * second_per_grid_ts[video]) (torch's float32 product,
 //             truncated toward zero); i for an image;
-//   kQwen3Vl  (Qwen3VLModel, Qwen3_5Model and their MoE twins): every video grid is first split
+//   kQwen3Vl  (Qwen3VLModel, Qwen3_5Model, Glm4vModel and their MoE twins): every video grid is
+//             first split
 //             into grid_t one-frame grids (the prompt separates frames by timestamp text), so a
 //             video run is one frame and time(i) = 0.
 // rope_delta = max position + 1 - n_tokens: what decode adds to a plain position
@@ -29,7 +30,7 @@ namespace metrale::vision {
 enum class MropeIndexStyle : uint8_t { kQwen2Vl, kQwen2_5Vl, kQwen3Vl };
 
 // The style of a model_type (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5,
-// qwen3_5_moe); Error naming the type otherwise.
+// qwen3_5_moe, glm4v, glm4v_moe); Error naming the type otherwise.
 MropeIndexStyle mrope_index_style(std::string_view model_type);
 
 inline constexpr int32_t kTextToken = 0;

@@ -156,6 +156,32 @@ TEST(GenerateJson, AnImageThroughTheVisionTower) {
   EXPECT_NE(bad.out.find("cannot be used"), std::string::npos) << bad.out;
 }
 
+// --image on the tiny GLM-4V and GLM-4.5V (glm4v_fixtures.py): the chat text's <|image|>
+// expanded as Glm4vProcessor expands it for the file as the checkpoint's Glm4vImageProcessorPil
+// prepares it, and the 10 greedy tokens transformers' generate gave.
+TEST(GenerateJson, AGlm4vImageThroughTheVisionTower) {
+  for (const char* fixture : {"glm4v_f32", "glm4v_moe_f32"}) {
+    SCOPED_TRACE(fixture);
+    const std::string dir = testing::fixture_dir(fixture);
+    const SafetensorsFile ref = SafetensorsFile::open(dir + "/tower.safetensors");
+    auto ints = [&](const char* key) {
+      const auto& t = ref.at(key);
+      std::vector<int64_t> v(static_cast<size_t>(t.shape.numel()));
+      std::memcpy(v.data(), ref.bytes(t).data(), v.size() * sizeof(int64_t));
+      return std::vector<int32_t>(v.begin(), v.end());
+    };
+    const CliRun r =
+        run_metrale("generate",
+                    {"--model", dir, "--prompt", ref.metadata().at("one_image.text"),
+                     "--no-special", "--image", "tests/data/vision/images/photo_chelsea.jpg", "-n",
+                     "10", "--ignore-eos", "--json", "--threads", "2"},
+                    /*with_stderr=*/false);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(array_of(r.out, "prompt_ids"), ints("one_image.ids"));
+    EXPECT_EQ(array_of(r.out, "ids"), ints("one_image.greedy"));
+  }
+}
+
 // --video on the tiny Qwen2.5-VL, Qwen3-VL and Qwen3.5 (anim.gif, decoded in-process): the
 // prompt text with one video pad expanded as the processor expands it (Qwen3-VL / Qwen3.5: a
 // "<t seconds>" before each frame) and the 10 greedy tokens transformers' generate gave

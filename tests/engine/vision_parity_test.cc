@@ -2,7 +2,9 @@
 // images through the tiny Qwen2.5-VL (qwen2_5_vl_f32, window attention in its tower) and the
 // tiny Qwen3-VL (qwen3_vl_f32: deepstack features added after its first two layers) and Qwen3.5
 // (qwen3_5_vl_f32: its hybrid language model) and Qwen3-VL-MoE (qwen3_vl_moe_f32: fused experts
-// in the published, transposed layout): the
+// in the published, transposed layout) and GLM-4V (glm4v_f32: GLM-4's sandwich-norm decoder, the
+// adjacent-pair M-RoPE over half of each head; the chat text's ids, glm4v_fixtures.py) and
+// GLM-4.5V (glm4v_moe_f32: GLM-4.5's sigmoid-routed experts, rotate_half M-RoPE): the
 // tower's features replace the placeholder rows, M-RoPE positions come from get_rope_index's
 // equal, and the prompt's logits match transformers' forward within 1e-4 while 10 greedy tokens
 // equal transformers' generate. Prefill in chunks that cut through the placeholders; bad media
@@ -56,8 +58,9 @@ TEST(VisionParity, LogitsAndGreedyEqualTransformers) {
         Case{"qwen2_5_vl_f32", "one_image", {0}}, Case{"qwen2_5_vl_f32", "two_images", {0, 1}},
         Case{"qwen3_vl_f32", "one_image", {0}}, Case{"qwen3_vl_f32", "two_images", {0, 1}},
         Case{"qwen3_5_vl_f32", "one_image", {0}}, Case{"qwen3_5_vl_f32", "two_images", {0, 1}},
-        Case{"qwen3_vl_moe_f32", "one_image", {0}},
-        Case{"qwen3_vl_moe_f32", "two_images", {0, 1}}}) {
+        Case{"qwen3_vl_moe_f32", "one_image", {0}}, Case{"qwen3_vl_moe_f32", "two_images", {0, 1}},
+        Case{"glm4v_f32", "one_image", {0}}, Case{"glm4v_f32", "two_images", {0, 1}},
+        Case{"glm4v_moe_f32", "one_image", {0}}, Case{"glm4v_moe_f32", "two_images", {0, 1}}}) {
     const Tower tower(c.fixture);
     for (int64_t max_rows : {int64_t{64}, int64_t{16}}) {  // one chunk; chunks cutting the media
       SCOPED_TRACE(::testing::Message() << c.fixture << " " << c.name << " max_rows " << max_rows);
@@ -89,6 +92,42 @@ TEST(VisionParity, LogitsAndGreedyEqualTransformers) {
       m->release(seq);
     }
   }
+}
+
+// encode_multimodal_prompt from a row: items whose placeholder rows all lie before it (a cached
+// prefix holds them) get no tower pass and zero rows; a later call from an earlier row (a
+// preempted stream's recompute) encodes them, and the rows equal one full encoding. A cache hit
+// fills an item without the tower.
+TEST(VisionParity, EncodingSkipsItemsInsideACachedPrefix) {
+  const Tower tower;
+  auto m = load(64);
+  const std::vector<int32_t> ids = tower.ids("two_images_video");
+  const std::vector<vision::VisionItem> items = {tower.item(0), tower.item(1), tower.item(2)};
+  const MultimodalPrompt full = make_multimodal_prompt(*m, ids, items);
+  const int64_t H = m->injected_cols();
+  const size_t second = 12;  // the second image's first row of embeds (the first holds 12)
+  MultimodalPrompt p = plan_multimodal_prompt(*m, ids, items);
+  // From the second image's last row: the first image is skipped.
+  const int64_t from = p.embed_rows[second + 11];
+  EXPECT_EQ(encode_multimodal_prompt(*m, p, items, nullptr, {}, from), 2);
+  EXPECT_EQ(p.encoded, (std::vector<bool>{false, true, true}));
+  ASSERT_EQ(p.embeds.size(), full.embeds.size());
+  const auto at = static_cast<ptrdiff_t>(second * static_cast<size_t>(H));
+  EXPECT_TRUE(std::all_of(p.embeds.begin(), p.embeds.begin() + at, [](float v) { return v == 0; }));
+  EXPECT_TRUE(std::equal(p.embeds.begin() + at, p.embeds.end(), full.embeds.begin() + at));
+  // Again from there: nothing to do. From row 0: the first image alone.
+  EXPECT_EQ(encode_multimodal_prompt(*m, p, items, nullptr, {}, from), 0);
+  EXPECT_EQ(encode_multimodal_prompt(*m, p, items), 1);
+  EXPECT_EQ(p.embeds, full.embeds);
+  // Through a cache: the first pass fills it, the second hits for every item.
+  VisionEmbedCache cache(size_t{1} << 20);
+  std::vector<uint64_t> hashes;
+  for (const auto& it : items) hashes.push_back(media_hash(it));
+  MultimodalPrompt a = plan_multimodal_prompt(*m, ids, items), b = a;
+  EXPECT_EQ(encode_multimodal_prompt(*m, a, items, &cache, hashes), 3);
+  EXPECT_EQ(encode_multimodal_prompt(*m, b, items, &cache, hashes), 0);
+  EXPECT_EQ(b.embeds, full.embeds);
+  EXPECT_EQ(cache.hits, 3);
 }
 
 // video.safetensors of a fixture: the processor's and the model's outputs for anim.gif.

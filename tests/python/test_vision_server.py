@@ -6,7 +6,11 @@ same rendered prompt; a video (on Qwen2-VL, and on the tiny Qwen3-VL, whose prom
 frame's timestamp), data: and file:// URLs; the tower's output and the prompt's pages
 come from the caches the second time; refusals (a file outside --allowed-media-dir, an http URL,
 too many items, corrupt bytes, media to a text-only model) are 400s naming the part, and the
-server keeps serving.
+server keeps serving. An image inside a multi-turn chat on the tiny Qwen2.5-VL and Qwen3-VL, with
+their own chat_template.jinja: turn 1, then turn 1 + the answer + turn 2 (a text follow-up, and
+one bringing a second image), whole and streamed, equal transformers' greedy tokens
+(chat.safetensors, tools/fixtures/models/vision_chat_fixtures.py); turn 2 does not encode the
+image of turn 1 again and its cached prefix covers it.
 
 Run: build/venv/bin/python tests/python/test_vision_server.py (ctest runs it).
 """
@@ -53,9 +57,11 @@ def bytes_to_unicode():
 
 def make_checkpoint(dest, fixture=FIXTURE):
     """The fixture plus a byte-level tokenizer over printable ASCII and newline (ids 3..; the
-    other ids two letters each) and the chat template."""
+    other ids two letters each) and the chat template (the fixture's chat_template.jinja, which
+    would win over it, left out)."""
     for f in fixture.iterdir():
-        shutil.copy(f, dest / f.name)
+        if f.name != "chat_template.jinja":
+            shutil.copy(f, dest / f.name)
     b2u = bytes_to_unicode()
     vocab = {b2u[b]: 3 + i for i, b in enumerate([10] + list(range(32, 127)))}
     # Every other id the model may pick decodes to two ASCII letters (encode never makes them).
@@ -105,14 +111,19 @@ def generate(model, prompt, flag, media):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def read_f32(path, name):
-    """One f32 tensor of a safetensors file: (shape, values)."""
+def read_f32(path, name, typecode="f"):
+    """One f32 tensor of a safetensors file (typecode "q": an i64 one): (shape, values)."""
     raw = Path(path).read_bytes()
     n = int.from_bytes(raw[:8], "little")
     info = json.loads(raw[8:8 + n])[name]
     begin, end = info["data_offsets"]
-    values = array.array("f", raw[8 + n + begin:8 + n + end])
+    values = array.array(typecode, raw[8 + n + begin:8 + n + end])
     return info["shape"], values
+
+
+def safetensors_metadata(path):
+    raw = Path(path).read_bytes()
+    return json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])["__metadata__"]
 
 
 def metric(server, name):
@@ -209,6 +220,56 @@ class VisionServerTest(unittest.TestCase):
             self.assertEqual(got.usage.prompt_tokens, len(ref["prompt_ids"]))
         finally:
             server.stop()
+
+    def test_multi_turn_image_chat_equals_transformers(self):
+        """Turn 1 (an image and a question), then the conversation again with the answer and a
+        follow-up, then one whose follow-up brings a second image: each reply, whole and
+        streamed, is transformers' greedy continuation of the processor's prompt."""
+        images = [data_url(IMAGES / "photo_chelsea.jpg", "image/jpeg"),
+                  data_url(IMAGES / "grey16.png", "image/png")]
+        # Qwen3-VL's server keeps no tower output (--vision-cache-mb 0): turn 2 still encodes
+        # no image of turn 1, whose rows lie inside the cached prefix it adopts.
+        for name, flags in (("qwen2_5_vl_f32", []), ("qwen3_vl_f32", ["--vision-cache-mb", "0"])):
+            fixture = FIXTURE.parent / name
+            ref = fixture / "chat.safetensors"
+            meta = safetensors_metadata(ref)
+            server = Server(*flags, model=fixture, chat_template=None)
+            try:
+                client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+                encoded = []
+                for case in ("turn1", "followup", "second_image"):
+                    # The fixture's messages, each image part as the client sends it.
+                    messages, k = json.loads(meta[case + ".messages"]), 0
+                    for m in messages:
+                        if isinstance(m["content"], list):
+                            for i, part in enumerate(m["content"]):
+                                if part["type"] == "image":
+                                    m["content"][i] = image_part(images[k])
+                                    k += 1
+                    kw = dict(model=server.model, messages=messages, max_tokens=10, temperature=0,
+                              extra_body={"ignore_eos": True, "skip_special_tokens": False,
+                                          "chat_template_kwargs": json.loads(
+                                              meta["chat_template_kwargs"])})
+                    _, greedy = read_f32(ref, case + ".greedy", "q")
+                    _, ids = read_f32(ref, case + ".ids", "q")
+                    want = server.post("/detokenize", {"tokens": list(greedy)})["content"]
+                    whole = client.chat.completions.create(**kw)
+                    self.assertEqual(whole.choices[0].message.content, want, (name, case))
+                    self.assertEqual(whole.usage.prompt_tokens, len(ids), (name, case))
+                    encoded.append(metric(server, "metrale_media_encoded_total"))
+                    if case != "turn1":  # the prefix cache reaches past turn 1's image
+                        first = list(read_f32(ref, "turn1.ids", "q")[1])
+                        after_image = len(first) - first[::-1].index(250)
+                        self.assertGreaterEqual(whole.usage.prompt_tokens_details.cached_tokens,
+                                                after_image, (name, case))
+                    streamed = "".join(c.choices[0].delta.content or ""
+                                       for c in client.chat.completions.create(**kw, stream=True)
+                                       if c.choices)
+                    self.assertEqual(streamed, want, (name, case))
+                # Turn 1's image is encoded once; second_image's new image once more.
+                self.assertEqual(encoded, [1, 1, 2], name)
+            finally:
+                server.stop()
 
     def refused(self, parts, *needles):
         with self.assertRaises(openai.BadRequestError) as e:

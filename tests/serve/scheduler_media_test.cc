@@ -4,13 +4,18 @@
 // (whose tokens equal its own alone); the tower's output is cached by content hash (a second
 // request about the same image is not encoded again) and the prefix cache keys image rows by
 // that hash: the same image adopts the cached pages, a different image with the same pad
-// tokens adopts none of the image's.
+// tokens adopts none of the image's. An image inside a multi-turn chat (chat.safetensors of
+// the tiny Qwen2.5-VL and Qwen3-VL): turn 2 sent as a second request equals transformers'
+// greedy tokens, its image of turn 1 is not encoded again and its cached prefix covers the
+// image; a turn 2 that carries turn 1's own reply reuses its decoded rows too, and a cached
+// prefix that ends inside an image hands the rest of the image's rows their tower output.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
+#include "engine/chat_fixture.h"
 #include "engine/fixture_util.h"
 #include "engine/multimodal.h"
 #include "engine/session.h"
@@ -124,6 +129,125 @@ TEST(SchedulerMedia, PreemptionKeepsTheMedia) {
   EXPECT_GT(st.preemptions, 0);
   EXPECT_EQ(st.media_items, 3);
   EXPECT_EQ(st.media_encoded, 2);  // each image once: the cache, and no re-encode on recompute
+}
+
+// A chat as a client sends it: turn 1 (an image and a question), then the whole conversation
+// again with the assistant's answer and a follow-up; then a follow-up bringing a second image.
+TEST(SchedulerMedia, MultiTurnChatReusesTheImage) {
+  for (const char* fixture : {"qwen2_5_vl_f32", "qwen3_vl_f32"}) {
+    const testing::ChatFixture f(fixture);
+    auto m =
+        Model::load(testing::fixture_dir(fixture),
+                    {.n_threads = 2, .kv_tokens = 512, .max_rows = 16, .max_image_patches = 256});
+    const auto image = static_cast<int32_t>(m->vision()->config().image_token_id);
+    // The row after turn 1's image: a prefix cache hit that reaches it covers the image.
+    const std::vector<int32_t> first = f.ids("turn1");
+    const auto after_image =
+        static_cast<int64_t>(std::find(first.rbegin(), first.rend(), image).base() - first.begin());
+    // With the prefix cache, turn 2 adopts turn 1's pages through the image; without it, the
+    // tower's output cache supplies the image's rows.
+    for (bool prefix : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << fixture << " prefix cache " << prefix);
+      Scheduler sched(*m, {.max_seqs = 2, .cache = {.enabled = prefix}});
+      const auto turn = [&](const std::string& c) {
+        const Outcome o = drain(*sched.submit(request(f.ids(c), f.images(c), 10)));
+        EXPECT_EQ(o.error, "") << c;
+        EXPECT_EQ(o.tokens, f.greedy(c)) << c;
+        if (prefix && c != "turn1") {
+          EXPECT_GE(o.usage.cached_tokens, after_image) << c;
+        }
+        std::this_thread::sleep_for(50ms);
+        return sched.stats();
+      };
+      SchedulerStats st = turn("turn1");
+      EXPECT_EQ(st.media_encoded, 1);
+      EXPECT_EQ(st.media_cache_hits, 0);
+      // Turn 2: turn 1's image is not encoded again.
+      st = turn("followup");
+      EXPECT_EQ(st.media_items, 2);
+      EXPECT_EQ(st.media_encoded, 1);
+      EXPECT_EQ(st.media_cache_hits, 1);
+      // A turn 2 with a second image: only the new one goes through the tower.
+      st = turn("second_image");
+      EXPECT_EQ(st.media_items, 4);
+      EXPECT_EQ(st.media_encoded, 2);
+      EXPECT_EQ(st.media_cache_hits, 2);
+    }
+  }
+}
+
+// Without the tower cache (--vision-cache-mb 0) turn 2 still runs no tower pass for turn 1's
+// image: its rows all lie inside the adopted prefix. The second image goes through the tower
+// (a recompute that later needs a skipped image encodes it then: vision_parity_test's
+// EncodingSkipsItemsInsideACachedPrefix).
+TEST(SchedulerMedia, AnImageInsideTheCachedPrefixIsNotEncoded) {
+  const testing::ChatFixture f("qwen2_5_vl_f32");
+  auto m =
+      Model::load(testing::fixture_dir("qwen2_5_vl_f32"),
+                  {.n_threads = 2, .kv_tokens = 512, .max_rows = 16, .max_image_patches = 256});
+  Scheduler sched(*m, {.max_seqs = 2, .vision_cache_bytes = 0});
+  for (const std::string c : testing::ChatFixture::kCases) {
+    const Outcome o = drain(*sched.submit(request(f.ids(c), f.images(c), 10)));
+    EXPECT_EQ(o.tokens, f.greedy(c)) << c;
+  }
+  std::this_thread::sleep_for(50ms);
+  const SchedulerStats st = sched.stats();
+  EXPECT_EQ(st.media_items, 4);
+  EXPECT_EQ(st.media_encoded, 2);  // turn 1's image once, the second image once
+}
+
+// Turn 2 as a chat client sends it back: turn 1's prompt, its reply (here 40 greedy tokens, so
+// decoded rows fill whole pages), then the next user turn. The prefix cache supplies turn 1's
+// prompt and decoded rows (decode rotated them at p + rope_delta, as get_rope_index places text
+// after the image), and the reply equals a fresh run of the same prompt.
+TEST(SchedulerMedia, TurnTwoReusesTurnOnesDecodedRows) {
+  for (const char* fixture : {"qwen2_5_vl_f32", "qwen3_vl_f32"}) {
+    SCOPED_TRACE(fixture);
+    const testing::ChatFixture f(fixture);
+    auto m =
+        Model::load(testing::fixture_dir(fixture),
+                    {.n_threads = 2, .kv_tokens = 512, .max_rows = 16, .max_image_patches = 256});
+    Scheduler sched(*m, {.max_seqs = 2});
+    std::vector<int32_t> ids = f.ids("turn1");
+    const int64_t n_first = static_cast<int64_t>(ids.size());
+    const Outcome first = drain(*sched.submit(request(ids, f.images("turn1"), 40)));
+    ids.insert(ids.end(), first.tokens.begin(), first.tokens.end());
+    const std::vector<int32_t> next = m->tokenizer()->encode(
+        "<|im_end|>\n<|im_start|>user\nWhat colour is it?<|im_end|>\n<|im_start|>assistant\n",
+        false);
+    ids.insert(ids.end(), next.begin(), next.end());
+    const std::vector<int32_t> want = alone(*m, ids, f.images("turn1"), 10);
+    const Outcome o = drain(*sched.submit(request(ids, f.images("turn1"), 10)));
+    EXPECT_EQ(o.tokens, want);
+    EXPECT_GE(o.usage.cached_tokens, n_first + 16);  // at least one page of decoded rows
+  }
+}
+
+// A cached prefix that ends inside an image (its page boundary cuts the 12 pad rows, at each
+// offset of the pads against the page): the second request's prefill starts mid-image, with the
+// tower output of the rows it computes, and equals the request alone.
+TEST(SchedulerMedia, ACachedPrefixEndingInsideAnImage) {
+  const Tower tower;
+  auto m =
+      Model::load(testing::fixture_dir("qwen2_vl_f32"),
+                  {.n_threads = 2, .kv_tokens = 512, .max_rows = 16, .max_image_patches = 256});
+  const int64_t page = m->kv_pool().layout().page_size;
+  for (int32_t text = 3; text < 14; text += 3) {
+    std::vector<int32_t> ids = {1};
+    for (int32_t i = 0; i < text; ++i) ids.push_back(5 + i);
+    ids.push_back(252);
+    ids.insert(ids.end(), 12, 250);
+    ids.insert(ids.end(), {253, 40});
+    const int64_t pads = text + 2;  // the first pad row
+    const std::vector<int32_t> want = alone(*m, ids, {tower.item(0)});
+    Scheduler sched(*m, {.max_seqs = 2});
+    EXPECT_EQ(drain(*sched.submit(request(ids, {tower.item(0)}))).tokens, want) << text;
+    const Outcome o = drain(*sched.submit(request(ids, {tower.item(0)})));
+    EXPECT_EQ(o.tokens, want) << text;
+    EXPECT_EQ(o.usage.cached_tokens, page) << text;
+    EXPECT_GT(page, pads) << text;
+    EXPECT_LT(page, pads + 12) << text;  // inside the image
+  }
 }
 
 TEST(SchedulerMedia, BadMediaRequestsAreRefused) {

@@ -65,6 +65,7 @@ TEST(MropePositions, TokenTypesAndStyles) {
   const std::vector<int32_t> ids = {5, 151655, 151655, 7, 151656, 9};
   EXPECT_EQ(mm_token_types(ids, 151655, 151656), (std::vector<int32_t>{0, 1, 1, 0, 2, 0}));
   EXPECT_EQ(mrope_index_style("qwen3_5_moe"), MropeIndexStyle::kQwen3Vl);
+  EXPECT_EQ(mrope_index_style("glm4v"), MropeIndexStyle::kQwen3Vl);  // images as Qwen2-VL's
   EXPECT_EQ(mrope_index_style("qwen2_5_vl"), MropeIndexStyle::kQwen2_5Vl);
   EXPECT_NE(test::error_of([] { mrope_index_style("llama"); }).find("\"llama\" has no multimodal"),
             std::string::npos);

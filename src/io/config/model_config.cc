@@ -174,7 +174,8 @@ void parse_attention(const JsonFields& text, const ModelTypeTraits& traits, Mode
   }
   config.head_dim = resolve_head_dim(text, traits, config);
 
-  bool attention_bias = text.bool_or("attention_bias", false);
+  // Glm4vMoeTextConfig.attention_bias defaults to true.
+  bool attention_bias = text.bool_or("attention_bias", traits.model_type == "glm4v_moe");
   config.attention_qkv_bias = bias_from_rule(traits.qkv_bias, attention_bias);
   config.attention_out_bias = bias_from_rule(traits.out_bias, attention_bias);
   config.mlp_bias = traits.has_mlp_bias_field && text.bool_or("mlp_bias", false);
@@ -280,9 +281,12 @@ ModelConfig parse_model_config(std::string_view config_json, std::string_view so
   // DeepseekV3Config / Glm4MoeConfig: num_mtp_layers (alias num_nextn_predict_layers) defaults
   // to 1; Qwen3.5 spells it mtp_num_hidden_layers. HF's modeling code itself drops MTP weights.
   // Read before the MoE fields: first_k_dense_replace may reach past the stack into them.
-  config.n_mtp_layers = traits.family == config_detail::Family::kDeepseekMoe ? 1 : 0;
+  // Glm4vMoeForConditionalGeneration builds no MTP layer whatever num_nextn_predict_layers says
+  // (models/glm4v.cc leaves a published one unloaded).
+  const bool glm4v_moe = traits.model_type == "glm4v_moe";
+  config.n_mtp_layers = traits.family == config_detail::Family::kDeepseekMoe && !glm4v_moe ? 1 : 0;
   for (const char* key : {"num_nextn_predict_layers", "mtp_num_hidden_layers"}) {
-    if (text.has(key)) config.n_mtp_layers = text.int_at_least(key, 0, 0);
+    if (text.has(key) && !glm4v_moe) config.n_mtp_layers = text.int_at_least(key, 0, 0);
   }
   config_detail::parse_moe(text, traits, config);
 

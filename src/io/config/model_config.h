@@ -57,7 +57,8 @@ struct RopeConfig {
   // Empty for plain 1-D rope.
   std::vector<int64_t> mrope_section;
   bool mrope_interleaved = false;
-  // DeepSeek-V3 rope_interleave: rotate adjacent pairs (2i, 2i+1) rather than the two halves.
+  // DeepSeek-V3 rope_interleave, GLM-4V's rotate_half_llm: rotate adjacent pairs (2i, 2i+1)
+  // rather than the two halves.
   bool pairs_interleaved = false;
 };
 

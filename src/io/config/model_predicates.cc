@@ -128,6 +128,23 @@ constexpr ModelTypeTraits kTypes[] = {
    .max_position_default = 4096, .bos_default = 0, .eos_default = 1, .sliding = kNone,
    .qkv_bias = kConfig, .out_bias = kConfig, .qk_norm = false, .output_gate = false,
    .vanilla_norm = true, .has_mlp_bias_field = false},
+  // Glm4vTextConfig (text model "glm4v_text"): GLM-4's dense decoder (q/k/v bias, sandwich
+  // norms, a fused gate_up_proj) with a sectioned multimodal rope over adjacent pairs
+  // (rotate_half_llm), head_dim hidden / heads, num_key_value_heads 2 by default.
+  {.model_type = "glm4v", .modeling_class = "Glm4vTextDecoderLayer", .family = kDense,
+   .nested_text_config = true, .moe = false, .head_dim_default = kHiddenOverHeads, .head_dim_fixed = 0,
+   .kv_heads_default_to_heads = false, .partial_rotary_default = 1.0, .rms_norm_eps_default = 1e-5,
+   .max_position_default = 32768, .bos_default = std::nullopt, .eos_default = std::nullopt,
+   .sliding = kNone, .qkv_bias = kAlways, .out_bias = kNever, .qk_norm = false,
+   .output_gate = false, .vanilla_norm = true, .has_mlp_bias_field = false},
+  // Glm4vMoeTextConfig (text model "glm4v_moe_text", GLM-4.5V): glm4_moe's decoder (no qk-norm)
+  // with the sectioned multimodal rope on rotate_half; attention_bias defaults to true.
+  {.model_type = "glm4v_moe", .modeling_class = "Glm4vMoeTextDecoderLayer", .family = kDeepseekMoe,
+   .nested_text_config = true, .moe = true, .head_dim_default = kHiddenOverHeads, .head_dim_fixed = 0,
+   .kv_heads_default_to_heads = false, .partial_rotary_default = 0.5, .rms_norm_eps_default = 1e-5,
+   .max_position_default = 65536, .bos_default = std::nullopt, .eos_default = std::nullopt,
+   .sliding = kNone, .qkv_bias = kConfig, .out_bias = kNever, .qk_norm = false,
+   .output_gate = false, .vanilla_norm = true, .has_mlp_bias_field = false},
   {.model_type = "glm4_moe", .modeling_class = "Glm4MoeDecoderLayer", .family = kDeepseekMoe,
    .nested_text_config = false, .moe = true, .head_dim_default = kHiddenOverHeads, .head_dim_fixed = 0,
    .kv_heads_default_to_heads = false, .partial_rotary_default = 0.5, .rms_norm_eps_default = 1e-5,

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "io/config/parse_parts.h"
 
@@ -84,11 +85,10 @@ void parse_mrope(const JsonFields& d, const ModelTypeTraits& traits, RopeConfig&
   rope.mrope_interleaved = true;
 }
 
-// Qwen2VLRotaryEmbedding: mrope_section defaults to [16, 24, 24]; the frequencies are split in
-// sections (t, then h, then w), never interleaved.
-void parse_sectioned_mrope(const JsonFields& d, RopeConfig& rope) {
-  rope.mrope_section =
-      d.opt_int_list("mrope_section", 0).value_or(std::vector<int64_t>{16, 24, 24});
+// Qwen2VLRotaryEmbedding: mrope_section defaults to [16, 24, 24] (Glm4vTextRotaryEmbedding:
+// [8, 12, 12]); the frequencies are split in sections (t, then h, then w), never interleaved.
+void parse_sectioned_mrope(const JsonFields& d, std::vector<int64_t> fallback, RopeConfig& rope) {
+  rope.mrope_section = d.opt_int_list("mrope_section", 0).value_or(std::move(fallback));
   if (rope.mrope_section.size() != 3) {
     throw d.error("mrope_section", "expected 3 entries (t, h, w), found ",
                   rope.mrope_section.size());
@@ -195,7 +195,15 @@ RopeConfig parse_rope(const JsonFields& text, const ModelTypeTraits& traits, int
 
   if (traits.model_type.starts_with("qwen3_5") || traits.model_type.starts_with("qwen3_vl"))
     parse_mrope(d, traits, rope);
-  if (qwen2_vl) parse_sectioned_mrope(d, rope);
+  if (qwen2_vl) parse_sectioned_mrope(d, {16, 24, 24}, rope);
+  // Glm4vTextRotaryEmbedding: the sections, then repeat_interleave(2) and rotate_half_llm,
+  // which rotates adjacent pairs (2i, 2i + 1) by frequency i.
+  if (traits.model_type == "glm4v") {
+    parse_sectioned_mrope(d, {8, 12, 12}, rope);
+    rope.pairs_interleaved = true;
+  }
+  // Glm4vMoeTextRotaryEmbedding: the same sections, then cat(freq, freq) and rotate_half.
+  if (traits.model_type == "glm4v_moe") parse_sectioned_mrope(d, {8, 12, 12}, rope);
   // DeepseekV3Config.rope_interleave (default True): apply_rotary_pos_emb_interleave.
   if (traits.model_type == "deepseek_v3")
     rope.pairs_interleaved = text.bool_or("rope_interleave", true);

@@ -22,10 +22,13 @@ struct TowerTraits {
   VisionTowerKind tower;
   std::string_view act;              // hidden_act's class default
   std::array<int64_t, 4> media_ids;  // image, video, vision_start, vision_end defaults
+  bool glm = false;                  // Glm4vConfig's names for vision start / end
 };
 
 constexpr std::array<int64_t, 4> kQwenIds = {151655, 151656, 151652, 151653};
 constexpr std::array<int64_t, 4> kQwen35Ids = {248056, 248057, 248053, 248054};
+constexpr std::array<int64_t, 4> kGlm4vIds = {151343, 151344, 151339, 151340};
+constexpr std::array<int64_t, 4> kGlm4vMoeIds = {151363, 151364, 151339, 151340};
 
 constexpr TowerTraits kTowers[] = {
     {"qwen2_vl", "qwen2_vl_vision", VisionTowerKind::kQwen2Vl, "quick_gelu", kQwenIds},
@@ -36,6 +39,8 @@ constexpr TowerTraits kTowers[] = {
     {"qwen3_5", "qwen3_5_vision", VisionTowerKind::kQwen3_5, "gelu_pytorch_tanh", kQwen35Ids},
     {"qwen3_5_moe", "qwen3_5_moe_vision", VisionTowerKind::kQwen3_5, "gelu_pytorch_tanh",
      kQwen35Ids},
+    {"glm4v", "glm4v_vision", VisionTowerKind::kGlm4v, "silu", kGlm4vIds, true},
+    {"glm4v_moe", "glm4v_moe_vision", VisionTowerKind::kGlm4v, "silu", kGlm4vMoeIds, true},
 };
 
 const TowerTraits* find_tower(std::string_view model_type) {
@@ -76,7 +81,7 @@ VisionConfig parse_vision_config(std::string_view config_json, std::string_view 
   if (traits == nullptr) {
     throw top.error("model_type", "\"", model_type,
                     "\" has no vision tower metrale reads (expected qwen2_vl, qwen2_5_vl, "
-                    "qwen3_vl, qwen3_vl_moe, qwen3_5 or qwen3_5_moe)");
+                    "qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v or glm4v_moe)");
   }
   const std::optional<JsonFields> vision = top.opt_object("vision_config");
   if (!vision)
@@ -101,6 +106,15 @@ VisionConfig parse_vision_config(std::string_view config_json, std::string_view 
     c.width = v.req_size("embed_dim");
     c.mlp_width = c.width * v.req_size("mlp_ratio");
     c.out_width = v.req_size("hidden_size");
+  } else if (c.tower == VisionTowerKind::kGlm4v) {
+    // Glm4vVisionModel: Glm4VisionMlp(intermediate = out_hidden_size) in the blocks, the
+    // merger's context_dim = intermediate_size.
+    c.width = v.req_size("hidden_size");
+    c.out_width = v.req_size("out_hidden_size");
+    c.mlp_width = c.out_width;
+    c.merger_width = v.req_size("intermediate_size");
+    c.norm_eps = v.positive_number_or("rms_norm_eps", 1e-5);
+    c.qkv_bias = v.bool_or("attention_bias", false);
   } else {
     c.width = v.req_size("hidden_size");
     c.mlp_width = v.req_size("intermediate_size");
@@ -161,6 +175,16 @@ VisionConfig parse_vision_config(std::string_view config_json, std::string_view 
                     c.num_position_embeddings);
     }
   }
+  if (c.tower == VisionTowerKind::kGlm4v) {
+    // Glm4vVisionEmbeddings: an (image_size // patch_size)^2 table.
+    const int64_t image_size = v.req_size("image_size");
+    const int64_t side = image_size / c.patch_size;
+    if (side < 1) {
+      throw v.error("image_size", "expected at least patch_size ", c.patch_size, ", found ",
+                    image_size);
+    }
+    c.num_position_embeddings = side * side;
+  }
   if (c.tower == VisionTowerKind::kQwen3Vl)
     c.deepstack_visual_indexes = block_indexes(v, "deepstack_visual_indexes", {8, 16, 24}, c.depth);
   // Qwen3.5's configs carry an empty list (its tower has no deepstack mergers).
@@ -180,8 +204,9 @@ VisionConfig parse_vision_config(std::string_view config_json, std::string_view 
                   " must equal the language model's hidden_size ", lm_hidden);
   }
   const int64_t vocab = text.req_size("vocab_size");
-  const char* id_keys[] = {"image_token_id", "video_token_id", "vision_start_token_id",
-                           "vision_end_token_id"};
+  const char* id_keys[] = {"image_token_id", "video_token_id",
+                           traits->glm ? "image_start_token_id" : "vision_start_token_id",
+                           traits->glm ? "image_end_token_id" : "vision_end_token_id"};
   int64_t* ids[] = {&c.image_token_id, &c.video_token_id, &c.vision_start_token_id,
                     &c.vision_end_token_id};
   for (size_t i = 0; i < 4; ++i) {

@@ -1,12 +1,12 @@
 #pragma once
 // VisionConfig: a vision-language checkpoint's vision tower, from config.json's vision_config
 // (and the media token ids beside it), as transformers 5.24's Qwen2VLVisionConfig,
-// Qwen2_5_VLVisionConfig, Qwen3VLVisionConfig (and _moe) and Qwen3_5VisionConfig (and _moe)
-// read it. As ModelConfig does, sizes that decide tensor shapes are required (HF's class
-// defaults describe a 7B model); constants of the architecture (in_channels 3, temporal patch
-// 2, merge 2, the rope theta, the activation) take HF's defaults. Cross-field checks: head_dim
-// = width / num_heads divisible by 4 (the 2-D rotary splits half of it between h and w), the
-// merger's output equal to the language model's hidden_size, block indexes inside the depth,
+// Qwen2_5_VLVisionConfig, Qwen3VLVisionConfig (and _moe), Qwen3_5VisionConfig (and _moe) and
+// Glm4vVisionConfig read it. As ModelConfig does, sizes that decide tensor shapes are required
+// (HF's class defaults describe a 7B model); constants of the architecture (in_channels 3, temporal
+// patch 2, merge 2, the rope theta, the activation) take HF's defaults. Cross-field checks:
+// head_dim = width / num_heads divisible by 4 (the 2-D rotary splits half of it between h and w),
+// the merger's output equal to the language model's hidden_size, block indexes inside the depth,
 // media token ids inside the vocabulary.
 #include <cstdint>
 #include <optional>
@@ -21,6 +21,7 @@ enum class VisionTowerKind : uint8_t {
   kQwen2_5Vl,  // qwen2_5_vl: RMSNorm blocks, SwiGLU MLP, window attention
   kQwen3Vl,    // qwen3_vl, qwen3_vl_moe: learned position embeddings, deepstack mergers
   kQwen3_5,    // qwen3_5, qwen3_5_moe: qwen3_vl's tower without deepstack
+  kGlm4v,  // glm4v, glm4v_moe: RMSNorm blocks, bicubic learned positions, downsample, gated merger
 };
 
 struct VisionConfig {
@@ -48,8 +49,15 @@ struct VisionConfig {
   // qwen3_vl / qwen3_5
   int64_t num_position_embeddings = 0;
   std::vector<int64_t> deepstack_visual_indexes;  // qwen3_vl only
+  // glm4v: the blocks' MLP is out_hidden_size wide (mlp_width), the merger's intermediate_size
+  // (merger_width); the position table is (image_size / patch_size)^2; RMSNorm eps
+  // rms_norm_eps; qkv bias attention_bias.
+  int64_t merger_width = 0;
+  double norm_eps = 1e-6;
+  bool qkv_bias = true;
 
-  // The media tokens (top-level config).
+  // The media tokens (top-level config; glm4v: image_start_token_id / image_end_token_id are
+  // the vision start / end).
   int64_t image_token_id = 0;
   int64_t video_token_id = 0;
   int64_t vision_start_token_id = 0;

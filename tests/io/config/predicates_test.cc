@@ -63,13 +63,16 @@ const char* const kTextOnly[][2] = {{"qwen3_5_text", "qwen3_5"},
                                     {"qwen3_5_moe_text", "qwen3_5_moe"}};
 
 // Vision-language types whose language model is an existing decoder, checked on their tiny
-// fixture's config: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe (Qwen2VLRMSNorm /
-// Qwen2_5_VLRMSNorm / Qwen3VLTextRMSNorm / Qwen3VLMoeTextRMSNorm return weight * x; softmax
-// attention continues across chunks).
+// fixture's config: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, glm4v, glm4v_moe
+// (Qwen2VLRMSNorm / Qwen2_5_VLRMSNorm / Qwen3VLTextRMSNorm / Qwen3VLMoeTextRMSNorm /
+// Glm4vRMSNorm / Glm4vMoeTextRMSNorm return weight * x; softmax attention continues across
+// chunks).
 const char* const kVisionLanguage[][2] = {{"qwen2_vl", "tests/data/fixtures/qwen2_vl_f32"},
                                           {"qwen2_5_vl", "tests/data/fixtures/qwen2_5_vl_f32"},
                                           {"qwen3_vl", "tests/data/fixtures/qwen3_vl_f32"},
-                                          {"qwen3_vl_moe", "tests/data/fixtures/qwen3_vl_moe_f32"}};
+                                          {"qwen3_vl_moe", "tests/data/fixtures/qwen3_vl_moe_f32"},
+                                          {"glm4v", "tests/data/fixtures/glm4v_f32"},
+                                          {"glm4v_moe", "tests/data/fixtures/glm4v_moe_f32"}};
 
 TEST(Predicates, EveryListedTypeIsCovered) {
   EXPECT_EQ(std::size(kCases) + std::size(kTextOnly) + std::size(kVisionLanguage),
@@ -94,8 +97,8 @@ TEST(Predicates, UnknownTypeIsAnError) {
   std::string msg = test::error_of([] { model_type_ships_vanilla_norm_weights("gpt2"); });
   EXPECT_NE(msg.find("\"gpt2\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("qwen3_next"), std::string::npos) << msg;  // lists what is supported
-  msg = test::error_of([] { requires_single_chunk_prefill("glm4v_moe", 0); });
-  EXPECT_NE(msg.find("\"glm4v_moe\""), std::string::npos) << msg;
+  msg = test::error_of([] { requires_single_chunk_prefill("gemma3", 0); });
+  EXPECT_NE(msg.find("\"gemma3\""), std::string::npos) << msg;
   EXPECT_FALSE(
       is_supported_model_type("qwen3_5_vision"));  // the vision tower's type is not a decoder
 }

@@ -192,5 +192,65 @@ TEST(Qwen2VlLanguageModel, NestedFixtureAndFlatPublishedLayout) {
             std::string::npos);
 }
 
+// GLM-4.1V-9B's config (its vision_config and the text fields that decide shapes): the tower's
+// widths come from out_hidden_size (the blocks' MLP) and intermediate_size (the merger's), the
+// position table from image_size / patch_size; the media ids' defaults, vision start / end
+// named image_start_token_id / image_end_token_id; the language model's rope over half of each
+// head, sectioned [8, 12, 12] (the default), on adjacent pairs.
+TEST(VisionConfig, Glm4v) {
+  json d = json::parse(R"({"model_type": "glm4v", "image_start_token_id": 151339,
+    "text_config": {"model_type": "glm4v_text", "vocab_size": 151552, "hidden_size": 4096,
+      "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
+      "num_key_value_heads": 2, "rms_norm_eps": 1e-05,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 10000,
+        "partial_rotary_factor": 0.5}},
+    "vision_config": {"model_type": "glm4v_vision", "depth": 24, "hidden_size": 1536,
+      "intermediate_size": 13696, "num_heads": 12, "out_hidden_size": 4096, "patch_size": 14,
+      "image_size": 336, "spatial_merge_size": 2, "temporal_patch_size": 2,
+      "rms_norm_eps": 1e-05, "attention_bias": false, "hidden_act": "silu"}})");
+  const VisionConfig v = parse_vision_config(d.dump(), "c.json");
+  EXPECT_EQ(v.tower, VisionTowerKind::kGlm4v);
+  EXPECT_EQ(v.head_dim, 128);
+  EXPECT_EQ(v.mlp_width, 4096);
+  EXPECT_EQ(v.merger_width, 13696);
+  EXPECT_EQ(v.num_position_embeddings, 24 * 24);
+  EXPECT_EQ(v.norm_eps, 1e-5);
+  EXPECT_FALSE(v.qkv_bias);
+  EXPECT_EQ(v.image_token_id, 151343);
+  EXPECT_EQ(v.video_token_id, 151344);
+  EXPECT_EQ(v.vision_start_token_id, 151339);
+  EXPECT_EQ(v.vision_end_token_id, 151340);
+  EXPECT_TRUE(has_vision_tower("glm4v"));
+  const ModelConfig m = parse_model_config(d.dump(), "c.json");
+  EXPECT_EQ(m.head_dim, 128);
+  EXPECT_EQ(m.rope.rotary_dim, 64);
+  EXPECT_EQ(m.rope.mrope_section, (std::vector<int64_t>{8, 12, 12}));
+  EXPECT_FALSE(m.rope.mrope_interleaved);
+  EXPECT_TRUE(m.rope.pairs_interleaved);
+  EXPECT_TRUE(m.attention_qkv_bias);
+  EXPECT_FALSE(m.attention_out_bias);
+  // GLM-4.5V (glm4v_moe): the same tower, its own media ids; glm4_moe's decoder with the
+  // sectioned rope on rotate_half, over half of each head by default, attention_bias by default.
+  json e = d;
+  e["model_type"] = "glm4v_moe";
+  e["vision_config"]["model_type"] = "glm4v_moe_vision";
+  e["text_config"] = json::parse(R"({"model_type": "glm4v_moe_text", "vocab_size": 151424,
+    "hidden_size": 4096, "num_hidden_layers": 46, "num_attention_heads": 96,
+    "num_key_value_heads": 8, "head_dim": 128, "n_routed_experts": 128, "num_experts_per_tok": 8,
+    "moe_intermediate_size": 1408, "intermediate_size": 10944, "num_nextn_predict_layers": 1})");
+  const VisionConfig ev = parse_vision_config(e.dump(), "c.json");
+  EXPECT_EQ(ev.tower, VisionTowerKind::kGlm4v);
+  EXPECT_EQ(ev.image_token_id, 151363);
+  const ModelConfig em = parse_model_config(e.dump(), "c.json");
+  EXPECT_EQ(em.rope.rotary_dim, 64);  // head_dim 128 x 0.5
+  EXPECT_FALSE(em.rope.pairs_interleaved);
+  EXPECT_EQ(em.rope.mrope_section, (std::vector<int64_t>{8, 12, 12}));
+  EXPECT_TRUE(em.attention_qkv_bias);
+  EXPECT_EQ(em.n_mtp_layers, 0);
+  d["vision_config"].erase("image_size");
+  EXPECT_EQ(err(d),
+            "c.json: missing required field 'vision_config.image_size' (a positive integer)");
+}
+
 }  // namespace
 }  // namespace metrale
