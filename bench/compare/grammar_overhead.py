@@ -4,6 +4,11 @@ per-token time of each and the overhead.
 
     python3 bench/compare/grammar_overhead.py --model models/demo [--bin build/release/src/metrale]
     python3 bench/compare/grammar_overhead.py --model DIR --bin OLD/metrale --bin NEW/metrale
+    python3 bench/compare/grammar_overhead.py --model random-qwen3 --tokens 32 ...
+
+--model random-qwen3: the one-layer random Qwen3 beside the real Qwen3 tokenizer (151,936 ids;
+tests/python/random_qwen3.py, seeded by --seed), written to a temporary directory.
+bench/compare/grammar_peer.py measures the same beside llama-server, with a JSON schema.
 
 With several --bin, each binary's server is measured in turn, the whole sequence --passes
 times (interleaved, so a change in the machine's load hits each alike), and every line is
@@ -19,12 +24,15 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import random
 import sys
+import tempfile
 import time
 import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
 from metrale_server import Server  # noqa: E402
+from random_qwen3 import random_qwen3  # noqa: E402
 
 REGEX = "([A-Za-z,.;:' ]|\\n)*#"
 
@@ -59,7 +67,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0, help="--model random-qwen3's weights")
     a = ap.parse_args()
+    if a.model == "random-qwen3":
+        tmp = tempfile.TemporaryDirectory()
+        random_qwen3(pathlib.Path(tmp.name), random.Random(a.seed).randbytes)
+        a.model = tmp.name
     for p in range(a.passes):
         for b in a.bin or [None]:
             if b:

@@ -146,7 +146,10 @@ def http_json(port: int, method: str, path: str, body: dict | None = None,
 
 
 def event_text(obj: dict) -> str:
-    return "".join(ch.get("text") or "" for ch in obj.get("choices") or [])
+    """The text one SSE event carries: a completion choice's `text`, or a chat choice's
+    `delta.content`."""
+    return "".join(ch.get("text") or (ch.get("delta") or {}).get("content") or ""
+                   for ch in obj.get("choices") or [])
 
 
 def is_closing(obj: dict) -> bool:
@@ -154,11 +157,13 @@ def is_closing(obj: dict) -> bool:
     return any(ch.get("finish_reason") for ch in obj.get("choices") or [])
 
 
-def stream_completion(port: int, body: dict, timeout: float) -> dict:
-    """Sends one streaming /v1/completions request; returns its timings, in seconds after
-    t_send (monotonic): ttft (the first event with text), text_events (events with text) and
-    the time of each, total; the completion / cached tokens of the usage block, finish reason,
-    error (None when it went well).
+def stream_completion(port: int, body: dict, timeout: float, path: str = "/v1/completions",
+                      keep_text: bool = False) -> dict:
+    """Sends one streaming request to `path` (/v1/completions, or /v1/chat/completions: its
+    delta.content is the text); returns its timings, in seconds after t_send (monotonic): ttft
+    (the first event with text), text_events (events with text) and the time of each, total;
+    the completion / cached tokens of the usage block, finish reason, error (None when it went
+    well); with keep_text, the whole text as "text".
 
     Why text: the engines send events for different tokens. Both hold back a token that ends
     inside a UTF-8 character until the character is whole; a token that renders as nothing
@@ -171,13 +176,15 @@ def stream_completion(port: int, body: dict, timeout: float) -> dict:
            "total": None, "text_events": 0, "events": 0, "chunk_times": [],
            "completion_tokens": None, "prompt_tokens": None, "cached_tokens": None,
            "finish_reason": None, "text_chars": 0, "error": None}
+    if keep_text:
+        out["text"] = ""
     closing = None
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
         data = json.dumps(body).encode()
         t0 = time.monotonic()
         out["t_send"] = t0
-        conn.request("POST", "/v1/completions", body=data,
+        conn.request("POST", path, body=data,
                       headers={"Content-Type": "application/json",
                                "Accept": "text/event-stream"})
         resp = conn.getresponse()
@@ -214,6 +221,8 @@ def stream_completion(port: int, body: dict, timeout: float) -> dict:
                 out["text_events"] += 1
                 out["chunk_times"].append(now)
                 out["text_chars"] += len(text)
+                if keep_text:
+                    out["text"] += text
             if is_closing(obj):
                 closing = now if closing is None else closing
                 out["finish_reason"] = next(ch["finish_reason"] for ch in obj["choices"]
@@ -393,6 +402,75 @@ class Engines:
         if stream:
             b["stream_options"] = {"include_usage": True}
         return b
+
+
+def prepare_binaries(args, engines: list[str], failures: list[dict]
+                     ) -> tuple[Path | None, Path | None, Path | None]:
+    """(metrale binary, llama-server binary, vendored llama.cpp source) for the engines asked
+    for: metrale's release build made unless --no-build or --metrale-bin names another binary,
+    and checked to answer `serve --help`; llama-server built once from the pinned source
+    (llama_cpp_peer.ensure_server_tool). An engine that cannot run is removed from `engines`
+    with a failure recorded; none left stops the run. args: metrale_bin, no_build, cache_dir."""
+    metrale = llama_server = None
+    if "metrale" in engines:
+        if not args.no_build and args.metrale_bin == RELEASE / "src" / "metrale":
+            compare.build_release(["metrale"])
+        if not args.metrale_bin.is_file():
+            why = f"{args.metrale_bin} not found"
+        else:
+            r = subprocess.run([str(args.metrale_bin), "serve", "--help"], capture_output=True,
+                               text=True)
+            why = None if r.returncode == 0 and "--port" in r.stdout + r.stderr else \
+                f"`{args.metrale_bin} serve --help` failed or lists no --port (status " \
+                f"{r.returncode}): {(r.stderr or r.stdout)[-300:]}"
+        if why:
+            log(f"metrale skipped: {why}")
+            failures.append({"engine": "metrale", "part": "setup", "error": why})
+            engines.remove("metrale")
+        else:
+            metrale = args.metrale_bin
+    lsrc = None
+    if "llama.cpp" in engines:
+        lsrc = llama_cpp_peer.ensure_source(args.cache_dir)
+        tool = llama_cpp_peer.server_tool_path(args.cache_dir)
+        if not tool.is_file() and not args.no_build:
+            llama_cpp_peer.ensure_server_tool(args.cache_dir, lsrc)
+        if tool.is_file():
+            llama_server = tool
+        else:
+            why = f"{tool} not found (--no-build)"
+            log(f"llama.cpp skipped: {why}")
+            failures.append({"engine": "llama.cpp", "part": "setup", "error": why})
+            engines.remove("llama.cpp")
+    if not engines:
+        sys.exit("no engine left to run")
+    return metrale, llama_server, lsrc
+
+
+def engine_versions(args, eng: Engines) -> dict:
+    """What results.json records of each engine's binary: metrale's commit (git_state: no
+    --version; the commit it was built from identifies it), binary mtime and `serve --help`;
+    llama-server's pin (llama_cpp_peer.server_info) and `--version` output."""
+    versions = {}
+    metrale, llama_server = eng.metrale_bin, eng.llama_server
+    if metrale:
+        versions["metrale"] = {
+            "binary": str(metrale),
+            "binary_mtime": time.strftime("%Y-%m-%d %H:%M:%S",
+                                          time.localtime(metrale.stat().st_mtime)),
+            "git": compare.git_state(),
+            "built_from_this_tree": args.metrale_bin == RELEASE / "src" / "metrale"
+            and not args.no_build,
+            "serve_options": eng.metrale_help,
+            # every option's default as this binary states it (--max-rows: its prefill chunk;
+            # llama-server's is its ubatch, 512)
+            "serve_help": subprocess.run([str(metrale), "serve", "--help"], capture_output=True,
+                                         text=True).stdout}
+    if llama_server:
+        r = subprocess.run([str(llama_server), "--version"], capture_output=True, text=True)
+        versions["llama.cpp"] = {**llama_cpp_peer.server_info(args.cache_dir),
+                                 "version_output": (r.stdout + r.stderr).strip()[-300:]}
+    return versions
 
 
 # --------------------------------------------------------------------------- parts
@@ -778,39 +856,7 @@ def main() -> None:
 
     # --- binaries ---
     failures = []
-    metrale = llama_server = None
-    if "metrale" in engines:
-        if not args.no_build and args.metrale_bin == RELEASE / "src" / "metrale":
-            compare.build_release(["metrale"])
-        if not args.metrale_bin.is_file():
-            why = f"{args.metrale_bin} not found"
-        else:
-            r = subprocess.run([str(args.metrale_bin), "serve", "--help"], capture_output=True,
-                               text=True)
-            why = None if r.returncode == 0 and "--port" in r.stdout + r.stderr else \
-                f"`{args.metrale_bin} serve --help` failed or lists no --port (status " \
-                f"{r.returncode}): {(r.stderr or r.stdout)[-300:]}"
-        if why:
-            log(f"metrale skipped: {why}")
-            failures.append({"engine": "metrale", "part": "setup", "error": why})
-            engines.remove("metrale")
-        else:
-            metrale = args.metrale_bin
-    lsrc = None
-    if "llama.cpp" in engines:
-        lsrc = llama_cpp_peer.ensure_source(args.cache_dir)
-        tool = llama_cpp_peer.server_tool_path(args.cache_dir)
-        if not tool.is_file() and not args.no_build:
-            llama_cpp_peer.ensure_server_tool(args.cache_dir, lsrc)
-        if tool.is_file():
-            llama_server = tool
-        else:
-            why = f"{tool} not found (--no-build)"
-            log(f"llama.cpp skipped: {why}")
-            failures.append({"engine": "llama.cpp", "part": "setup", "error": why})
-            engines.remove("llama.cpp")
-    if not engines:
-        sys.exit("no engine left to run")
+    metrale, llama_server, lsrc = prepare_binaries(args, engines, failures)
 
     # --- weights ---
     models = {}
@@ -821,24 +867,7 @@ def main() -> None:
             models[s]["gguf"] = llama_cpp_peer.ensure_gguf(args.cache_dir, lsrc, d, "bf16")
 
     eng = Engines(args, metrale, llama_server)
-    versions = {}
-    if metrale:
-        versions["metrale"] = {  # no --version: the commit it was built from identifies it
-            "binary": str(metrale),
-            "binary_mtime": time.strftime("%Y-%m-%d %H:%M:%S",
-                                          time.localtime(metrale.stat().st_mtime)),
-            "git": compare.git_state(),
-            "built_from_this_tree": args.metrale_bin == RELEASE / "src" / "metrale"
-            and not args.no_build,
-            "serve_options": eng.metrale_help,
-            # every option's default as this binary states it (--max-rows: its prefill chunk;
-            # llama-server's is its ubatch, 512)
-            "serve_help": subprocess.run([str(metrale), "serve", "--help"], capture_output=True,
-                                         text=True).stdout}
-    if llama_server:
-        r = subprocess.run([str(llama_server), "--version"], capture_output=True, text=True)
-        versions["llama.cpp"] = {**llama_cpp_peer.server_info(args.cache_dir),
-                                 "version_output": (r.stdout + r.stderr).strip()[-300:]}
+    versions = engine_versions(args, eng)
     results = {
         "command": shlex.join(invoked),
         "config": {"engines": engines, "model_shape": args.model_shape,

@@ -355,6 +355,9 @@ def converter_options(model_dir: Path) -> tuple[list[str], list[str]]:
       deepseek-v2-lite-L<N> shape (model_type deepseek_v3) likewise: --pre-fallback
       deepseek-llm, DeepSeek-V2's pre-tokenizer. A fallback is used only when the hash is
       unknown, so a real checkpoint's tokenizer keeps its own.
+    * Qwen3 checkpoints with a tokenizer of their own (models/demo: a BPE trained with
+      Qwen2/Qwen3's split regex, whose hash the converter does not know): --pre-fallback
+      qwen2, Qwen2/Qwen3's pre-tokenizer; the real Qwen3 tokenizer's hash is known and kept.
     * DeepSeek with q_lora_rank null and a layer count other than V2-Lite's 26 / 27: the
       pinned llama.cpp requires deepseek2.attention.q_lora_rank then, which the converter
       writes only when set: --q-lora-rank-zero (convert_gguf.py) writes it as 0.
@@ -367,6 +370,8 @@ def converter_options(model_dir: Path) -> tuple[list[str], list[str]]:
     wrapper, converter = [], []
     if config.get("model_type") == "llama":
         wrapper += ["--pre-fallback", "llama-bpe"]
+    if config.get("model_type") == "qwen3":
+        wrapper += ["--pre-fallback", "qwen2"]
     if config.get("model_type") == "deepseek_v3":
         wrapper += ["--pre-fallback", "deepseek-llm"]
         if config.get("q_lora_rank") is None and config.get("num_hidden_layers") not in (26, 27):

@@ -33,6 +33,7 @@ MODULES = {
     "requests": ("requests", "GGUF conversion (gguf-py)"),
     "matplotlib": ("matplotlib", "chart.png"),
     "pip": ("pip", "downloading the pinned llama-cpp-python sdist"),
+    "jsonschema": ("jsonschema", "validating constrained replies (bench/compare/grammar_peer.py)"),
 }
 GGUF_CONVERSION = ["numpy", "torch", "transformers", "sentencepiece", "yaml", "tqdm", "requests"]
 HF_PEER = ["torch", "transformers"]
