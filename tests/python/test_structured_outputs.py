@@ -5,7 +5,8 @@ bounded numbers), on the demo model and on a random-weight Qwen3 with the real Q
 (whose unconstrained output is noise: only the grammar makes it valid); response_format,
 vLLM's structured_outputs / guided_*, client.chat.completions.parse with a pydantic model,
 streaming, n > 1, regex and choice, forced tool calls (tool_choice "required" and a named
-function, on the scripted Hermes checkpoint); a request without a grammar co-batched with
+function, on the scripted Hermes checkpoint, and in qwen3_coder's XML format on the random-weight
+Qwen3 with the Qwen3-Coder template); a request without a grammar co-batched with
 constrained ones equals itself alone; bad schemas and grammars are 400s naming the field.
 
 With --speculative ngram the constrained greedy reply equals the one without drafts.
@@ -410,6 +411,117 @@ class ForcedToolCalls(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             self.call({"type": "function", "function": {"name": "nope"}})
         self.assertIn("nope", str(e.exception))
+
+
+class ForcedToolCallsQwen3Coder(unittest.TestCase):
+    """Forced calls in qwen3_coder's XML format (<tool_call><function=N><parameter=K>...), on the
+    random-weight Qwen3 with the Qwen3-Coder template: whatever the model's noise, the reply is
+    one call that the server's parser reads back, its arguments valid for the tool's schema."""
+
+    STOP = {"type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 6},
+                           "nights": {"type": "integer", "minimum": 0, "maximum": 5}},
+            "required": ["name", "nights"]}
+    TOOLS = [
+        {"type": "function", "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object",
+                           "properties": {"city": {"type": "string", "pattern": "^[A-Za-z ]{1,10}$"},
+                                          "unit": {"enum": ["celsius", "fahrenheit"]},
+                                          "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                           "required": ["city", "unit"]}}},
+        {"type": "function", "function": {
+            "name": "plan_trip",
+            "parameters": {"type": "object",
+                           "properties": {"stops": {"type": "array", "items": STOP,
+                                                    "minItems": 1, "maxItems": 2},
+                                          "budget": {"type": "integer", "minimum": 0,
+                                                     "maximum": 1000},
+                                          "refundable": {"type": "boolean"},
+                                          "code": {"type": "string", "maxLength": 3}},
+                           "required": ["stops", "budget", "code"]}}},
+    ]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        import pathlib
+        path = pathlib.Path(cls.dir.name)
+        random_qwen3(path)
+        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
+                            "Qwen3-Coder.jinja")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.dir.cleanup()
+
+    def call(self, tool_choice, tools=None, **kw):
+        kw.setdefault("max_tokens", 400)
+        return self.client.chat.completions.create(
+            model=self.server.model, messages=[{"role": "user", "content": "weather?"}],
+            tools=tools or self.TOOLS, tool_choice=tool_choice, **kw)
+
+    def check(self, choice, names):
+        self.assertEqual(choice.finish_reason, "tool_calls", choice.message.content)
+        calls = choice.message.tool_calls
+        self.assertEqual(len(calls), 1)
+        self.assertIn(calls[0].function.name, names)
+        schema = {t["function"]["name"]: t["function"]["parameters"] for t in self.TOOLS}
+        jsonschema.validate(json.loads(calls[0].function.arguments), schema[calls[0].function.name])
+        return calls[0]
+
+    def test_the_format_is_qwen3_coder(self):
+        self.assertIn("tool calls: qwen3_coder", self.server.banner)
+
+    def test_unforced_is_no_call(self):
+        r = self.call("auto", temperature=1.0, seed=1, max_tokens=20)
+        self.assertIsNone(r.choices[0].message.tool_calls)
+
+    def test_named_function(self):
+        for name in ("get_weather", "plan_trip"):
+            for seed in (1, 2, 3):
+                r = self.call({"type": "function", "function": {"name": name}}, temperature=1.0,
+                              seed=seed)
+                self.check(r.choices[0], [name])
+
+    def test_required(self):
+        seen = set()
+        for seed in range(6):
+            r = self.call("required", temperature=1.0, seed=seed)
+            seen.add(self.check(r.choices[0], ["get_weather", "plan_trip"]).function.name)
+        one = self.call("required", tools=self.TOOLS[1:], temperature=1.0, seed=7)
+        self.check(one.choices[0], ["plan_trip"])
+        self.assertTrue(seen)
+
+    def test_streamed_equals_whole(self):
+        whole = self.check(self.call("required", temperature=1.0, seed=11).choices[0],
+                           ["get_weather", "plan_trip"])
+        name, args, finish = "", "", None
+        for chunk in self.call("required", temperature=1.0, seed=11, stream=True):
+            if not chunk.choices:
+                continue
+            finish = chunk.choices[0].finish_reason or finish
+            for t in chunk.choices[0].delta.tool_calls or []:
+                name += t.function.name or ""
+                args += t.function.arguments or ""
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual((name, json.loads(args)),
+                         (whole.function.name, json.loads(whole.function.arguments)))
+
+    def test_unknown_tool_is_a_400_naming_tool_choice(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.call({"type": "function", "function": {"name": "nope"}})
+        self.assertIn("tool_choice", str(e.exception))
+        self.assertIn("nope", str(e.exception))
+
+    def test_an_unsupported_keyword_is_a_400_naming_it(self):
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}]
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.call("required", tools=tools)
+        self.assertIn("uniqueItems", str(e.exception))
 
 
 if __name__ == "__main__":
