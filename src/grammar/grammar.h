@@ -30,7 +30,9 @@ struct GrammarSpec {
   // e.g. a tool call's markers around its arguments. A {"type": "token", "token": "<text>"}
   // in it is the tokenizer's token of that text, special or not, matched by id alone (the text
   // spelled out by other tokens does not match it; where no single token has that text, the
-  // text itself is the element); every "json_schema" in it is checked as kJsonSchema's is.
+  // text itself is the element; as a "tag"'s begin or end a non-special token is its text,
+  // which xgrammar 0.2.9 needs to end the tag's any_text); every "json_schema" in it is
+  // checked as kJsonSchema's is.
   enum class Kind : uint8_t { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf, kStructuralTag };
   Kind kind = Kind::kJsonObject;
   std::string
