@@ -5,8 +5,11 @@ bounded numbers), on the demo model and on a random-weight Qwen3 with the real Q
 (whose unconstrained output is noise: only the grammar makes it valid); response_format,
 vLLM's structured_outputs / guided_*, client.chat.completions.parse with a pydantic model,
 streaming, n > 1, regex and choice, forced tool calls (tool_choice "required" and a named
-function, on the scripted Hermes checkpoint, and in qwen3_coder's XML format on the random-weight
-Qwen3 with the Qwen3-Coder template); a request without a grammar co-batched with
+function, on the scripted Hermes checkpoint; in qwen3_coder's XML format on the random-weight
+Qwen3 with the Qwen3-Coder template, and in Mistral's [TOOL_CALLS]N[ARGS]{...} with its special
+tokens on a random-weight byte-level model under Mistral Small 3.2's template, likewise in
+glm45's under GLM-4.6's, and in deepseek_v3's V3.1 spelling with the DeepSeek-V3 tokenizer); a
+request without a grammar co-batched with
 constrained ones equals itself alone; bad schemas and grammars are 400s naming the field.
 
 With --speculative ngram the constrained greedy reply equals the one without drafts.
@@ -82,16 +85,17 @@ SCHEMAS = {
 }
 
 
-def random_qwen3(path):
-    """A one-layer Qwen3 with random bf16 weights and the real Qwen3 tokenizer (151,936 ids)."""
-    vocab, hidden, inter, heads, kv, hd = 151936, 16, 32, 2, 1, 8
+def random_qwen3(path, vocab=151936, bos=151643, eos=151645, qwen_tokenizer=True):
+    """A one-layer Qwen3 with random bf16 weights and the real Qwen3 tokenizer (151,936 ids), or
+    (qwen_tokenizer=False) none: the caller writes one of `vocab` ids."""
+    hidden, inter, heads, kv, hd = 16, 32, 2, 1, 8
     config = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab,
         "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 1,
         "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
         "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0, "tie_word_embeddings": True, "attention_bias": False,
-        "bos_token_id": 151643, "eos_token_id": 151645, "dtype": "bfloat16",
+        "bos_token_id": bos, "eos_token_id": eos, "dtype": "bfloat16",
     }
     shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden]}
     p = "model.layers.0."
@@ -130,10 +134,33 @@ def random_qwen3(path):
         for b in blobs:
             f.write(b)
     (path / "config.json").write_text(json.dumps(config))
+    if not qwen_tokenizer:
+        return
     tok = ROOT / "tests" / "data" / "tokenizers" / "qwen3"
     with gzip.open(tok / "tokenizer.json.gz", "rb") as src:
         (path / "tokenizer.json").write_bytes(src.read())
     shutil.copy(tok / "tokenizer_config.json", path / "tokenizer_config.json")
+
+
+def byte_level_tokenizer(path, specials):
+    """tokenizer.json: the 256 byte symbols of GPT-2's byte-level alphabet (ids 0-255, no
+    merges), then `specials` as special added tokens (ids 256...); the first is the eos, the
+    second the bos."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) +
+                 list(range(0xAE, 0xFF + 1)))
+    extra = iter(range(256, 512))
+    symbol = {b: chr(b) if b in printable else chr(next(extra)) for b in range(256)}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}
+    added = [{"id": 256 + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, t in enumerate(specials)]
+    tokenizer = {"version": "1.0", "added_tokens": added, "normalizer": None,
+                 "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+                 "model": {"type": "BPE", "vocab": {symbol[b]: b for b in range(256)},
+                           "merges": [], "unk_token": None, "byte_fallback": False}}
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": specials[0], "bos_token": specials[1]}))
 
 
 def content_of(resp):
@@ -422,6 +449,7 @@ class ForcedToolCallsQwen3Coder(unittest.TestCase):
             "properties": {"name": {"type": "string", "maxLength": 6},
                            "nights": {"type": "integer", "minimum": 0, "maximum": 5}},
             "required": ["name", "nights"]}
+    FORMAT = "qwen3_coder"
     TOOLS = [
         {"type": "function", "function": {
             "name": "get_weather",
@@ -472,8 +500,8 @@ class ForcedToolCallsQwen3Coder(unittest.TestCase):
         jsonschema.validate(json.loads(calls[0].function.arguments), schema[calls[0].function.name])
         return calls[0]
 
-    def test_the_format_is_qwen3_coder(self):
-        self.assertIn("tool calls: qwen3_coder", self.server.banner)
+    def test_the_server_found_the_format(self):
+        self.assertIn(f"tool calls: {self.FORMAT}", self.server.banner)
 
     def test_unforced_is_no_call(self):
         r = self.call("auto", temperature=1.0, seed=1, max_tokens=20)
@@ -522,6 +550,91 @@ class ForcedToolCallsQwen3Coder(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             self.call("required", tools=tools)
         self.assertIn("uniqueItems", str(e.exception))
+
+
+class ForcedToolCallsMistral(ForcedToolCallsQwen3Coder):
+    """The same on a random-weight model with a byte-level vocabulary whose Mistral markers are
+    special tokens, under Mistral Small 3.2's template: the call is [TOOL_CALLS]N[ARGS]{...},
+    its markers the special tokens (decoded for the parser, as vLLM does), whatever the noise."""
+
+    SPECIALS = ["</s>", "<s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
+                "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"]
+    FORMAT = "mistral"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        import pathlib
+        path = pathlib.Path(cls.dir.name)
+        random_qwen3(path, vocab=256 + len(cls.SPECIALS), bos=257, eos=256, qwen_tokenizer=False)
+        byte_level_tokenizer(path, cls.SPECIALS)
+        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
+                            "Mistral-Small-3.2-24B-Instruct-2506.jinja")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    def test_the_markers_are_the_special_tokens(self):
+        # With the specials skipped the parser would see no call: the server keeps them, and
+        # the reply's tokens hold [TOOL_CALLS] and [ARGS] once each (logprobs name them).
+        r = self.call("required", temperature=1.0, seed=3, logprobs=True)
+        self.check(r.choices[0], ["get_weather", "plan_trip"])
+        tokens = [t.token for t in r.choices[0].logprobs.content]
+        self.assertEqual(tokens[0], "[TOOL_CALLS]")
+        self.assertEqual(tokens.count("[TOOL_CALLS]"), 1)
+        self.assertEqual(tokens.count("[ARGS]"), 1)
+        self.assertFalse(set(tokens) & (set(self.SPECIALS) - {"[TOOL_CALLS]", "[ARGS]"}), tokens)
+
+
+class ForcedToolCallsGlm45(ForcedToolCallsQwen3Coder):
+    """glm45's <tool_call>N<arg_key>K</arg_key><arg_value>V</arg_value>... under GLM-4.6's
+    template, its markers special tokens of a byte-level vocabulary, on random weights."""
+
+    SPECIALS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+                "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<tool_response>",
+                "</tool_response>"]
+    FORMAT = "glm45"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        import pathlib
+        path = pathlib.Path(cls.dir.name)
+        random_qwen3(path, vocab=256 + len(cls.SPECIALS), bos=257, eos=256, qwen_tokenizer=False)
+        byte_level_tokenizer(path, cls.SPECIALS)
+        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
+                            "GLM-4.6.jinja")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+
+class ForcedToolCallsDeepSeekV31(ForcedToolCallsQwen3Coder):
+    """deepseek_v3's calls as DeepSeek-V3.1's template writes them (N<｜tool▁sep｜>{...}), on a
+    random-weight model with the real DeepSeek-V3 tokenizer."""
+
+    FORMAT = "deepseek_v3"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        import pathlib
+        path = pathlib.Path(cls.dir.name)
+        tok = ROOT / "tests" / "data" / "tokenizers" / "deepseek_v3"
+        with gzip.open(tok / "tokenizer.json.gz", "rb") as src:
+            (path / "tokenizer.json").write_bytes(src.read())
+        shutil.copy(tok / "tokenizer_config.json", path / "tokenizer_config.json")
+        ids = [t["id"] for t in json.loads((path / "tokenizer.json").read_text())["added_tokens"]]
+        random_qwen3(path, vocab=max(ids) + 1, bos=0, eos=1, qwen_tokenizer=False)
+        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
+                            "deepseek-ai-DeepSeek-V3.1.jinja")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    def test_the_spelling_is_v31s(self):
+        r = self.call({"type": "function", "function": {"name": "get_weather"}}, temperature=1.0,
+                      seed=4, logprobs=True)
+        self.check(r.choices[0], ["get_weather"])
+        text = "".join(t.token for t in r.choices[0].logprobs.content)
+        self.assertTrue(text.startswith(
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"), text)
 
 
 if __name__ == "__main__":
