@@ -356,6 +356,17 @@ ToolCallFormat detect_tool_call_format(std::string_view src) {
   return ToolCallFormat::kNone;
 }
 
+ToolCallSpelling detect_tool_call_spelling(ToolCallFormat f, std::string_view src) {
+  if (f == ToolCallFormat::kMistral && src.find(kMistralArgs) != kNpos) {
+    return ToolCallSpelling::kMistralArgs;
+  }
+  // V3 fences the arguments in ```json; V3.1 writes them bare after the name.
+  if (f == ToolCallFormat::kDeepSeekV3 && src.find("```json") == kNpos) {
+    return ToolCallSpelling::kDeepSeekV31;
+  }
+  return ToolCallSpelling::kDefault;
+}
+
 bool tool_call_markers_are_special(ToolCallFormat f) {
   return f == ToolCallFormat::kMistral || f == ToolCallFormat::kLlama3Json ||
          f == ToolCallFormat::kGlm45;

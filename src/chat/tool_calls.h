@@ -64,6 +64,14 @@ ToolCallFormat tool_call_format_from_name(std::string_view name);
 // The format a chat template teaches, from the markers its source renders (kNone when it
 // renders no tool calls the parsers know).
 ToolCallFormat detect_tool_call_format(std::string_view template_source);
+// Where one format's templates write a call two ways (the parser reads both), the way a
+// template writes it: what a forced call (tool_choice) is written as.
+enum class ToolCallSpelling : uint8_t {
+  kDefault,  // hermes..., deepseek_v3: V3's function<｜tool▁sep｜>N```json, mistral: Nemo's list
+  kDeepSeekV31,  // DeepSeek-V3.1: N<｜tool▁sep｜>{...}
+  kMistralArgs,  // Mistral Small 3.2 (v11): [TOOL_CALLS]N[ARGS]{...}
+};
+ToolCallSpelling detect_tool_call_spelling(ToolCallFormat f, std::string_view template_source);
 // Whether the format's markers are special tokens in its models' tokenizers (Mistral's
 // [TOOL_CALLS], Llama's <|python_tag|>): a server must then decode without skipping special
 // tokens for the parser to see them.

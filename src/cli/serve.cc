@@ -211,6 +211,10 @@ void run_serve(ServeFlags f) {
   f.http.tool_call_format =
       resolve_reply_format("--tool-call-parser", f.tool_call_parser, tmpl, /*with_tools=*/true,
                            chat::tool_call_format_from_name, chat::detect_tool_call_format);
+  if (tmpl) {
+    f.http.tool_call_spelling = chat::detect_tool_call_spelling(
+        f.http.tool_call_format, tmpl->pick(/*with_tools=*/true).text());
+  }
   f.http.reasoning_format =
       resolve_reply_format("--reasoning-parser", f.reasoning_parser, tmpl, /*with_tools=*/false,
                            chat::reasoning_format_from_name, chat::detect_reasoning_format);

@@ -265,16 +265,28 @@ std::string engine_message(std::string m) {
 struct GrammarCompiler::Impl {
   xgrammar::TokenizerInfo info;
   xgrammar::GrammarCompiler compiler;
+  // Structural tags compile over a second view of the vocabulary in which the special tokens
+  // are tokens a "token" element can name (xgrammar's token edges skip the tokens it counts as
+  // special, those of empty text): each is its text behind the bytes FF FE, which no UTF-8
+  // text matches, so no text element (a JSON string, a regex, an XML value) ever allows one.
+  xgrammar::TokenizerInfo marker_info;
+  xgrammar::GrammarCompiler marker_compiler;
+  std::map<std::string, AddedTokenInfo, std::less<>> added;  // added tokens by their text
   std::mutex mu;
   std::map<std::string, std::shared_ptr<const CompiledGrammar>> cache;
-  Impl(xgrammar::TokenizerInfo i, int threads)
-      : info(std::move(i)), compiler(info, threads, /*cache_enabled=*/false) {}
+  Impl(xgrammar::TokenizerInfo i, xgrammar::TokenizerInfo mi, int threads)
+      : info(std::move(i)),
+        compiler(info, threads, /*cache_enabled=*/false),
+        marker_info(std::move(mi)),
+        marker_compiler(marker_info, threads, /*cache_enabled=*/false) {}
 };
 
 namespace {
 
+// `markers`: the special tokens keep their text behind FF FE (GrammarCompiler::Impl) instead
+// of none.
 xgrammar::TokenizerInfo make_info(const Tokenizer& tok, int64_t vocab_size,
-                                  const std::vector<int32_t>& eos_ids) {
+                                  const std::vector<int32_t>& eos_ids, bool markers) {
   int64_t n = static_cast<int64_t>(tok.id_limit());
   METRALE_CHECK(vocab_size >= n, "grammar: the logits width ", vocab_size,
                 " is below the tokenizer's ", n, " ids");
@@ -293,7 +305,11 @@ xgrammar::TokenizerInfo make_info(const Tokenizer& tok, int64_t vocab_size,
     // Empty: xgrammar's "special" tokens, never allowed by a grammar (the eos ids are stop
     // tokens instead: allowed at an accept state).
     if (tok.is_special(static_cast<int32_t>(i))) {
-      t.clear();
+      if (markers && !t.empty()) {
+        t = "\xFF\xFE" + t;
+      } else {
+        t.clear();
+      }
     } else if (!added[static_cast<size_t>(i)]) {
       t = token_bytes(t, kind);
     }
@@ -305,13 +321,98 @@ xgrammar::TokenizerInfo make_info(const Tokenizer& tok, int64_t vocab_size,
                                  stops, false);
 }
 
+// Stands for the bytes FF FE in a structural tag while it is JSON text (nlohmann::json holds
+// UTF-8 only); the dump spells it "\u0001special\u0001".
+constexpr const char* kSpecialMark = "\x01special\x01";
+constexpr std::string_view kSpecialMarkDumped = "\\u0001special\\u0001";
+
+// Walks a structural tag's formats: checks each "json_schema" as a kJsonSchema spec's, and
+// turns each "token" given as text into the id of the added token of that text, or into that
+// text as a "const_string" where the tokenizer has no such token; each "any_text" excludes the
+// special tokens' text (GrammarCompiler::Impl).
+// The added token a resolved "token" element names, or null.
+const AddedTokenInfo* token_of(const nlohmann::ordered_json& f,
+                               const std::map<std::string, AddedTokenInfo, std::less<>>& added) {
+  if (f.value("type", "") != "token" || !f.contains("token") || !f["token"].is_number_integer())
+    return nullptr;
+  const int32_t id = f["token"].get<int32_t>();
+  for (const auto& [text, info] : added)
+    if (info.id == id) return &info;
+  return nullptr;
+}
+
+void resolve_formats(nlohmann::ordered_json& f, const std::string& field,
+                     const std::map<std::string, AddedTokenInfo, std::less<>>& added, int depth) {
+  METRALE_CHECK(depth < 64, field, ": the structural tag nests deeper than 64 levels");
+  if (f.is_array()) {
+    for (nlohmann::ordered_json& e : f) resolve_formats(e, field, added, depth + 1);
+    return;
+  }
+  if (!f.is_object()) return;
+  const auto type = f.find("type");
+  if (type != f.end() && *type == "json_schema") {
+    const auto schema = f.find("json_schema");
+    METRALE_CHECK(schema != f.end(), field, ": a json_schema format without its schema");
+    check_schema_keywords(schema->dump(), field);
+    return;
+  }
+  if (type != f.end() && *type == "token" && f.contains("token") && f["token"].is_string()) {
+    const std::string text = f["token"].get<std::string>();
+    if (const auto it = added.find(text); it != added.end()) {
+      f["token"] = it->second.id;
+    } else {
+      f = {{"type", "const_string"}, {"value", text}};
+    }
+    return;
+  }
+  if (type != f.end() && *type == "any_text") {
+    // Any text is any bytes to xgrammar: it must also exclude the special tokens' FF FE.
+    f["excludes"].push_back(kSpecialMark);
+    return;
+  }
+  const bool tag = type != f.end() && *type == "tag";
+  for (auto& [key, value] : f.items()) {
+    if (!value.is_object() && !value.is_array()) continue;
+    resolve_formats(value, field, added, depth + 1);
+    // A tag's begin and end are a token or text (a string), not any format; xgrammar 0.2.9
+    // ends any text at a token only when that token is one it cannot read as text (special),
+    // so a non-special one is its text there (which matches the token too).
+    if (tag && (key == "begin" || key == "end") && value.is_object()) {
+      if (value.value("type", "") == "const_string") {
+        value = value["value"];
+      } else if (const AddedTokenInfo* t = token_of(value, added); t != nullptr && !t->special) {
+        value = t->content;
+      }
+    }
+  }
+}
+
+std::string resolve_structural_tag(
+    const std::string& text, const std::string& field,
+    const std::map<std::string, AddedTokenInfo, std::less<>>& added) {
+  // (Ordered: a schema's properties are written in the order it gives them.)
+  nlohmann::ordered_json tag =
+      nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  METRALE_CHECK(!tag.is_discarded() && tag.is_object(), field,
+                ": the structural tag is not a JSON object");
+  resolve_formats(tag, field, added, 0);
+  std::string out = tag.dump();
+  for (size_t at = out.find(kSpecialMarkDumped); at != std::string::npos;
+       at = out.find(kSpecialMarkDumped, at)) {
+    out.replace(at, kSpecialMarkDumped.size(), "\xFF\xFE");
+  }
+  return out;
+}
+
 }  // namespace
 
 GrammarCompiler::GrammarCompiler(const Tokenizer& tokenizer, int64_t vocab_size,
                                  std::vector<int32_t> eos_ids)
     : vocab_size_(vocab_size) {
   int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-  impl_ = std::make_unique<Impl>(make_info(tokenizer, vocab_size, eos_ids), threads);
+  impl_ = std::make_unique<Impl>(make_info(tokenizer, vocab_size, eos_ids, false),
+                                 make_info(tokenizer, vocab_size, eos_ids, true), threads);
+  for (const AddedTokenInfo& a : tokenizer.added_tokens()) impl_->added.emplace(a.content, a);
 }
 
 GrammarCompiler::~GrammarCompiler() = default;
@@ -356,6 +457,10 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
             parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(spec.suffix)));
           g = impl_->compiler.CompileGrammar(xgrammar::Grammar::Concat(parts));
         }
+        break;
+      case GrammarSpec::Kind::kStructuralTag:
+        g = impl_->marker_compiler.CompileStructuralTag(
+            resolve_structural_tag(spec.text, spec.field, impl_->added));
         break;
       case GrammarSpec::Kind::kRegex:
         check_hex_escapes(spec.text, spec.field);

@@ -1,12 +1,13 @@
 #pragma once
 // Constrained decoding (structured outputs) over xgrammar's C++ core (docs/dependencies.md):
-// a GrammarSpec (JSON object, JSON schema, regex, choice list, EBNF) is compiled once per
-// tokenizer into a CompiledGrammar (cached by its text); a GrammarMatcher, one per stream,
-// gives the token mask of the next step, accepts tokens and rolls back.
+// a GrammarSpec (JSON object, JSON schema, regex, choice list, EBNF, structural tag) is compiled
+// once per tokenizer into a CompiledGrammar (cached by its text); a GrammarMatcher, one per
+// stream, gives the token mask of the next step, accepts tokens and rolls back.
 //
 // The vocabulary: every id below the model's logits width. A special token of the tokenizer
-// (and an id the tokenizer does not have) is never allowed inside a structure; the eos ids
-// are allowed only where the grammar accepts (and then end the stream).
+// (and an id the tokenizer does not have) is never allowed inside a structure, only where a
+// structural tag names it as a token (Mistral's [TOOL_CALLS]); the eos ids are allowed only
+// where the grammar accepts (and then end the stream).
 //
 // Errors (a bad schema, a grammar that does not parse, an unsupported schema keyword) are
 // metrale::Error naming the request field; a grammar is never relaxed to unconstrained.
@@ -25,9 +26,17 @@ namespace metrale {
 bool grammar_available();
 
 struct GrammarSpec {
-  enum class Kind : uint8_t { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf };
+  // kStructuralTag: xgrammar's structural tag JSON ({"type": "structural_tag", "format": ...}),
+  // e.g. a tool call's markers around its arguments. A {"type": "token", "token": "<text>"}
+  // in it is the tokenizer's token of that text, special or not, matched by id alone (the text
+  // spelled out by other tokens does not match it; where no single token has that text, the
+  // text itself is the element; as a "tag"'s begin or end a non-special token is its text,
+  // which xgrammar 0.2.9 needs to end the tag's any_text); every "json_schema" in it is
+  // checked as kJsonSchema's is.
+  enum class Kind : uint8_t { kJsonObject, kJsonSchema, kRegex, kChoice, kEbnf, kStructuralTag };
   Kind kind = Kind::kJsonObject;
-  std::string text;                  // the schema (JSON), the regex or the EBNF; kChoice: unused
+  std::string
+      text;  // the schema (JSON), the regex, the EBNF or the structural tag; kChoice: unused
   std::vector<std::string> choices;  // kChoice: the exact strings, one of which is the output
   // kJsonSchema: literal text before and after the JSON (a tool call's markers).
   std::string prefix, suffix;

@@ -20,6 +20,18 @@
 
 namespace metrale::http {
 
+namespace {
+
+// How a forced call is written: as the template spells it, after a <think> block the prompt
+// opened.
+ForcedCallOptions forced_call(const ReplyFormat& reply, const HttpServerOptions& options) {
+  return {.spelling = options.tool_call_spelling,
+          .reasoning_open =
+              reply.reasoning != chat::ReasoningFormat::kNone && reply.reasoning_starts_open};
+}
+
+}  // namespace
+
 std::vector<int32_t> HttpServer::Impl::encode_prompt(const OpenAiRequest& r,
                                                      std::string& rendered) const {
   if (r.kind == ApiKind::kCompletion) {
@@ -176,8 +188,8 @@ void HttpServer::Impl::generate(ApiKind kind, const httplib::Request& req, httpl
   ServeRequest s = build_request(kind, r, reply);
   const std::string adapter = s.adapter;
   if (r.forced_tool) {
-    s.grammar =
-        compile_grammar(forced_tool_call_grammar(r.tools, *r.forced_tool, reply.tool_calls));
+    s.grammar = compile_grammar(forced_tool_call_grammar(r.tools, *r.forced_tool, reply.tool_calls,
+                                                         forced_call(reply, options)));
   } else if (r.grammar) {
     s.grammar = compile_grammar(*r.grammar);
   }
@@ -215,7 +227,8 @@ void HttpServer::Impl::render(ApiKind kind, const httplib::Request& req, httplib
   // A grammar is compiled as the generation endpoint would, so a request that one refuses is
   // refused here too (a router must not place what cannot run).
   if (r.forced_tool) {
-    compile_grammar(forced_tool_call_grammar(r.tools, *r.forced_tool, reply.tool_calls));
+    compile_grammar(forced_tool_call_grammar(r.tools, *r.forced_tool, reply.tool_calls,
+                                             forced_call(reply, options)));
   } else if (r.grammar) {
     compile_grammar(*r.grammar);
   }

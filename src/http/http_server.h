@@ -58,6 +58,8 @@ struct HttpServerOptions {
   // How a chat reply to a request with tools is parsed into tool_calls (chat/tool_calls.h);
   // kNone: the reply stays text. `metrale serve` detects it from the chat template.
   chat::ToolCallFormat tool_call_format = chat::ToolCallFormat::kNone;
+  // How the template writes a call of that format (a forced tool_choice is written so).
+  chat::ToolCallSpelling tool_call_spelling = chat::ToolCallSpelling::kDefault;
   // Whether chat replies have their <think> block split out as reasoning_content
   // (chat/reasoning.h); `metrale serve` detects it from the chat template.
   chat::ReasoningFormat reasoning_format = chat::ReasoningFormat::kNone;

@@ -125,11 +125,20 @@ struct OpenAiRequest {
   std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
-// The grammar of a forced tool call (tool_choice "required" when `name` is empty, else the
-// named function) in `format`, each tool's "parameters" the schema of its arguments. ApiError
-// 400 naming tool_choice for a format it cannot force or a name not among the tools.
+// The grammar of a forced tool call (tool_choice "required" when `name` is empty: one call of
+// any of the tools; else the named function) in `format` (every format but kNone), each tool's
+// "parameters" the schema of its arguments (forced_tool_call.cc). ApiError 400 naming
+// tool_choice for a name not among the tools or a schema the format cannot force.
+struct ForcedCallOptions {
+  // How the template spells a call of the format.
+  chat::ToolCallSpelling spelling = chat::ToolCallSpelling::kDefault;
+  // The prompt leaves the reply inside a <think> block (ReplyFormat's reasoning_starts_open):
+  // the reasoning up to </think> is free, the call follows it.
+  bool reasoning_open = false;
+};
 GrammarSpec forced_tool_call_grammar(const nlohmann::json& tools, const std::string& name,
-                                     chat::ToolCallFormat format);
+                                     chat::ToolCallFormat format,
+                                     const ForcedCallOptions& options = {});
 
 // Parse and validate a request body (ApiError 400 on any problem).
 OpenAiRequest parse_chat_request(std::string_view body);

@@ -1,5 +1,6 @@
 // The request side of the OpenAI wire format (openai_api.h): bodies parsed and validated into
-// an OpenAiRequest, then a ServeRequest (and the grammar a forced tool call needs).
+// an OpenAiRequest, then a ServeRequest (the grammar a forced tool call needs:
+// forced_tool_call.cc).
 #include "http/openai_api.h"
 
 #include <algorithm>
@@ -583,50 +584,6 @@ ServeRequest to_serve_request(const OpenAiRequest& req, std::vector<int32_t> pro
   }
   s.logit_bias = req.logit_bias;
   return s;
-}
-
-GrammarSpec forced_tool_call_grammar(const nlohmann::json& tools, const std::string& name,
-                                     chat::ToolCallFormat format) {
-  // The arguments' key in each format's JSON, and the text around the JSON.
-  std::string args_key, prefix, suffix;
-  switch (format) {
-    case chat::ToolCallFormat::kHermes:
-      args_key = "arguments";
-      prefix = "<tool_call>\n";
-      suffix = "\n</tool_call>";
-      break;
-    case chat::ToolCallFormat::kLlama3Json:
-      args_key = "parameters";
-      break;
-    default:
-      throw unsupported("tool_choice", "forcing a tool call is not supported for the " +
-                                           std::string(chat::tool_call_format_name(format)) +
-                                           " tool-call format (supported: hermes, llama3_json)");
-  }
-  nlohmann::ordered_json any = nlohmann::ordered_json::array();
-  bool found = false;
-  for (const json& t : tools) {
-    const std::string fname = t["function"]["name"].get<std::string>();
-    if (!name.empty() && fname != name) continue;
-    found = true;
-    nlohmann::ordered_json params = nlohmann::ordered_json::object({{"type", "object"}});
-    if (t["function"].contains("parameters") && t["function"]["parameters"].is_object()) {
-      params = nlohmann::ordered_json::parse(t["function"]["parameters"].dump());
-    }
-    nlohmann::ordered_json call = {
-        {"type", "object"},
-        {"properties", {{"name", {{"const", fname}}}, {args_key, params}}},
-        {"required", {"name", args_key}}};
-    any.push_back(std::move(call));
-  }
-  if (!found) throw bad("tool_choice", "no tool is named \"" + name + "\"");
-  GrammarSpec g;
-  g.kind = GrammarSpec::Kind::kJsonSchema;
-  g.field = "tool_choice";
-  g.text = any.size() == 1 ? any[0].dump() : nlohmann::ordered_json({{"anyOf", any}}).dump();
-  g.prefix = prefix;
-  g.suffix = suffix;
-  return g;
 }
 
 std::vector<ServeRequest> choice_requests(const OpenAiRequest& req, ServeRequest first) {

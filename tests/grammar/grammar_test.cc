@@ -361,5 +361,72 @@ TEST(Grammar, SchemaKeywordCheckNamesThePath) {
   check_schema_keywords(R"({"enum":[{"not":1}],"properties":{"not":{"type":"string"}}})", "f");
 }
 
+TEST(Grammar, StructuralTagTokensAreMatchedByIdAlone) {
+  SKIP_WITHOUT_XGRAMMAR();
+  // Qwen3's <|im_start|> is special, <tool_call> is not. A "token" element of either allows
+  // that id alone; text elements (any text, a regex over every character, a JSON string)
+  // never allow a special token, even in the vocabulary view where they have text.
+  const Tokenizer& tok = qwen3();
+  const int32_t eos = *tok.token_to_id("<|im_end|>");
+  const int32_t im_start = *tok.token_to_id("<|im_start|>");
+  const int32_t endoftext = *tok.token_to_id("<|endoftext|>");
+  const int32_t tool_call = *tok.token_to_id("<tool_call>");
+  GrammarCompiler c(tok, static_cast<int64_t>(tok.id_limit()), {eos});
+  auto tag = [](const std::string& format) {
+    return GrammarSpec{.kind = GrammarSpec::Kind::kStructuralTag,
+                       .text = R"({"type":"structural_tag","format":)" + format + "}",
+                       .field = "tool_choice"};
+  };
+  const GrammarSpec spec = tag(R"({"type":"sequence","elements":[
+      {"type":"token","token":"<|im_start|>"},{"type":"token","token":"<tool_call>"},
+      {"type":"regex","pattern":"[\\s\\S]{0,3}"},
+      {"type":"json_schema","json_schema":{"type":"string","maxLength":3}},
+      {"type":"tag","begin":"<b>","content":{"type":"any_text"},"end":"</b>"}]})");
+  auto g = c.compile(spec);
+  EXPECT_EQ(c.compile(spec), g);  // cached by its text
+  EXPECT_NE(c.compile(tag(R"({"type":"token","token":"<|im_start|>"})")), g);
+  EXPECT_EQ(c.cached(), 2u);
+  GrammarMatcher m(g);
+  std::vector<uint32_t> mask(m.mask_words());
+  m.fill_mask(mask);
+  EXPECT_EQ(allowed_ids(mask, m.vocab_size()), std::vector<int32_t>{im_start});
+  ASSERT_TRUE(m.accept(im_start));
+  m.fill_mask(mask);
+  EXPECT_EQ(allowed_ids(mask, m.vocab_size()), std::vector<int32_t>{tool_call});
+  // The same text spelled by other tokens is refused.
+  GrammarMatcher spelled(g);
+  ASSERT_TRUE(spelled.accept(im_start));
+  EXPECT_FALSE(spelled.accept(tok.encode("<", false)[0]));
+  ASSERT_TRUE(m.accept(tool_call));
+  for (uint32_t seed = 0; seed < 4; ++seed) {
+    auto [ids, ended] = random_walk(g, eos, seed, 60);
+    for (size_t i = 2; i < ids.size(); ++i) {
+      EXPECT_NE(ids[i], im_start);
+      EXPECT_NE(ids[i], endoftext);
+    }
+  }
+  for (int step = 0; step < 8; ++step) {
+    m.fill_mask(mask);
+    EXPECT_FALSE(allowed(mask, im_start)) << step;
+    EXPECT_FALSE(allowed(mask, endoftext)) << step;
+    std::vector<int32_t> ok = allowed_ids(mask, m.vocab_size());
+    ASSERT_FALSE(ok.empty());
+    ASSERT_TRUE(m.accept(ok[ok.size() / 2]));
+  }
+  // A "token" whose text no single token has is that text; a keyword the engine would ignore
+  // inside a json_schema element is refused, named.
+  auto text_g = c.compile(tag(R"({"type":"token","token":"<not one token>"})"));
+  GrammarMatcher t(text_g);
+  for (int32_t id : tok.encode("<not one token>", false)) EXPECT_TRUE(t.accept(id));
+  EXPECT_TRUE(t.completed());
+  try {
+    c.compile(tag(R"({"type":"json_schema","json_schema":{"type":"array","uniqueItems":true}})"));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("tool_choice"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("uniqueItems"), std::string::npos) << e.message();
+  }
+}
+
 }  // namespace
 }  // namespace metrale

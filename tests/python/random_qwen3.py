@@ -10,18 +10,20 @@ import struct
 from metrale_server import ROOT
 
 
-def random_qwen3(path, randbytes=os.urandom):
+def random_qwen3(path, randbytes=os.urandom, vocab=151936, bos=151643, eos=151645,
+                 qwen_tokenizer=True):
     """A one-layer Qwen3 with random bf16 weights and the real Qwen3 tokenizer (151,936 ids),
-    written into the directory `path`; randbytes(n) gives the weights' random bytes (seeded:
+    written into the directory `path`, or (qwen_tokenizer=False) no tokenizer: the caller writes
+    one of `vocab` ids. randbytes(n) gives the weights' random bytes (seeded:
     random.Random(seed).randbytes, as bench/compare/grammar_peer.py does)."""
-    vocab, hidden, inter, heads, kv, hd = 151936, 16, 32, 2, 1, 8
+    hidden, inter, heads, kv, hd = 16, 32, 2, 1, 8
     config = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab,
         "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 1,
         "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
         "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0, "tie_word_embeddings": True, "attention_bias": False,
-        "bos_token_id": 151643, "eos_token_id": 151645, "dtype": "bfloat16",
+        "bos_token_id": bos, "eos_token_id": eos, "dtype": "bfloat16",
     }
     shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden]}
     p = "model.layers.0."
@@ -60,6 +62,8 @@ def random_qwen3(path, randbytes=os.urandom):
         for b in blobs:
             f.write(b)
     (path / "config.json").write_text(json.dumps(config))
+    if not qwen_tokenizer:
+        return
     tok = ROOT / "tests" / "data" / "tokenizers" / "qwen3"
     with gzip.open(tok / "tokenizer.json.gz", "rb") as src:
         (path / "tokenizer.json").write_bytes(src.read())

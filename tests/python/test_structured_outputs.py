@@ -5,7 +5,11 @@ bounded numbers), on the demo model and on a random-weight Qwen3 with the real Q
 (whose unconstrained output is noise: only the grammar makes it valid); response_format,
 vLLM's structured_outputs / guided_*, client.chat.completions.parse with a pydantic model,
 streaming, n > 1, regex and choice, forced tool calls (tool_choice "required" and a named
-function, on the scripted Hermes checkpoint); a request without a grammar co-batched with
+function, on the scripted Hermes checkpoint; in qwen3_coder's XML format on the random-weight
+Qwen3 with the Qwen3-Coder template, and in Mistral's [TOOL_CALLS]N[ARGS]{...} with its special
+tokens on a random-weight byte-level model under Mistral Small 3.2's template, likewise in
+glm45's under GLM-4.6's, and in deepseek_v3's V3.1 spelling with the DeepSeek-V3 tokenizer); a
+request without a grammar co-batched with
 constrained ones equals itself alone; bad schemas and grammars are 400s naming the field.
 
 With --speculative ngram the constrained greedy reply equals the one without drafts.
@@ -13,8 +17,10 @@ With --speculative ngram the constrained greedy reply equals the one without dra
 Run: build/venv/bin/python tests/python/test_structured_outputs.py (ctest runs it).
 """
 import concurrent.futures
+import gzip
 import json
 import re
+import shutil
 import sys
 import tempfile
 import unittest
@@ -76,6 +82,27 @@ SCHEMAS = {
                                     "exclusiveMaximum": 4}},
                "required": ["i", "b", "e"]},
 }
+
+
+def byte_level_tokenizer(path, specials):
+    """tokenizer.json: the 256 byte symbols of GPT-2's byte-level alphabet (ids 0-255, no
+    merges), then `specials` as special added tokens (ids 256...); the first is the eos, the
+    second the bos."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) +
+                 list(range(0xAE, 0xFF + 1)))
+    extra = iter(range(256, 512))
+    symbol = {b: chr(b) if b in printable else chr(next(extra)) for b in range(256)}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}
+    added = [{"id": 256 + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, t in enumerate(specials)]
+    tokenizer = {"version": "1.0", "added_tokens": added, "normalizer": None,
+                 "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+                 "model": {"type": "BPE", "vocab": {symbol[b]: b for b in range(256)},
+                           "merges": [], "unk_token": None, "byte_fallback": False}}
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": specials[0], "bos_token": specials[1]}))
 
 
 def content_of(resp):
@@ -353,6 +380,203 @@ class ForcedToolCalls(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             self.call({"type": "function", "function": {"name": "nope"}})
         self.assertIn("nope", str(e.exception))
+
+
+class ForcedToolCallsQwen3Coder(unittest.TestCase):
+    """Forced calls in qwen3_coder's XML format (<tool_call><function=N><parameter=K>...), on the
+    random-weight Qwen3 with the Qwen3-Coder template: whatever the model's noise, the reply is
+    one call that the server's parser reads back, its arguments valid for the tool's schema."""
+
+    STOP = {"type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 6},
+                           "nights": {"type": "integer", "minimum": 0, "maximum": 5}},
+            "required": ["name", "nights"]}
+    FORMAT = "qwen3_coder"
+    TOOLS = [
+        {"type": "function", "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object",
+                           "properties": {"city": {"type": "string", "pattern": "^[A-Za-z ]{1,10}$"},
+                                          "unit": {"enum": ["celsius", "fahrenheit"]},
+                                          "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                           "required": ["city", "unit"]}}},
+        {"type": "function", "function": {
+            "name": "plan_trip",
+            "parameters": {"type": "object",
+                           "properties": {"stops": {"type": "array", "items": STOP,
+                                                    "minItems": 1, "maxItems": 2},
+                                          "budget": {"type": "integer", "minimum": 0,
+                                                     "maximum": 1000},
+                                          "refundable": {"type": "boolean"},
+                                          "code": {"type": "string", "maxLength": 3}},
+                           "required": ["stops", "budget", "code"]}}},
+    ]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        import pathlib
+        path = pathlib.Path(cls.dir.name)
+        random_qwen3(path)
+        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
+                            "Qwen3-Coder.jinja")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.dir.cleanup()
+
+    def call(self, tool_choice, tools=None, **kw):
+        kw.setdefault("max_tokens", 400)
+        return self.client.chat.completions.create(
+            model=self.server.model, messages=[{"role": "user", "content": "weather?"}],
+            tools=tools or self.TOOLS, tool_choice=tool_choice, **kw)
+
+    def check(self, choice, names):
+        self.assertEqual(choice.finish_reason, "tool_calls", choice.message.content)
+        calls = choice.message.tool_calls
+        self.assertEqual(len(calls), 1)
+        self.assertIn(calls[0].function.name, names)
+        schema = {t["function"]["name"]: t["function"]["parameters"] for t in self.TOOLS}
+        jsonschema.validate(json.loads(calls[0].function.arguments), schema[calls[0].function.name])
+        return calls[0]
+
+    def test_the_server_found_the_format(self):
+        self.assertIn(f"tool calls: {self.FORMAT}", self.server.banner)
+
+    def test_unforced_is_no_call(self):
+        r = self.call("auto", temperature=1.0, seed=1, max_tokens=20)
+        self.assertIsNone(r.choices[0].message.tool_calls)
+
+    def test_named_function(self):
+        for name in ("get_weather", "plan_trip"):
+            for seed in (1, 2, 3):
+                r = self.call({"type": "function", "function": {"name": name}}, temperature=1.0,
+                              seed=seed)
+                self.check(r.choices[0], [name])
+
+    def test_required(self):
+        seen = set()
+        for seed in range(6):
+            r = self.call("required", temperature=1.0, seed=seed)
+            seen.add(self.check(r.choices[0], ["get_weather", "plan_trip"]).function.name)
+        one = self.call("required", tools=self.TOOLS[1:], temperature=1.0, seed=7)
+        self.check(one.choices[0], ["plan_trip"])
+        self.assertTrue(seen)
+
+    def test_streamed_equals_whole(self):
+        whole = self.check(self.call("required", temperature=1.0, seed=11).choices[0],
+                           ["get_weather", "plan_trip"])
+        name, args, finish = "", "", None
+        for chunk in self.call("required", temperature=1.0, seed=11, stream=True):
+            if not chunk.choices:
+                continue
+            finish = chunk.choices[0].finish_reason or finish
+            for t in chunk.choices[0].delta.tool_calls or []:
+                name += t.function.name or ""
+                args += t.function.arguments or ""
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual((name, json.loads(args)),
+                         (whole.function.name, json.loads(whole.function.arguments)))
+
+    def test_unknown_tool_is_a_400_naming_tool_choice(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.call({"type": "function", "function": {"name": "nope"}})
+        self.assertIn("tool_choice", str(e.exception))
+        self.assertIn("nope", str(e.exception))
+
+    def test_an_unsupported_keyword_is_a_400_naming_it(self):
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}]
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.call("required", tools=tools)
+        self.assertIn("uniqueItems", str(e.exception))
+
+
+class ForcedToolCallsMistral(ForcedToolCallsQwen3Coder):
+    """The same on a random-weight model with a byte-level vocabulary whose Mistral markers are
+    special tokens, under Mistral Small 3.2's template: the call is [TOOL_CALLS]N[ARGS]{...},
+    its markers the special tokens (decoded for the parser, as vLLM does), whatever the noise."""
+
+    SPECIALS = ["</s>", "<s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
+                "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"]
+    FORMAT = "mistral"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        import pathlib
+        path = pathlib.Path(cls.dir.name)
+        random_qwen3(path, vocab=256 + len(cls.SPECIALS), bos=257, eos=256, qwen_tokenizer=False)
+        byte_level_tokenizer(path, cls.SPECIALS)
+        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
+                            "Mistral-Small-3.2-24B-Instruct-2506.jinja")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    def test_the_markers_are_the_special_tokens(self):
+        # With the specials skipped the parser would see no call: the server keeps them, and
+        # the reply's tokens hold [TOOL_CALLS] and [ARGS] once each (logprobs name them).
+        r = self.call("required", temperature=1.0, seed=3, logprobs=True)
+        self.check(r.choices[0], ["get_weather", "plan_trip"])
+        tokens = [t.token for t in r.choices[0].logprobs.content]
+        self.assertEqual(tokens[0], "[TOOL_CALLS]")
+        self.assertEqual(tokens.count("[TOOL_CALLS]"), 1)
+        self.assertEqual(tokens.count("[ARGS]"), 1)
+        self.assertFalse(set(tokens) & (set(self.SPECIALS) - {"[TOOL_CALLS]", "[ARGS]"}), tokens)
+
+
+class ForcedToolCallsGlm45(ForcedToolCallsQwen3Coder):
+    """glm45's <tool_call>N<arg_key>K</arg_key><arg_value>V</arg_value>... under GLM-4.6's
+    template, its markers special tokens of a byte-level vocabulary, on random weights."""
+
+    SPECIALS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+                "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<tool_response>",
+                "</tool_response>"]
+    FORMAT = "glm45"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        import pathlib
+        path = pathlib.Path(cls.dir.name)
+        random_qwen3(path, vocab=256 + len(cls.SPECIALS), bos=257, eos=256, qwen_tokenizer=False)
+        byte_level_tokenizer(path, cls.SPECIALS)
+        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
+                            "GLM-4.6.jinja")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+
+class ForcedToolCallsDeepSeekV31(ForcedToolCallsQwen3Coder):
+    """deepseek_v3's calls as DeepSeek-V3.1's template writes them (N<｜tool▁sep｜>{...}), on a
+    random-weight model with the real DeepSeek-V3 tokenizer."""
+
+    FORMAT = "deepseek_v3"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        import pathlib
+        path = pathlib.Path(cls.dir.name)
+        tok = ROOT / "tests" / "data" / "tokenizers" / "deepseek_v3"
+        with gzip.open(tok / "tokenizer.json.gz", "rb") as src:
+            (path / "tokenizer.json").write_bytes(src.read())
+        shutil.copy(tok / "tokenizer_config.json", path / "tokenizer_config.json")
+        ids = [t["id"] for t in json.loads((path / "tokenizer.json").read_text())["added_tokens"]]
+        random_qwen3(path, vocab=max(ids) + 1, bos=0, eos=1, qwen_tokenizer=False)
+        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
+                            "deepseek-ai-DeepSeek-V3.1.jinja")
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+    def test_the_spelling_is_v31s(self):
+        r = self.call({"type": "function", "function": {"name": "get_weather"}}, temperature=1.0,
+                      seed=4, logprobs=True)
+        self.check(r.choices[0], ["get_weather"])
+        text = "".join(t.token for t in r.choices[0].logprobs.content)
+        self.assertTrue(text.startswith(
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"), text)
 
 
 if __name__ == "__main__":
