@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <string>
 
 #include "core/error.h"
 #include "vision/mrope_positions.h"
@@ -11,9 +12,20 @@ namespace metrale {
 
 namespace {
 
-// Qwen3-VL and Qwen3.5 write a video frame by frame, each temporal patch after its timestamp.
+// Qwen3-VL and Qwen3.5 write a video frame by frame, each temporal patch after its timestamp;
+// GLM-4V each before its timestamp, as a run of image tokens inside <|begin_of_video|> ...
+// <|end_of_video|>.
 bool timestamped_videos(const VisionConfig& c) {
-  return c.tower == VisionTowerKind::kQwen3Vl || c.tower == VisionTowerKind::kQwen3_5;
+  return c.tower == VisionTowerKind::kQwen3Vl || c.tower == VisionTowerKind::kQwen3_5 ||
+         c.tower == VisionTowerKind::kGlm4v;
+}
+
+// mm_token_type_ids of expanded ids (GLM-4V's video frames are image tokens inside its video
+// start / end tokens).
+std::vector<int32_t> token_types(const VisionConfig& c, std::span<const int32_t> ids) {
+  return vision::mm_token_types(
+      ids, static_cast<int32_t>(c.image_token_id), static_cast<int32_t>(c.video_token_id),
+      static_cast<int32_t>(c.video_start_token_id), static_cast<int32_t>(c.video_end_token_id));
 }
 
 // What the processor's replace_image_token / replace_video_token put for one placeholder.
@@ -25,20 +37,36 @@ void append_expansion(const VisionConfig& c, const vision::VisionItem& it, size_
     out.insert(out.end(), static_cast<size_t>(it.n_tokens()), pad);
     return;
   }
-  // processing_qwen3_vl.py: per temporal patch "<t seconds>", vision_start, its pads,
-  // vision_end; t the mean time of the patch's first and last frame, at the source's fps.
   METRALE_CHECK(tokenizer != nullptr, "video ", index, ": ", c.model_type,
                 " spells each frame's timestamp in the prompt, which needs the checkpoint's "
                 "tokenizer (tokenizer.json)");
   METRALE_CHECK(!it.frame_indices.empty(), "video ", index,
                 ": no frame indices (the prompt's timestamps come from them)");
+  const bool glm = c.tower == VisionTowerKind::kGlm4v;
+  // Qwen3-VL: the mean time of the patch's first and last frame; GLM-4V: its first frame's
+  // (VideoMetadata.timestamps[::2]); both at the source's fps, 24 when unknown.
   const std::vector<double> times = vision::temporal_patch_timestamps(
-      vision::VideoFamily::kQwen3Vl, it.frame_indices, it.fps > 0 ? it.fps : 24.0,
-      static_cast<int>(c.temporal_patch_size));
+      glm ? vision::VideoFamily::kGlm4v : vision::VideoFamily::kQwen3Vl, it.frame_indices,
+      it.fps > 0 ? it.fps : 24.0, static_cast<int>(c.temporal_patch_size));
   METRALE_CHECK(static_cast<int64_t>(times.size()) == it.grid_thw[0], "video ", index, ": ",
                 it.frame_indices.size(), " frames make ", times.size(),
                 " temporal patches; its grid has ", it.grid_thw[0]);
   for (double t : times) {
+    if (glm) {
+      // processing_glm4v.py's replace_frame_token_id: <|begin_of_image|>, the frame's image
+      // tokens (not video ones: the <|begin_of_video|> around them makes them a video's),
+      // <|end_of_image|>, then int(t) as text.
+      out.push_back(static_cast<int32_t>(c.vision_start_token_id));
+      out.insert(out.end(), static_cast<size_t>(it.tokens_per_frame()),
+                 static_cast<int32_t>(c.image_token_id));
+      out.push_back(static_cast<int32_t>(c.vision_end_token_id));
+      const std::vector<int32_t> text =
+          tokenizer->encode(std::to_string(static_cast<int64_t>(t)), false);
+      out.insert(out.end(), text.begin(), text.end());
+      continue;
+    }
+    // processing_qwen3_vl.py: per temporal patch "<t seconds>", vision_start, its pads,
+    // vision_end.
     const std::vector<int32_t> text = tokenizer->encode(vision::timestamp_text(t), false);
     out.insert(out.end(), text.begin(), text.end());
     out.push_back(static_cast<int32_t>(c.vision_start_token_id));
@@ -66,11 +94,15 @@ std::vector<int32_t> expand(const VisionConfig& c, std::span<const int32_t> ids,
       front.push_back(bos);
       ids = ids.subspan(1);
     }
+    // GLM-4V's videos: <|begin_of_video|>, <|video|>, <|end_of_video|>.
+    const bool glm_video = c.video_start_token_id >= 0;
     for (size_t k = 0; k < 2; ++k) {
+      const bool own = k == 1 && glm_video;
       for (size_t i = 0; i < of_kind[k].size(); ++i) {
         front.insert(front.end(),
-                     {static_cast<int32_t>(c.vision_start_token_id), k == 1 ? video : image,
-                      static_cast<int32_t>(c.vision_end_token_id)});
+                     {static_cast<int32_t>(own ? c.video_start_token_id : c.vision_start_token_id),
+                      k == 1 ? video : image,
+                      static_cast<int32_t>(own ? c.video_end_token_id : c.vision_end_token_id)});
       }
     }
     front.insert(front.end(), ids.begin(), ids.end());
@@ -119,8 +151,7 @@ MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int3
   const VisionConfig& vc = enc->config();
   MultimodalPrompt p;
   p.ids.assign(ids.begin(), ids.end());
-  const std::vector<int32_t> types = vision::mm_token_types(
-      ids, static_cast<int32_t>(vc.image_token_id), static_cast<int32_t>(vc.video_token_id));
+  const std::vector<int32_t> types = token_types(vc, ids);
   std::vector<std::array<int64_t, 3>> images, videos;
   std::vector<float> seconds;
   int64_t patches = 0;
@@ -131,11 +162,6 @@ MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int3
                   "media item ", i, ": patches of ", it.patch_dim, " values merged by ",
                   it.merge_size, "; the vision tower takes ", vc.patch_dim(), " merged by ",
                   vc.spatial_merge_size);
-    // GLM-4V writes a video as frames of image tokens between <|begin_of_video|> and
-    // <|end_of_video|> with timestamps (processing_glm4v.py); not built yet.
-    METRALE_CHECK(it.kind != vision::VisionKind::kVideo || vc.tower != VisionTowerKind::kGlm4v,
-                  "media item ", i, ": videos through ", model.config().model_type,
-                  " are not supported yet (images are)");
     if (it.kind == vision::VisionKind::kVideo) {
       // processing_qwen2_5_vl.py's second_per_grid_ts (only Qwen2.5-VL's rope reads it).
       seconds.push_back(vision::second_per_grid(it.frame_indices, it.total_frames, it.fps,
@@ -145,7 +171,8 @@ MultimodalPrompt plan_multimodal_prompt(const Model& model, std::span<const int3
     patches += it.n_patches();
   }
   // The items in prompt order must be the placeholder runs' kinds in order; a Qwen3-VL /
-  // Qwen3.5 video takes one run per temporal patch (its frames, timestamps between them).
+  // Qwen3.5 / GLM-4V video takes one run per temporal patch (its frames, timestamps between
+  // them).
   const bool per_frame = timestamped_videos(vc);
   size_t next = 0;
   int64_t frames_left = 0;  // runs the last video still takes
@@ -230,6 +257,8 @@ int64_t encode_multimodal_prompt(Model& model, MultimodalPrompt& p,
       continue;
     }
     missed.push_back(i);
+    // A GLM-4V video runs as one [t, h, w] grid: the tower's attention spans and resampled
+    // positions are per frame, as Glm4vModel.get_video_features' [1, h, w] grids give them.
     grids.push_back(items[i].grid_thw);
     pixels.insert(pixels.end(), items[i].pixels.begin(), items[i].pixels.end());
     patches += items[i].n_patches();

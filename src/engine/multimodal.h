@@ -31,10 +31,13 @@ struct MultimodalPrompt {
 // (a run already that long stays); for Qwen3-VL / Qwen3.5 videos, per temporal patch the text
 // "<t seconds>" (encoded alone by `tokenizer`, which such a video needs), vision_start, its
 // pads, vision_end (the template's own vision_start / vision_end stay around them, as in
-// transformers). Without any pad token, each item is put in front of the prompt (after a
-// leading `bos`, when given) as a chat template writes it, vision_start, pad, vision_end
-// (images first, then videos), then expanded. Throws Error when the placeholders of a kind
-// and its items differ in number.
+// transformers); for GLM-4V videos, per temporal patch <|begin_of_image|>, its image tokens,
+// <|end_of_image|>, then its first frame's integer second as text (processing_glm4v.py; the
+// template's <|begin_of_video|> / <|end_of_video|> stay around them). Without any pad token,
+// each item is put in front of the prompt (after a leading `bos`, when given) as a chat
+// template writes it, vision_start, pad, vision_end (GLM-4V's videos: video_start, pad,
+// video_end; images first, then videos), then expanded. Throws Error when the placeholders of a
+// kind and its items differ in number.
 std::vector<int32_t> expand_placeholders(const VisionConfig& config, std::span<const int32_t> ids,
                                          std::span<const vision::VisionItem> items,
                                          int32_t bos = -1, const Tokenizer* tokenizer = nullptr);

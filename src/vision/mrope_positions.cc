@@ -22,10 +22,14 @@ MropeIndexStyle mrope_index_style(std::string_view model_type) {
 }
 
 std::vector<int32_t> mm_token_types(std::span<const int32_t> ids, int32_t image_token_id,
-                                    int32_t video_token_id) {
+                                    int32_t video_token_id, int32_t video_start_id,
+                                    int32_t video_end_id) {
   std::vector<int32_t> types(ids.size(), kTextToken);
+  int64_t open = 0;  // video starts minus video ends so far (the token itself included)
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] == image_token_id) types[i] = kImageToken;
+    if (video_start_id >= 0 && ids[i] == video_start_id) ++open;
+    if (video_start_id >= 0 && ids[i] == video_end_id) --open;
+    if (ids[i] == image_token_id) types[i] = open > 0 ? kVideoToken : kImageToken;
     if (ids[i] == video_token_id) types[i] = kVideoToken;
   }
   return types;

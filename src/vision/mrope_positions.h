@@ -11,9 +11,8 @@
 //             float32(tokens_per_second * second_per_grid_ts[video]) (torch's float32 product,
 //             truncated toward zero); i for an image;
 //   kQwen3Vl  (Qwen3VLModel, Qwen3_5Model, Glm4vModel and their MoE twins): every video grid is
-//             first split
-//             into grid_t one-frame grids (the prompt separates frames by timestamp text), so a
-//             video run is one frame and time(i) = 0.
+//             first split into grid_t one-frame grids (the prompt separates frames by timestamp
+//             text), so a video run is one frame and time(i) = 0.
 // rope_delta = max position + 1 - n_tokens: what decode adds to a plain position
 // (Sequence::rope_delta).
 //
@@ -38,9 +37,12 @@ inline constexpr int32_t kImageToken = 1;
 inline constexpr int32_t kVideoToken = 2;
 
 // mm_token_type_ids as the processor makes them: 1 where ids[i] == image_token_id, 2 where
-// ids[i] == video_token_id, else 0.
+// ids[i] == video_token_id, else 0. With video_start_id >= 0 (GLM-4V, whose video frames are
+// image tokens): an image token after more video_start_id than video_end_id tokens is a video
+// token (Glm4vProcessor.create_mm_token_type_ids).
 std::vector<int32_t> mm_token_types(std::span<const int32_t> ids, int32_t image_token_id,
-                                    int32_t video_token_id);
+                                    int32_t video_token_id, int32_t video_start_id = -1,
+                                    int32_t video_end_id = -1);
 
 struct MropeIndexInputs {
   std::span<const int32_t> token_types;                 // [n_tokens] 0, 1 or 2

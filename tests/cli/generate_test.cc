@@ -182,12 +182,15 @@ TEST(GenerateJson, AGlm4vImageThroughTheVisionTower) {
   }
 }
 
-// --video on the tiny Qwen2.5-VL, Qwen3-VL and Qwen3.5 (anim.gif, decoded in-process): the
-// prompt text with one video pad expanded as the processor expands it (Qwen3-VL / Qwen3.5: a
-// "<t seconds>" before each frame) and the 10 greedy tokens transformers' generate gave
-// (video.safetensors, tools/fixtures/models/vision_video_fixtures.py).
+// --video on the tiny Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V and GLM-4.5V (anim.gif, decoded
+// in-process): the prompt text with one video pad expanded as the processor expands it
+// (Qwen3-VL / Qwen3.5: a "<t seconds>" before each frame; GLM: each frame's image tokens between
+// <|begin_of_image|> and <|end_of_image|>, its integer second after) and the 10 greedy tokens
+// transformers' generate gave (video.safetensors, tools/fixtures/models/vision_video_fixtures.py
+// and glm4v_fixtures.py).
 TEST(GenerateJson, AVideoThroughTheVisionTower) {
-  for (const char* fixture : {"qwen2_5_vl_f32", "qwen3_vl_f32", "qwen3_5_vl_f32"}) {
+  for (const char* fixture :
+       {"qwen2_5_vl_f32", "qwen3_vl_f32", "qwen3_5_vl_f32", "glm4v_f32", "glm4v_moe_f32"}) {
     SCOPED_TRACE(fixture);
     const std::string dir = testing::fixture_dir(fixture);
     const SafetensorsFile ref = SafetensorsFile::open(dir + "/video.safetensors");

@@ -4,12 +4,14 @@
 // synthetic tokenizer with GLM-4V's special tokens): the tower's output within 1e-4 of
 // transformers' (both images in one pass, and each alone equal to its rows of the batch), its
 // learned positions resampled as F.grid_sample (bicubic) does within 1e-5, the chat text's ids
-// expanded as Glm4vProcessor expands them and get_rope_index's positions equal, and a tower
+// expanded as Glm4vProcessor expands them and get_rope_index's positions equal (images, and
+// a video's frames with their timestamps), and a tower
 // config that disagrees with its tensors refused naming the tensor and both shapes. The
 // prompt's logits and greedy tokens are vision_parity_test.cc's.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,9 @@
 #include "io/safetensors/checkpoint.h"
 #include "support/test_support.h"
 #include "tower_fixture.h"
+#include "vision/preprocess.h"
+#include "vision/processor_config.h"
+#include "vision/video.h"
 
 namespace metrale {
 namespace {
@@ -159,13 +164,77 @@ void expect_prompts_equal_the_processors(const std::string& fixture) {
     }
     EXPECT_EQ(p.rope_delta, tower.get<int64_t>(name + ".rope_delta")[0]);
   }
-  // Videos (frames of image tokens between <|begin_of_video|> and <|end_of_video|>) are not
-  // built: refused, naming the item.
-  vision::VisionItem video = tower.item(0);
-  video.kind = vision::VisionKind::kVideo;
-  const std::vector<int32_t> ids(static_cast<size_t>(video.n_tokens()), 251);
-  const std::string msg = test::error_of([&] { plan_multimodal_prompt(*m, ids, {&video, 1}); });
-  testing::expect_has(msg, "videos through " + m->config().model_type + " are not supported yet");
+}
+
+// anim.gif through the fixture's Glm4vVideoProcessor (video_preprocessor_config.json: 8 fps
+// sampling, 4 frames upscaled to 40 x 32): the prompt text's <|video|>, expanded per temporal
+// patch (<|begin_of_image|>, its image tokens, <|end_of_image|>, the integer second), is the
+// processor's input_ids; the image tokens inside <|begin_of_video|> ... <|end_of_video|> are
+// video tokens, each frame a grid of its own for get_rope_index, whose (t, h, w) and delta come
+// out equal (video.safetensors). Its logits and greedy tokens are vision_parity_test.cc's.
+void expect_video_prompt_equals_the_processors(const std::string& fixture) {
+  const SafetensorsFile ref =
+      SafetensorsFile::open(testing::fixture_dir(fixture) + "/video.safetensors");
+  auto get = [&](const std::string& key) {
+    const auto& t = ref.at(key);
+    std::vector<int64_t> out(static_cast<size_t>(t.shape.numel()));
+    std::memcpy(out.data(), ref.bytes(t).data(), out.size() * sizeof(int64_t));
+    return out;
+  };
+  auto m = Model::load(testing::fixture_dir(fixture),
+                       {.n_threads = 1, .kv_tokens = 128, .max_image_patches = 256});
+  const vision::VideoFrames frames = vision::decode_video_file("tests/data/vision/images/anim.gif");
+  std::vector<vision::VisionItem> items = {
+      vision::preprocess_video(frames.frames, frames.fps,
+                               vision::load_video_processor_config(testing::fixture_dir(fixture)))};
+  EXPECT_EQ(items[0].frame_indices, (std::vector<int64_t>{0, 2, 3, 4}));  // 8 fps over 0.55 s
+  const std::vector<int64_t> grid = get("video_grid_thw");
+  ASSERT_EQ(std::vector<int64_t>(items[0].grid_thw.begin(), items[0].grid_thw.end()), grid);
+  const VisionConfig& vc = m->vision()->config();
+  EXPECT_EQ(vc.video_start_token_id, 248);
+  EXPECT_EQ(vc.video_end_token_id, 249);
+  const std::vector<int32_t> text =
+      m->tokenizer()->encode(ref.metadata().at("text"), /*add_special=*/false);
+  const std::vector<int32_t> ids = place_media(vc, text, items, -1, m->tokenizer());
+  const std::vector<int64_t> want_ids = get("ids");
+  ASSERT_EQ(ids, std::vector<int32_t>(want_ids.begin(), want_ids.end()));
+  const MultimodalPrompt p = plan_multimodal_prompt(*m, ids, items);
+  const std::vector<int64_t> want = get("positions");  // [3, n]
+  ASSERT_EQ(want.size(), p.positions3.size());
+  const size_t n = ids.size();
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t a = 0; a < 3; ++a)
+      EXPECT_EQ(p.positions3[r * 3 + a], want[a * n + r]) << "token " << r << " axis " << a;
+  }
+  EXPECT_EQ(p.rope_delta, get("rope_delta")[0]);
+  EXPECT_EQ(p.embed_rows.size(), 40u);  // 2 frames of 8 x 10 patches merged by 2 x 2
+
+  // Without a placeholder the video goes in front as the chat template writes it:
+  // <|begin_of_video|><|video|><|end_of_video|>, then expanded.
+  const std::vector<int32_t> bare = m->tokenizer()->encode("Hi", false);
+  const std::vector<int32_t> front = expand_placeholders(vc, bare, items, -1, m->tokenizer());
+  ASSERT_GT(front.size(), 2u);
+  EXPECT_EQ(front.front(), 248);
+  EXPECT_EQ(front[1], 252);  // the first frame's <|begin_of_image|>
+  EXPECT_EQ(front[front.size() - bare.size() - 1], 249);
+  // A frame's second is int(t) of its first frame: frames 0, 2 of a 0.1 fps video are at 0 s
+  // and 20 s.
+  vision::VisionItem slow = items[0];
+  slow.fps = 0.1;
+  slow.frame_indices = {0, 1, 2, 3};
+  const std::vector<vision::VisionItem> slow_items = {slow};
+  const std::vector<int32_t> slow_ids =
+      expand_placeholders(vc, text, slow_items, -1, m->tokenizer());
+  const std::string spelled = m->tokenizer()->decode(slow_ids, /*skip_special_tokens=*/false);
+  testing::expect_has(spelled, "<|end_of_image|>0<|begin_of_image|>");
+  testing::expect_has(spelled, "<|end_of_image|>20<|end_of_video|>");
+}
+
+TEST(Glm4v, VideoPromptIdsAndPositionsEqualTheProcessors) {
+  for (const char* fixture : {"glm4v_f32", "glm4v_moe_f32"}) {
+    SCOPED_TRACE(fixture);
+    expect_video_prompt_equals_the_processors(fixture);
+  }
 }
 
 TEST(Glm4v, PromptIdsAndPositionsEqualTheProcessors) {

@@ -9,9 +9,11 @@
 // equal, and the prompt's logits match transformers' forward within 1e-4 while 10 greedy tokens
 // equal transformers' generate. Prefill in chunks that cut through the placeholders; bad media
 // refused. A video (tests/data/vision/images/anim.gif) through Qwen2.5-VL (its time axis scaled
-// by second_per_grid_ts), Qwen3-VL and Qwen3.5 (a timestamp before each frame): preprocessing,
-// the prompt's ids, logits and greedy tokens equal the processor's and the model's
-// (video.safetensors, tools/fixtures/models/vision_video_fixtures.py).
+// by second_per_grid_ts), Qwen3-VL and Qwen3.5 (a timestamp before each frame), GLM-4V and
+// GLM-4.5V (each frame image tokens inside <|begin_of_video|>, its integer second after it; the
+// tower's attention per frame): preprocessing, the prompt's ids, logits and greedy tokens equal the
+// processor's and the model's (video.safetensors, tools/fixtures/models/vision_video_fixtures.py
+// and glm4v_fixtures.py).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -158,7 +160,8 @@ vision::VisionItem gif_video(const std::string& fixture) {
 }
 
 TEST(VisionParity, VideosEqualTransformers) {
-  for (const char* fixture : {"qwen2_5_vl_f32", "qwen3_vl_f32", "qwen3_5_vl_f32"}) {
+  for (const char* fixture :
+       {"qwen2_5_vl_f32", "qwen3_vl_f32", "qwen3_5_vl_f32", "glm4v_f32", "glm4v_moe_f32"}) {
     const VideoRef ref(fixture);
     // Preprocessing: the processor's pixel_values_videos and grid, bit for bit.
     const vision::VisionItem video = gif_video(fixture);

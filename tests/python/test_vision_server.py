@@ -10,7 +10,9 @@ server keeps serving. An image inside a multi-turn chat on the tiny Qwen2.5-VL a
 their own chat_template.jinja: turn 1, then turn 1 + the answer + turn 2 (a text follow-up, and
 one bringing a second image), whole and streamed, equal transformers' greedy tokens
 (chat.safetensors, tools/fixtures/models/vision_chat_fixtures.py); turn 2 does not encode the
-image of turn 1 again and its cached prefix covers it.
+image of turn 1 again and its cached prefix covers it. GLM-4V (tests/data/fixtures/glm4v_f32, its
+synthetic tokenizer, GLM_TEST_TEMPLATE): an image chat and a video chat give transformers'
+greedy tokens for the fixture's prompts (tower.safetensors, video.safetensors).
 
 Run: build/venv/bin/python tests/python/test_vision_server.py (ctest runs it).
 """
@@ -39,6 +41,17 @@ TEMPLATE = (
     "{% elif p.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# A minimal GLM-4V-style chat template written for this test (not GLM-4.1V's own, which is not
+# committed): "[gMASK]<sop>", each turn "<|role|>\n" and its content, images as
+# <|begin_of_image|><|image|><|end_of_image|>, videos as
+# <|begin_of_video|><|video|><|end_of_video|>: what glm4v_fixtures.py's chat texts hold.
+GLM_TEST_TEMPLATE = (
+    "[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n"
+    "{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}"
+    "{% if p.type == 'image' %}<|begin_of_image|><|image|><|end_of_image|>"
+    "{% elif p.type == 'video' %}<|begin_of_video|><|video|><|end_of_video|>"
+    "{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 SPECIAL = {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>", 250: "<|image_pad|>",
            251: "<|video_pad|>", 252: "<|vision_start|>", 253: "<|vision_end|>"}
 
@@ -218,6 +231,41 @@ class VisionServerTest(unittest.TestCase):
             want = server.post("/detokenize", {"tokens": ref["ids"]})["content"]
             self.assertEqual(got.choices[0].message.content, want)
             self.assertEqual(got.usage.prompt_tokens, len(ref["prompt_ids"]))
+        finally:
+            server.stop()
+
+    def test_glm4v_image_and_video_chats_equal_transformers(self):
+        """GLM-4V through the server: the fixture's image prompt and video prompt (GLM_TEST_TEMPLATE
+        renders the fixture's chat texts) give transformers' 10 greedy tokens."""
+        model = self.tmp / "glm4v"
+        model.mkdir()
+        fixture = FIXTURE.parent / "glm4v_f32"
+        for f in fixture.iterdir():
+            shutil.copy(f, model / f.name)
+        (model / "tokenizer_config.json").write_text(json.dumps(
+            {"eos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast",
+             "chat_template": GLM_TEST_TEMPLATE}))
+        server = Server(model=model, chat_template=None)
+        try:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+            for ref, case, part, question in (
+                    ("tower.safetensors", "one_image.",
+                     image_part(data_url(IMAGES / "photo_chelsea.jpg", "image/jpeg")),
+                     "What is it?"),
+                    ("video.safetensors", "", {"type": "video_url", "video_url": {
+                        "url": data_url(IMAGES / "anim.gif", "image/gif")}}, "What happens?")):
+                meta = safetensors_metadata(fixture / ref)
+                self.assertIn(question + "<|assistant|>", meta[case + "text"])
+                _, ids = read_f32(fixture / ref, case + "ids", "q")
+                _, greedy = read_f32(fixture / ref, case + "greedy", "q")
+                got = client.chat.completions.create(
+                    model=server.model, max_tokens=10, temperature=0,
+                    extra_body={"ignore_eos": True, "skip_special_tokens": False},
+                    messages=[{"role": "user", "content": [
+                        part, {"type": "text", "text": question}]}])
+                want = server.post("/detokenize", {"tokens": list(greedy)})["content"]
+                self.assertEqual(got.choices[0].message.content, want, ref)
+                self.assertEqual(got.usage.prompt_tokens, len(ids), ref)
         finally:
             server.stop()
 

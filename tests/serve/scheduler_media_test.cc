@@ -9,6 +9,8 @@
 // greedy tokens, its image of turn 1 is not encoded again and its cached prefix covers the
 // image; a turn 2 that carries turn 1's own reply reuses its decoded rows too, and a cached
 // prefix that ends inside an image hands the rest of the image's rows their tower output.
+// GLM-4V and GLM-4.5V (glm4v_fixtures.py): an image request and a video request side by side
+// give transformers' greedy tokens, and the video asked again comes from the caches.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -247,6 +249,56 @@ TEST(SchedulerMedia, ACachedPrefixEndingInsideAnImage) {
     EXPECT_EQ(o.usage.cached_tokens, page) << text;
     EXPECT_GT(page, pads) << text;
     EXPECT_LT(page, pads + 12) << text;  // inside the image
+  }
+}
+
+// The tiny GLM-4V / GLM-4.5V through the scheduler: the one_image case (tower.safetensors) and
+// the video case (video.safetensors: anim.gif's frames as the processor prepared them, each
+// frame image tokens inside <|begin_of_video|>) side by side in 16-row prefill chunks, each
+// equal to transformers' 10 greedy tokens; the video again adopts its cached prefix and the
+// tower's cached output.
+TEST(SchedulerMedia, Glm4vImageAndVideoEqualTransformers) {
+  for (const char* fixture : {"glm4v_f32", "glm4v_moe_f32"}) {
+    SCOPED_TRACE(fixture);
+    const Tower tower(fixture);
+    const SafetensorsFile video_ref =
+        SafetensorsFile::open(testing::fixture_dir(fixture) + "/video.safetensors");
+    auto video_get = [&](const std::string& key, auto zero) {
+      const auto& t = video_ref.at(key);
+      std::vector<decltype(zero)> out(static_cast<size_t>(t.shape.numel()));
+      std::memcpy(out.data(), video_ref.bytes(t).data(), out.size() * sizeof(zero));
+      return out;
+    };
+    vision::VisionItem video;
+    video.kind = vision::VisionKind::kVideo;
+    const std::vector<int64_t> grid = video_get("video_grid_thw", int64_t{});
+    ASSERT_EQ(grid.size(), 3u);
+    video.grid_thw = {grid[0], grid[1], grid[2]};
+    video.patch_dim = 96;
+    video.pixels = video_get("pixel_values_videos", float{});
+    const std::vector<int64_t> video_wide = video_get("ids", int64_t{});
+    const std::vector<int32_t> video_ids(video_wide.begin(), video_wide.end());
+    const std::vector<int64_t> video_greedy = video_get("greedy", int64_t{});
+    const std::vector<int64_t> image_greedy = tower.get<int64_t>("one_image.greedy");
+
+    auto m =
+        Model::load(testing::fixture_dir(fixture),
+                    {.n_threads = 2, .kv_tokens = 512, .max_rows = 16, .max_image_patches = 256});
+    Scheduler sched(*m, {.max_seqs = 4});
+    auto a = sched.submit(request(tower.ids("one_image"), {tower.item(0)}, 10));
+    auto v = sched.submit(request(video_ids, {video}, 10));
+    const Outcome oa = drain(*a), ov = drain(*v);
+    EXPECT_EQ(oa.error, "");
+    EXPECT_EQ(ov.error, "");
+    EXPECT_EQ(oa.tokens, std::vector<int32_t>(image_greedy.begin(), image_greedy.end()));
+    EXPECT_EQ(ov.tokens, std::vector<int32_t>(video_greedy.begin(), video_greedy.end()));
+    const Outcome again = drain(*sched.submit(request(video_ids, {video}, 10)));
+    EXPECT_EQ(again.tokens, ov.tokens);
+    EXPECT_GT(again.usage.cached_tokens, 0);
+    std::this_thread::sleep_for(50ms);
+    const SchedulerStats st = sched.stats();
+    EXPECT_EQ(st.media_items, 3);
+    EXPECT_LE(st.media_encoded, 2);
   }
 }
 

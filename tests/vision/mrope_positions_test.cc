@@ -64,6 +64,11 @@ TEST(MropePositions, EqualTransformersGetRopeIndex) {
 TEST(MropePositions, TokenTypesAndStyles) {
   const std::vector<int32_t> ids = {5, 151655, 151655, 7, 151656, 9};
   EXPECT_EQ(mm_token_types(ids, 151655, 151656), (std::vector<int32_t>{0, 1, 1, 0, 2, 0}));
+  // GLM-4V: image tokens inside <|begin_of_video|> (248) ... <|end_of_video|> (249) are a
+  // video's frames (Glm4vProcessor.create_mm_token_type_ids).
+  const std::vector<int32_t> glm = {250, 248, 252, 250, 250, 253, 9, 252, 250, 253, 249, 250};
+  EXPECT_EQ(mm_token_types(glm, 250, 251, 248, 249),
+            (std::vector<int32_t>{1, 0, 0, 2, 2, 0, 0, 0, 2, 0, 0, 1}));
   EXPECT_EQ(mrope_index_style("qwen3_5_moe"), MropeIndexStyle::kQwen3Vl);
   EXPECT_EQ(mrope_index_style("glm4v"), MropeIndexStyle::kQwen3Vl);  // images as Qwen2-VL's
   EXPECT_EQ(mrope_index_style("qwen2_5_vl"), MropeIndexStyle::kQwen2_5Vl);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 #include "io/json/json_fields.h"
@@ -218,6 +219,21 @@ VisionConfig parse_vision_config(std::string_view config_json, std::string_view 
   }
   if (c.image_token_id == c.video_token_id)
     throw top.error("video_token_id", "equals image_token_id ", c.image_token_id);
+  if (traits->glm) {
+    // Glm4vConfig's defaults (the GLM-4.1V tokenizer's <|begin_of_video|> / <|end_of_video|>).
+    const std::pair<const char*, int64_t*> video_ids[] = {
+        {"video_start_token_id", &c.video_start_token_id},
+        {"video_end_token_id", &c.video_end_token_id}};
+    const int64_t defaults[] = {151341, 151342};
+    for (size_t i = 0; i < 2; ++i) {
+      const auto& [key, id] = video_ids[i];
+      *id = top.int_or(key, defaults[i]);
+      if (*id < 0 || *id >= vocab) {
+        throw top.error(key, "expected a token id in [0, vocab_size ", vocab, "), found ", *id,
+                        top.has(key) ? "" : " (transformers' default)");
+      }
+    }
+  }
   return c;
 }
 

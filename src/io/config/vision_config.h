@@ -62,6 +62,10 @@ struct VisionConfig {
   int64_t video_token_id = 0;
   int64_t vision_start_token_id = 0;
   int64_t vision_end_token_id = 0;
+  // glm4v: <|begin_of_video|> / <|end_of_video|> (video_start_token_id / video_end_token_id);
+  // a video's frames are image tokens between them. -1 for the other families.
+  int64_t video_start_token_id = -1;
+  int64_t video_end_token_id = -1;
 
   // One patch's values: in_channels * temporal_patch_size * patch_size^2 (pixel_values' width).
   int64_t patch_dim() const { return in_channels * temporal_patch_size * patch_size * patch_size; }
