@@ -163,8 +163,9 @@ void CpuBackend::do_varlen_attention(const VarlenAttentionArgs& a) {
   int64_t longest = 0;
   for (size_t s = 1; s < a.cu_seqlens.size(); ++s)
     longest = std::max<int64_t>(longest, a.cu_seqlens[s] - a.cu_seqlens[s - 1]);
-  const size_t per_thread = (static_cast<size_t>(longest) + 15) / 16 * 16;
+  const size_t per_thread = (static_cast<size_t>(cpu::kVarlenQueries * longest) + 15) / 16 * 16;
   float* scratch = thread_scratch(per_thread);
+  // Contiguous item ranges per thread (item = h * n + r), so its rows group into tiles.
   pool_->parallel_for(static_cast<size_t>(n * a.n_heads), [&](size_t b, size_t e, int t) {
     cpu::varlen_attention_items(a, varlen_keys_.data(), static_cast<int64_t>(b),
                                 static_cast<int64_t>(e),
