@@ -153,7 +153,7 @@ void CpuBackend::do_activation(const ActivationArgs& a) {
 
 void CpuBackend::do_varlen_attention(const VarlenAttentionArgs& a) {
   const int64_t n = a.q.n_rows;
-  const size_t keys = static_cast<size_t>(a.n_heads * a.head_dim * n);
+  const size_t keys = static_cast<size_t>(2 * a.n_heads * a.head_dim * n);  // and the values
   if (varlen_keys_.size() < keys) varlen_keys_.resize(keys);
   const int64_t blocks = (n + cpu::kVarlenRowBlock - 1) / cpu::kVarlenRowBlock;
   pool_->parallel_for(static_cast<size_t>(a.n_heads * blocks), [&](size_t b, size_t e, int) {

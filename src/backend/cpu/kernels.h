@@ -36,9 +36,12 @@ void activation_rows(const ActivationArgs& a, int64_t r_begin, int64_t r_end);
 void layer_norm_rows(const LayerNormArgs& a, int64_t r_begin, int64_t r_end);
 
 // Non-causal attention within segments (backend.h VarlenAttentionArgs), in two phases over the
-// same `keys_t` scratch (n_heads * head_dim * n_rows floats): varlen_transpose_keys writes head
-// h's keys transposed, keys_t[(h * head_dim + d) * n_rows + r] = k[r, h * head_dim + d], for
-// items [item_begin, item_end) (item = h * row_blocks + row block of kVarlenRowBlock rows); then
+// same `keys_t` scratch (2 * n_heads * head_dim * n_rows floats): varlen_transpose_keys writes
+// head h's keys transposed, keys_t[(h * head_dim + d) * n_rows + r] = k[r, h * head_dim + d],
+// and after them its values packed head by head, [(h * n_rows + r) * head_dim + d] = v[r, h *
+// head_dim + d] (a head's value rows contiguous, where the fused qkv puts them a page apart in a
+// long segment), for items [item_begin, item_end) (item = h * row_blocks + row block of
+// kVarlenRowBlock rows); then
 // varlen_attention_items computes items (item = h * n_rows + r): scores of row r's head h
 // against its segment's keys, lanes over keys (vertical sums over d in order), the max, the sum
 // of exp in key order, the weighted values in key order. Up to kVarlenQueries consecutive rows

@@ -27,6 +27,7 @@ constexpr int64_t kMaxLanes = 64 / sizeof(float);
 void VarlenTransposeKeys(const VarlenAttentionArgs& a, float* keys_t, int64_t item_begin,
                          int64_t item_end) {
   const int64_t n = a.k.n_rows, D = a.head_dim;
+  float* values = keys_t + a.n_heads * D * n;
   const int64_t blocks = (n + kVarlenRowBlock - 1) / kVarlenRowBlock;
   for (int64_t item = item_begin; item < item_end; ++item) {
     const int64_t h = item / blocks, r0 = item % blocks * kVarlenRowBlock;
@@ -34,6 +35,7 @@ void VarlenTransposeKeys(const VarlenAttentionArgs& a, float* keys_t, int64_t it
     for (int64_t r = r0; r < r1; ++r) {
       const float* k = a.k.row(r) + h * D;
       for (int64_t d = 0; d < D; ++d) keys_t[(h * D + d) * n + r] = k[d];
+      std::memcpy(values + (h * n + r) * D, a.v.row(r) + h * D, static_cast<size_t>(D) * 4);
     }
   }
 }
@@ -117,18 +119,17 @@ HWY_INLINE float SoftmaxInPlace(float* scores, int64_t len) {
 // sharing each value row's load (the head's dims of a row are contiguous). Per (query, d) the
 // arithmetic is one multiply-add per key, the same for every M.
 template <int M>
-HWY_INLINE void TileValues(const VarlenAttentionArgs& a, int64_t h, int64_t s0, int64_t len,
-                           const float* const* sc, const float* inv, float* const* out) {
+HWY_INLINE void TileValues(const float* values, int64_t D, int64_t len, const float* const* sc,
+                           const float* inv, float* const* out) {
   const DF df;
   const auto nl = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t D = a.head_dim;
   int64_t d0 = 0;
   for (; d0 + 4 * nl <= D; d0 += 4 * nl) {
     VF o[M][4];
     for (int i = 0; i < M; ++i)
       for (int v = 0; v < 4; ++v) o[i][v] = hn::Zero(df);
     for (int64_t t = 0; t < len; ++t) {
-      const float* vr = a.v.row(s0 + t) + h * D + d0;
+      const float* vr = values + t * D + d0;
       VF x[4];
       for (int v = 0; v < 4; ++v) x[v] = hn::LoadU(df, vr + v * nl);
       for (int i = 0; i < M; ++i) {
@@ -143,7 +144,7 @@ HWY_INLINE void TileValues(const VarlenAttentionArgs& a, int64_t h, int64_t s0, 
     VF o[M];
     for (int i = 0; i < M; ++i) o[i] = hn::Zero(df);
     for (int64_t t = 0; t < len; ++t) {
-      const VF x = hn::LoadU(df, a.v.row(s0 + t) + h * D + d0);
+      const VF x = hn::LoadU(df, values + t * D + d0);
       for (int i = 0; i < M; ++i) o[i] = hn::MulAdd(hn::Set(df, sc[i][t] * inv[i]), x, o[i]);
     }
     for (int i = 0; i < M; ++i) hn::StoreU(o[i], df, out[i] + d0);
@@ -151,8 +152,7 @@ HWY_INLINE void TileValues(const VarlenAttentionArgs& a, int64_t h, int64_t s0, 
   for (; d0 < D; ++d0) {
     for (int i = 0; i < M; ++i) {
       float o = 0.0f;
-      for (int64_t t = 0; t < len; ++t)
-        o = std::fma(sc[i][t] * inv[i], a.v.row(s0 + t)[h * D + d0], o);
+      for (int64_t t = 0; t < len; ++t) o = std::fma(sc[i][t] * inv[i], values[t * D + d0], o);
       out[i][d0] = o;
     }
   }
@@ -160,8 +160,8 @@ HWY_INLINE void TileValues(const VarlenAttentionArgs& a, int64_t h, int64_t s0, 
 
 // Rows r .. r + M - 1 of head h, all in the segment [s0, s0 + len).
 template <int M>
-void Tile(const VarlenAttentionArgs& a, const float* keys_t, int64_t h, int64_t r, int64_t s0,
-          int64_t len, float* scores) {
+void Tile(const VarlenAttentionArgs& a, const float* keys_t, const float* values, int64_t h,
+          int64_t r, int64_t s0, int64_t len, float* scores) {
   const int64_t n = a.q.n_rows, D = a.head_dim;
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(D));
   const float* q[M];
@@ -175,12 +175,13 @@ void Tile(const VarlenAttentionArgs& a, const float* keys_t, int64_t h, int64_t 
   }
   TileScores<M>(q, keys_t + h * D * n + s0, n, D, len, scale, sc);
   for (int i = 0; i < M; ++i) inv[i] = SoftmaxInPlace(sc[i], len);
-  TileValues<M>(a, h, s0, len, sc, inv, out);
+  TileValues<M>(values + (h * n + s0) * D, D, len, sc, inv, out);
 }
 
 void VarlenAttentionItems(const VarlenAttentionArgs& a, const float* keys_t, int64_t item_begin,
                           int64_t item_end, float* scores) {
   const int64_t n = a.q.n_rows;
+  const float* values = keys_t + a.n_heads * a.head_dim * n;
   const std::span<const int32_t> cu = a.cu_seqlens;
   for (int64_t item = item_begin; item < item_end;) {
     const int64_t h = item / n, r = item % n;
@@ -191,16 +192,16 @@ void VarlenAttentionItems(const VarlenAttentionArgs& a, const float* keys_t, int
     const int64_t m = std::min({kVarlenQueries, s1 - r, item_end - item});
     switch (m) {
       case 1:
-        Tile<1>(a, keys_t, h, r, s0, s1 - s0, scores);
+        Tile<1>(a, keys_t, values, h, r, s0, s1 - s0, scores);
         break;
       case 2:
-        Tile<2>(a, keys_t, h, r, s0, s1 - s0, scores);
+        Tile<2>(a, keys_t, values, h, r, s0, s1 - s0, scores);
         break;
       case 3:
-        Tile<3>(a, keys_t, h, r, s0, s1 - s0, scores);
+        Tile<3>(a, keys_t, values, h, r, s0, s1 - s0, scores);
         break;
       default:
-        Tile<4>(a, keys_t, h, r, s0, s1 - s0, scores);
+        Tile<4>(a, keys_t, values, h, r, s0, s1 - s0, scores);
         break;
     }
     item += m;
