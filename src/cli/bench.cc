@@ -4,6 +4,7 @@
 // With --speculative KIND: greedy generation of --spec-prompt at each --batch width, with and
 // without speculation in the same run — tokens/s of both, the acceptance (mean accepted drafts
 // per verify step, and the share of drafts accepted), and whether the outputs are identical.
+// With --image FILE: the vision tower alone on that image, instead (cli/bench_image.h).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <span>
 
 #include "backend/op_profiler.h"
+#include "cli/bench_image.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/dtype.h"
@@ -21,12 +23,32 @@
 #include "engine/session.h"
 
 namespace metrale::cli {
+
+void print_profile_table(const OpProfiler& prof, const char* title, const char* unit, double units,
+                         double seconds) {
+  std::vector<OpProfiler::Entry> rows = prof.entries();
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+  const double per = seconds / units;
+  std::printf("\n%s: %.2f ms/%s\n", title, per * 1e3, unit);
+  std::printf("%-62s %8s %9s/%s %6s\n", "op", "calls", "ms", unit, "%");
+  double covered = 0;
+  for (const auto& e : rows) {
+    covered += e.seconds / units;
+    std::printf("%-62s %8.0f %10.3f %6.1f%%\n", e.key.c_str(), static_cast<double>(e.calls) / units,
+                e.seconds / units * 1e3, 100.0 * e.seconds / seconds);
+  }
+  std::printf("%-62s %8s %10.3f %6.1f%%\n", "(between ops: engine, sampling-free loop)", "",
+              (per - covered) * 1e3, 100.0 * (per - covered) / per);
+}
+
 namespace {
 
 struct BenchFlags {
   ModelFlags model;
   LoraFlags lora;
   SpeculativeFlags spec;
+  ImageBenchFlags image;
   std::string spec_prompt;  // "": kDefaultSpecPrompt (random ids without a tokenizer)
   // Decode with LoRA: for each count N, rows cycle through the first N adapters given
   // (0: the base model, through the same pool).
@@ -172,26 +194,6 @@ double share_at(const SpeculationCounts& c, size_t i) {
              : 0.0;
 }
 
-// Prints `prof`'s tallies as a table sorted by time: per op (and weight) time per `unit`
-// (`units` of them were timed in `seconds`), its share, and what falls between the ops.
-void print_profile_table(const OpProfiler& prof, const char* title, const char* unit, double units,
-                         double seconds) {
-  std::vector<OpProfiler::Entry> rows = prof.entries();
-  std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
-  const double per = seconds / units;
-  std::printf("\n%s: %.2f ms/%s\n", title, per * 1e3, unit);
-  std::printf("%-62s %8s %9s/%s %6s\n", "op", "calls", "ms", unit, "%");
-  double covered = 0;
-  for (const auto& e : rows) {
-    covered += e.seconds / units;
-    std::printf("%-62s %8.0f %10.3f %6.1f%%\n", e.key.c_str(), static_cast<double>(e.calls) / units,
-                e.seconds / units * 1e3, 100.0 * e.seconds / seconds);
-  }
-  std::printf("%-62s %8s %10.3f %6.1f%%\n", "(between ops: engine, sampling-free loop)", "",
-              (per - covered) * 1e3, 100.0 * (per - covered) / per);
-}
-
 // Where the time of a decode step of `batch` sequences and of one prefill of `prompt` tokens
 // goes, per op (and weight), measured by an OpProfiler watching the backend.
 void print_profile(Model& m, int64_t depth, int64_t steps, int64_t prompt, int64_t batch) {
@@ -238,6 +240,12 @@ void print_profile(Model& m, int64_t depth, int64_t steps, int64_t prompt, int64
 }
 
 void run_bench(const BenchFlags& f) {
+  if (!f.image.images.empty()) {
+    ImageBenchFlags image = f.image;
+    image.profile = f.profile;
+    run_image_bench(f.model, image, f.json);
+    return;
+  }
   const std::vector<int64_t> prefills = parse_count_list(f.prefill, "--prefill");
   const std::vector<int64_t> batches = parse_count_list(f.batch, "--batch");
   f.spec.check();
@@ -472,9 +480,32 @@ void setup(CLI::App& app) {
   cmd->add_flag(
       "--profile", f->profile,
       "also print where the time of a decode step (--profile-batch sequences) and of the longest "
-      "prefill goes, per op");
+      "prefill goes, per op (with --image: of one more tower pass per image)");
   cmd->add_option("--profile-batch", f->profile_batch, "sequences per profiled decode step")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  auto* image = cmd->add_option("--image", f->image.images,
+                                "time the vision tower alone on this image (repeatable): "
+                                "preprocessed once, then --image-warmup and --image-rounds "
+                                "tower passes; instead of the prefill / decode runs")
+                    ->check(CLI::ExistingFile);
+  cmd->add_option("--image-rounds", f->image.rounds,
+                  "with --image: timed tower passes per image (median reported)")
+      ->check(CLI::Range(1, 10000))
+      ->needs(image);
+  cmd->add_option("--image-warmup", f->image.warmup,
+                  "with --image: untimed tower passes per image before the timed ones")
+      ->check(CLI::Range(0, 1000))
+      ->needs(image);
+  cmd->add_option("--vision-out", f->image.out,
+                  "with --image: write each image's pixel_values.N and tower output vision.N "
+                  "(f32; deepstack features after the merger's) to this .safetensors file")
+      ->needs(image);
+  // The language model's timings do not run with --image: their flags are errors beside it.
+  for (const char* name :
+       {"--prefill", "--batch", "--depth", "--decode-tokens", "--reps", "--lora-mix",
+        "--profile-batch", "--spec-prompt", "--speculative", "--draft-tokens", "--lora"}) {
+    image->excludes(cmd->get_option(name));
+  }
   cmd->callback([f] { run_bench(*f); });
 }
 

@@ -10,15 +10,12 @@
 #include "vision/video.h"
 
 namespace metrale::cli {
-namespace {
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   METRALE_CHECK(in.good(), path, ": cannot open file");
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
-
-}  // namespace
 
 void MediaFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--image", images,

@@ -25,4 +25,7 @@ struct MediaFlags {
   MultimodalPrompt prompt(Model& model, const std::vector<int32_t>& ids) const;
 };
 
+// A media file's bytes; Error naming the path when it cannot be opened.
+std::vector<uint8_t> read_bytes(const std::string& path);
+
 }  // namespace metrale::cli

@@ -153,7 +153,7 @@ void CpuBackend::do_activation(const ActivationArgs& a) {
 
 void CpuBackend::do_varlen_attention(const VarlenAttentionArgs& a) {
   const int64_t n = a.q.n_rows;
-  const size_t keys = static_cast<size_t>(a.n_heads * a.head_dim * n);
+  const size_t keys = static_cast<size_t>(2 * a.n_heads * a.head_dim * n);  // and the values
   if (varlen_keys_.size() < keys) varlen_keys_.resize(keys);
   const int64_t blocks = (n + cpu::kVarlenRowBlock - 1) / cpu::kVarlenRowBlock;
   pool_->parallel_for(static_cast<size_t>(a.n_heads * blocks), [&](size_t b, size_t e, int) {
@@ -163,8 +163,9 @@ void CpuBackend::do_varlen_attention(const VarlenAttentionArgs& a) {
   int64_t longest = 0;
   for (size_t s = 1; s < a.cu_seqlens.size(); ++s)
     longest = std::max<int64_t>(longest, a.cu_seqlens[s] - a.cu_seqlens[s - 1]);
-  const size_t per_thread = (static_cast<size_t>(longest) + 15) / 16 * 16;
+  const size_t per_thread = (static_cast<size_t>(cpu::kVarlenQueries * longest) + 15) / 16 * 16;
   float* scratch = thread_scratch(per_thread);
+  // Contiguous item ranges per thread (item = h * n + r), so its rows group into tiles.
   pool_->parallel_for(static_cast<size_t>(n * a.n_heads), [&](size_t b, size_t e, int t) {
     cpu::varlen_attention_items(a, varlen_keys_.data(), static_cast<int64_t>(b),
                                 static_cast<int64_t>(e),

@@ -36,13 +36,19 @@ void activation_rows(const ActivationArgs& a, int64_t r_begin, int64_t r_end);
 void layer_norm_rows(const LayerNormArgs& a, int64_t r_begin, int64_t r_end);
 
 // Non-causal attention within segments (backend.h VarlenAttentionArgs), in two phases over the
-// same `keys_t` scratch (n_heads * head_dim * n_rows floats): varlen_transpose_keys writes head
-// h's keys transposed, keys_t[(h * head_dim + d) * n_rows + r] = k[r, h * head_dim + d], for
-// items [item_begin, item_end) (item = h * row_blocks + row block of kVarlenRowBlock rows); then
-// varlen_attention_items computes items (item = r * n_heads + h): scores of row r's head h
+// same `keys_t` scratch (2 * n_heads * head_dim * n_rows floats): varlen_transpose_keys writes
+// head h's keys transposed, keys_t[(h * head_dim + d) * n_rows + r] = k[r, h * head_dim + d],
+// and after them its values packed head by head, [(h * n_rows + r) * head_dim + d] = v[r, h *
+// head_dim + d] (a head's value rows contiguous, where the fused qkv puts them a page apart in a
+// long segment), for items [item_begin, item_end) (item = h * row_blocks + row block of
+// kVarlenRowBlock rows); then
+// varlen_attention_items computes items (item = h * n_rows + r): scores of row r's head h
 // against its segment's keys, lanes over keys (vertical sums over d in order), the max, the sum
-// of exp in key order, the weighted values in key order. `scores`: this thread's scratch of the
-// longest segment's length floats.
+// of exp in key order, the weighted values in key order. Up to kVarlenQueries consecutive rows
+// of a head and segment share each key and value load; every row's arithmetic is the same
+// however the rows are grouped. `scores`: this thread's scratch of kVarlenQueries x the longest
+// segment's length floats.
+inline constexpr int64_t kVarlenQueries = 4;
 inline constexpr int64_t kVarlenRowBlock = 64;
 void varlen_transpose_keys(const VarlenAttentionArgs& a, float* keys_t, int64_t item_begin,
                            int64_t item_end);
