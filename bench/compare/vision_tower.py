@@ -40,6 +40,21 @@ processor's too (the published file names Qwen2VLImageProcessorFast; without tor
 transformers runs its PIL backend, metrale its torchvision-style resize, so pixels of a
 resized image differ by the two kernels' rounding).
 
+llama.cpp's mtmd (--mtmd): llama-mtmd-cli of the pinned llama.cpp (tools/bench/llama_cpp_peer.py:
+llama-cpp-python's sdist, its vendored llama.cpp, built once into --llama-cache), with the
+tower converted by the pinned convert_hf_to_gguf.py --mmproj (--mtmd-outtype, default bf16:
+the checkpoint's own dtype, so the weights are the same bits; norms and biases come out f32)
+and a text GGUF of the checkpoint's language model (the tool needs one; never timed; see
+llama_cpp_peer.mtmd_text_checkpoint for why it has a 4th layer). Each round, per image, a fresh
+process encodes the image W + N times (one prompt, a media marker per copy with text between, so
+each copy is its own mtmd_batch_encode); the "mtmd batch encoding done in N ms" lines after the
+first W are the timed passes (ms resolution; mtmd_batch_encode: the tower, merger and deepstack
+mergers on the preprocessed image, as metrale's passes). -t and -tb are the thread count. Its
+clip preprocessing resizes on its own (bicubic, rounding each side to the nearest multiple of
+32): the merged tokens and resized size it logs (-v) are recorded, and where its patch count
+differs from metrale's, the table gives ms per patch beside ms per image.
+--no-transformers leaves transformers out (and the agreement check with it).
+
 Outputs under --out: results.json (the command, every flag, versions of torch, transformers,
 metrale's commit, lscpu, loads, every sample) and table.md (the command above the table).
 """
@@ -57,6 +72,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import git_state, lscpu_summary  # noqa: E402
+sys.path.insert(0, str(REPO / "tools/bench"))
+import llama_cpp_peer  # noqa: E402
 
 PHOTO = REPO / "tests/data/vision/images/photo_chelsea.jpg"
 MARKER = "metrale_vision_tower_checkpoint.json"
@@ -256,6 +273,51 @@ def run_metrale(cmd: list[str]) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def mtmd_rows(args, images, samples, metrale_report, results) -> list[dict]:
+    """metrale beside llama-mtmd-cli, per thread count and image: ms per image, and ms per
+    patch where the two preprocessings give different patch counts."""
+    rows = []
+    for t in args.threads:
+        for i, p in enumerate(images):
+            img = metrale_report["images"][i]
+            rep = next(x["report"][i] for x in results["runs"]
+                       if x["engine"] == "mtmd" and x["threads"] == t)
+            merge = 2  # spatial_merge_size of the tower (VISION_CONFIG): tokens x 4 = patches
+            m_patches, l_patches = img["patches"], rep["tokens"][0] * merge * merge
+            m, l = statistics.median(samples[("metrale", t, i)]), statistics.median(samples[("mtmd", t, i)])
+            m_min, l_min = min(samples[("metrale", t, i)]), min(samples[("mtmd", t, i)])
+            rows.append({"image": f"{args.sizes[i][0]}x{args.sizes[i][1]}", "threads": t,
+                         "metrale_grid_thw": img["grid_thw"], "metrale_patches": m_patches,
+                         "metrale_resized": [img["resized_width"], img["resized_height"]],
+                         "mtmd_patches": l_patches, "mtmd_tokens": rep["tokens"][0],
+                         "mtmd_resized": rep["image_nx_ny"][0], "metrale_ms": m, "mtmd_ms": l,
+                         "metrale_min_ms": m_min, "mtmd_min_ms": l_min, "ratio": l / m,
+                         "ratio_of_min": l_min / m_min,
+                         "ratio_per_patch": (l / l_patches) / (m / m_patches),
+                         "samples": [len(samples[("metrale", t, i)]), len(samples[("mtmd", t, i)])]})
+    return rows
+
+
+def mtmd_table(results, args, images, samples, metrale_report) -> list[str]:
+    rows = results["table_mtmd"]
+    mt = results["mtmd"]
+    lines = ["", f"llama.cpp {mt['source']['llama_cpp_commit']} ({mt['source']['package']}), "
+                 f"llama-mtmd-cli, mmproj --outtype {mt['mmproj_outtype']}", "",
+             "| image | metrale patches (resized) | mtmd patches (resized) | threads | "
+             "metrale ms/image (min) | mtmd ms/image (min) | speed-up (of the mins) | "
+             "speed-up per patch |", "|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        lines.append(
+            f"| {x['image']} | {x['metrale_patches']} ({x['metrale_resized'][0]}x"
+            f"{x['metrale_resized'][1]}) | {x['mtmd_patches']} ({x['mtmd_resized'][0]}x"
+            f"{x['mtmd_resized'][1]}) | {x['threads']} | {x['metrale_ms']:.0f} "
+            f"({x['metrale_min_ms']:.0f}) | {x['mtmd_ms']:.0f} ({x['mtmd_min_ms']:.0f}) | "
+            f"{x['ratio']:.2f}x ({x['ratio_of_min']:.2f}x) | {x['ratio_per_patch']:.2f}x |")
+    lines.append("\nspeed-up = mtmd ms / metrale ms (medians); per patch: each engine's median "
+                 "ms / its own patch count.")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--threads", type=int_list, default=[2])
@@ -268,9 +330,19 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=REPO / "build/bench-vision")
     ap.add_argument("--out", type=Path, default=REPO / "out/vision-tower")
     ap.add_argument("--no-check", action="store_true", help="skip the output agreement check")
+    ap.add_argument("--mtmd", action="store_true",
+                    help="also time llama.cpp's llama-mtmd-cli (the pinned llama.cpp; see above)")
+    ap.add_argument("--mtmd-outtype", choices=["bf16", "f16", "f32"], default="bf16",
+                    help="the mmproj converter's --outtype (default bf16, the checkpoint's)")
+    ap.add_argument("--llama-cache", type=Path, default=llama_cpp_peer.DEFAULT_CACHE,
+                    help="llama_cpp_peer.py's cache: sdist, build, GGUFs")
+    ap.add_argument("--no-transformers", action="store_true",
+                    help="leave transformers out (implies --no-check)")
     ap.add_argument("--check-images", type=int_list, default=[1],
                     help="1-based --sizes entries the agreement check runs on (default: the first)")
     args = ap.parse_args()
+    if args.no_transformers:
+        args.no_check = True
     if args.rounds < 1 or args.image_rounds < 1 or args.warmup < 0:
         ap.error("--rounds and --image-rounds must be >= 1, --warmup >= 0")
     if not args.metrale_bin.is_file():
@@ -284,7 +356,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt = ensure_checkpoint(args.cache_dir / "checkpoints")
     images = ensure_images(args.cache_dir, args.sizes)
-    hf = HfTower(ckpt, images)
+    hf = None if args.no_transformers else HfTower(ckpt, images)
+    mtmd = llama_cpp_peer.ensure_mtmd(args.llama_cache, ckpt, args.mtmd_outtype) if args.mtmd \
+        else None
+    engines = ["metrale"] + ([] if hf is None else ["transformers"]) + ([] if mtmd is None else
+                                                                       ["mtmd"])
     command = shlex.join([sys.executable and "python3", *sys.argv])
 
     def metrale_cmd(threads: int, vision_out: Path | None = None) -> list[str]:
@@ -309,20 +385,26 @@ def main() -> None:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version(), "metrale": git_state(),
                      "cpu_capability": torch.backends.cpu.get_cpu_capability()},
-        "transformers": {"attn_implementation": hf.attn, "image_processor": hf.processor,
-                         "dtype": "bfloat16"},
+        "transformers": None if hf is None else {
+            "attn_implementation": hf.attn, "image_processor": hf.processor, "dtype": "bfloat16"},
+        "mtmd": None if mtmd is None else {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in mtmd.items()},
+            "encode_log_line": llama_cpp_peer.MTMD_ENCODE_RE.pattern},
+        "engines": engines,
         "machine": lscpu_summary(), "loadavg_start": loadavg(), "runs": [],
     }
     samples = {}  # (engine, threads, image index) -> [ms]
     vision_out = args.out / "metrale_vision_out.safetensors"
     for t in args.threads:
         torch.set_num_threads(t)
-        log(f"{t} thread(s): transformers warm-up")
-        for i in range(len(images)):
-            for _ in range(args.warmup):
-                hf.run(i)
+        if hf is not None:
+            log(f"{t} thread(s): transformers warm-up")
+            for i in range(len(images)):
+                for _ in range(args.warmup):
+                    hf.run(i)
         for r in range(args.rounds):
-            order = ["metrale", "transformers"] if r % 2 == 0 else ["transformers", "metrale"]
+            # the starting engine rotates (with two engines: alternates, as before)
+            order = engines[r % len(engines):] + engines[:r % len(engines)]
             for engine in order:
                 before = loadavg()
                 t0 = time.time()
@@ -332,6 +414,20 @@ def main() -> None:
                     res = run_metrale(cmd)
                     ms = [img["pass_ms"] for img in res["images"]]
                     extra = {"cmd": cmd, "report": res}
+                elif engine == "mtmd":
+                    cmds, reports, ms = [], [], []
+                    for p in images:
+                        cmd = llama_cpp_peer.mtmd_command(
+                            mtmd["tool"], mtmd["text_gguf"], mtmd["mmproj"], p,
+                            args.warmup + args.image_rounds, t)
+                        res = llama_cpp_peer.run_mtmd(cmd)
+                        if len(res["encode_ms"]) != args.warmup + args.image_rounds:
+                            sys.exit(f"vision_tower: {shlex.join(cmd)}: expected "
+                                     f"{args.warmup + args.image_rounds} encodes, got {res}")
+                        cmds.append(cmd)
+                        reports.append(res)
+                        ms.append([float(x) for x in res["encode_ms"][args.warmup:]])
+                    extra = {"cmd": cmds, "report": reports}
                 else:
                     ms = [[hf.time(i) for _ in range(args.image_rounds)] for i in range(len(images))]
                     extra = {}
@@ -350,7 +446,7 @@ def main() -> None:
     metrale_report = next(x["report"] for x in results["runs"] if x["engine"] == "metrale")
 
     rows = []
-    for t in args.threads:
+    for t in (args.threads if hf is not None else []):
         for i, p in enumerate(images):
             m = statistics.median(samples[("metrale", t, i)])
             h = statistics.median(samples[("transformers", t, i)])
@@ -365,13 +461,15 @@ def main() -> None:
                          "ratio_of_min": h_min / m_min,
                          "samples": len(samples[("metrale", t, i)])})
     results["table"] = rows
+    if mtmd is not None:
+        results["table_mtmd"] = mtmd_rows(args, images, samples, metrale_report, results)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 
     loads = [x["loadavg_before"][0] for x in results["runs"]] + [x["loadavg_after"][0] for x in results["runs"]]
     lines = [f"`{command}`", "",
              f"metrale {results['versions']['metrale']['commit'][:10]} (`{args.metrale_args}`), "
              f"torch {torch.__version__} / transformers {transformers.__version__} (bf16, "
-             f"{hf.attn}); load average (1 min) {min(loads):.1f}-{max(loads):.1f} during the runs", "",
+             f"{hf.attn if hf else None}); load average (1 min) {min(loads):.1f}-{max(loads):.1f} during the runs", "",
              "| image | patches (grid) | threads | metrale ms/image (min) | metrale images/s | "
              "transformers ms/image (min) | transformers images/s | speed-up (of the mins) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -381,7 +479,7 @@ def main() -> None:
                      f"({x['metrale_min_ms']:.0f}) | {x['metrale_images_per_s']:.3f} | "
                      f"{x['transformers_ms']:.0f} ({x['transformers_min_ms']:.0f}) | "
                      f"{x['transformers_images_per_s']:.3f} | {x['ratio']:.2f}x ({x['ratio_of_min']:.2f}x) |")
-    lines.append(f"\nms/image: the median over {rows[0]['samples']} timed passes per engine "
+    lines.append(f"\nms/image: the median over {rows[0]['samples'] if rows else 0} timed passes per engine "
                  "(min in brackets); images/s = 1000 / median; speed-up = transformers ms / metrale ms.")
     for a in results.get("agreement", []):
         d = a["metrale_vs_transformers_f32"]
@@ -391,6 +489,12 @@ def main() -> None:
                      f"(max abs {e['max_abs']:.3g}); metrale vs transformers bf16 rel RMS "
                      f"{a['metrale_vs_transformers_bf16']['rel_rms']:.2e}; pixels max abs diff "
                      f"{a['pixels_metrale_vs_processor']['max_abs']:.3g}")
+    if hf is None:
+        lines = lines[:2] + [f"metrale {results['versions']['metrale']['commit'][:10]} "
+                             f"(`{args.metrale_args}`); load average (1 min) {min(loads):.1f}-"
+                             f"{max(loads):.1f} during the runs"]
+    if mtmd is not None:
+        lines += mtmd_table(results, args, images, samples, metrale_report)
     table = "\n".join(lines) + "\n"
     (args.out / "table.md").write_text(table)
     print(table)

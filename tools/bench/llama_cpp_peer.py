@@ -45,6 +45,12 @@
   exist) and llama-bench has no LoRA option. That tool repeats llama-batched-bench's timed
   decode at each batch width; one adapter for all rows is llama.cpp's only mode.
 
+* Vision (bench/compare/vision_tower.py --mtmd): llama-mtmd-cli, built on demand in the same
+  directory (ensure_mtmd_tool), with the checkpoint's tower converted by the vendored
+  converter's --mmproj (ensure_mmproj_gguf) and a text GGUF of its language model
+  (mtmd_text_checkpoint: the tool needs one; it is never timed); mtmd_command / run_mtmd time
+  the image encodes from the tool's own log line.
+
 Prints (with --json) the same object as `metrale bench --json`:
 {"prefill": {"128": tps, ...}, "decode": {"1": tps, ...}, ..., "kv_type": "f16",
  "depth": N or null, "commands": [every llama.cpp command line it ran]}.
@@ -457,6 +463,137 @@ def ensure_server_tool(cache: Path, src: Path) -> Path:
     subprocess.run(["cmake", "--build", str(build), "--target", SERVER_TOOL, "-j2"],
                    check=True, stdout=sys.stderr)
     return tool
+
+
+
+# llama-mtmd-cli (bench/compare/vision_tower.py --mtmd): the vision tower of a Qwen3-VL
+# checkpoint, converted by the pinned converter with --mmproj, beside a text GGUF of the same
+# checkpoint (the tool needs one to run; its layers are never timed).
+MTMD_TOOL = "llama-mtmd-cli"  # built on demand beside TOOLS (ensure_mtmd_tool)
+# The line the pinned tools/mtmd/mtmd-cli.cpp logs after each media batch's encode
+# (mtmd_batch_encode: preprocessed pixels through the tower, merger and deepstack mergers):
+MTMD_ENCODE_RE = re.compile(r"mtmd batch encoding done in (\d+) ms")
+# With -v, mtmd.cpp's debug lines give the batch's merged tokens and the resized image:
+MTMD_TOKENS_RE = re.compile(r"encoding batch with (\d+) entries and total (\d+) tokens")
+MTMD_IMAGE_RE = re.compile(r"copying image \d+/\d+ to input buffer \(nx=(\d+), ny=(\d+)\)")
+
+
+def ensure_mtmd_tool(cache: Path, src: Path) -> Path:
+    """llama-mtmd-cli of the pinned build (tools/mtmd is configured by CMAKE_FLAGS already: the
+    pinned tools/CMakeLists.txt adds it unconditionally); libmtmd, libllama and ggml are
+    shared with the other tools. The build stamp is left as it is, as for llama-quantize."""
+    ensure_build(cache, src)
+    tool = build_dir(cache) / "bin" / MTMD_TOOL
+    if not tool.is_file():
+        log(f"building {MTMD_TOOL} in {build_dir(cache)}")
+        subprocess.run(["cmake", "--build", str(build_dir(cache)), "--target", MTMD_TOOL,
+                        "-j2"], check=True, stdout=sys.stderr)
+    return tool
+
+
+def mmproj_command(src: Path, model_dir: Path, out: Path, outtype: str = "bf16") -> list[str]:
+    """The pinned converter's --mmproj conversion (the vision tower and its mergers only)."""
+    return [sys.executable, str(src / "convert_hf_to_gguf.py"), str(model_dir), "--mmproj",
+            "--outtype", outtype, "--outfile", str(out)]
+
+
+def ensure_mmproj_gguf(cache: Path, src: Path, model_dir: Path,
+                       outtype: str = "bf16") -> tuple[Path, list[str]]:
+    """The checkpoint's vision tower as the pinned converter's mmproj GGUF, made once;
+    returns it and the conversion command."""
+    out = cache / "gguf" / f"mmproj-{model_dir.name}-{checkpoint_key(model_dir)}-{outtype}-lcp{VERSION}.gguf"
+    partial = out.with_suffix(".gguf.partial")
+    cmd = mmproj_command(src, model_dir, partial, outtype)
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        log(f"converting the tower: {' '.join(cmd)}")
+        subprocess.run(cmd, check=True, stdout=sys.stderr)
+        partial.rename(out)
+    return out, cmd
+
+
+def mtmd_text_checkpoint(cache: Path, model_dir: Path) -> Path:
+    """The checkpoint's language model alone, for the text GGUF llama-mtmd-cli loads beside
+    the mmproj: its text tensors, the committed Qwen3 tokenizer (tests/data/tokenizers/qwen3,
+    as make_random_checkpoint writes it: Qwen3-VL's vocabulary and media tokens; the tower
+    checkpoint ships none), and at least one layer more than
+    deepstack features. The pinned src/models/qwen3vl.cpp adds deepstack feature i after layer
+    i, on the last layer after it has kept only the output rows (ggml_get_rows on
+    inp_out_ids), so a model of no more layers than features fails GGML_ASSERT(
+    ggml_can_repeat(b, a)) in its warm-up decode; the missing layers are copies of the last.
+    Only the tower is timed, so this changes no timed work."""
+    import torch  # noqa: F401  (safetensors' torch API)
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    config = json.loads((model_dir / "config.json").read_text())
+    text = config["text_config"]
+    n_ds = len(config.get("vision_config", {}).get("deepstack_visual_indexes", []))
+    have = text["num_hidden_layers"]
+    want = max(have, n_ds + 1)
+    out = cache / "checkpoints" / f"{model_dir.name}-{checkpoint_key(model_dir)}-mtmd-text-L{want}"
+    if (out / "model.safetensors").is_file():
+        return out
+    log(f"writing {out} (the language model, {have} -> {want} layers, for llama-mtmd-cli)")
+    out.mkdir(parents=True, exist_ok=True)
+    text["num_hidden_layers"] = want
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_random_checkpoint  # noqa: E402  (beside this file)
+    make_random_checkpoint.write_qwen3_tokenizer(out)
+    tensors = {}
+    last = f"model.language_model.layers.{have - 1}."
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            for k in fh.keys():
+                if k.startswith("model.visual."):
+                    continue
+                tensors[k] = fh.get_tensor(k)
+                if k.startswith(last):
+                    for extra in range(have, want):
+                        tensors[k.replace(last, f"model.language_model.layers.{extra}.")] = \
+                            tensors[k].clone()
+    save_file(tensors, str(out / "model.safetensors.partial"), metadata={"format": "pt"})
+    (out / "model.safetensors.partial").rename(out / "model.safetensors")
+    return out
+
+
+def mtmd_command(tool: Path, text_gguf: Path, mmproj: Path, image: Path, copies: int,
+                 threads: int) -> list[str]:
+    """One llama-mtmd-cli process encoding `image` `copies` times: one prompt with a media
+    marker per copy, text between them (consecutive media chunks would be encoded as one
+    batch; text splits them, so each copy is its own mtmd_batch_encode and its own log line),
+    one generated token, -t / -tb both `threads` (mtmd's own n_threads is -t), -v for the
+    batch's token count and resized image, a context holding every copy's tokens."""
+    prompt = " ".join(f"<__media__> {i}" for i in range(copies))
+    return [str(tool), "-m", str(text_gguf), "--mmproj", str(mmproj),
+            "--image", ",".join([str(image)] * copies), "-p", prompt, "-n", "1", "--temp", "0",
+            "-t", str(threads), "-tb", str(threads), "-c", str(1024 * (4 * copies + 1)), "-v"]
+
+
+def run_mtmd(cmd: list[str]) -> dict:
+    """Runs mtmd_command's process; the encode ms of every copy in order, the merged tokens
+    and the image size the tower saw."""
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    log_text = res.stdout + res.stderr
+    ms = [int(x) for x in MTMD_ENCODE_RE.findall(log_text)]
+    if res.returncode != 0 or not ms:
+        sys.exit(f"llama.cpp peer: {' '.join(cmd)} failed ({res.returncode}):\n{log_text[-3000:]}")
+    tokens = {int(t) for _, t in MTMD_TOKENS_RE.findall(log_text)}
+    sizes = {(int(x), int(y)) for x, y in MTMD_IMAGE_RE.findall(log_text)}
+    return {"encode_ms": ms, "tokens": sorted(tokens), "image_nx_ny": sorted(sizes)}
+
+
+def ensure_mtmd(cache: Path, model_dir: Path, outtype: str = "bf16") -> dict:
+    """Everything llama-mtmd-cli needs for this checkpoint (built / converted once): the tool,
+    the mmproj GGUF (and its conversion command), the text GGUF (ensure_gguf's bf16 of
+    mtmd_text_checkpoint) and source_info."""
+    src = ensure_source(cache)
+    tool = ensure_mtmd_tool(cache, src)
+    mmproj, cmd = ensure_mmproj_gguf(cache, src, model_dir, outtype)
+    text_dir = mtmd_text_checkpoint(cache, model_dir)
+    text_gguf = ensure_gguf(cache, src, text_dir, "bf16")
+    return {"tool": tool, "mmproj": mmproj, "mmproj_command": cmd, "mmproj_outtype": outtype,
+            "text_checkpoint": text_dir, "text_gguf": text_gguf, "source": source_info(cache)}
 
 
 # GGML type ids -> (name, block elements, block bytes), for the types these GGUFs hold
