@@ -109,6 +109,20 @@ def content_of(resp):
     return [c.message.content for c in resp.choices]
 
 
+def serve_byte_level(cls, template):
+    """Serves, for the test class `cls`, a random one-layer Qwen3 over a byte-level vocabulary
+    whose special tokens are cls.SPECIALS (the first the eos, the second the bos) with the chat
+    template tests/data/chat_templates/`template`; sets cls.dir, cls.server and cls.client."""
+    import pathlib
+    cls.dir = tempfile.TemporaryDirectory()
+    path = pathlib.Path(cls.dir.name)
+    random_qwen3(path, vocab=256 + len(cls.SPECIALS), bos=257, eos=256, qwen_tokenizer=False)
+    byte_level_tokenizer(path, cls.SPECIALS)
+    cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
+                        template)
+    cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+
+
 class Constrained:
     """Shared by the demo model and the random Qwen3; subclasses start SERVER."""
 
@@ -506,14 +520,7 @@ class ForcedToolCallsMistral(ForcedToolCallsQwen3Coder):
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.TemporaryDirectory()
-        import pathlib
-        path = pathlib.Path(cls.dir.name)
-        random_qwen3(path, vocab=256 + len(cls.SPECIALS), bos=257, eos=256, qwen_tokenizer=False)
-        byte_level_tokenizer(path, cls.SPECIALS)
-        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
-                            "Mistral-Small-3.2-24B-Instruct-2506.jinja")
-        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+        serve_byte_level(cls, "Mistral-Small-3.2-24B-Instruct-2506.jinja")
 
     def test_the_markers_are_the_special_tokens(self):
         # With the specials skipped the parser would see no call: the server keeps them, and
@@ -539,14 +546,7 @@ class ForcedToolCallsGlm45(ForcedToolCallsQwen3Coder):
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.TemporaryDirectory()
-        import pathlib
-        path = pathlib.Path(cls.dir.name)
-        random_qwen3(path, vocab=256 + len(cls.SPECIALS), bos=257, eos=256, qwen_tokenizer=False)
-        byte_level_tokenizer(path, cls.SPECIALS)
-        cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
-                            "GLM-4.6.jinja")
-        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="none", max_retries=0)
+        serve_byte_level(cls, "GLM-4.6.jinja")
 
 
 class ForcedToolCallsDeepSeekV31(ForcedToolCallsQwen3Coder):
