@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.error
@@ -185,21 +186,34 @@ class RouterTest(unittest.TestCase):
             busy = [r for r in replicas if running(r) > 0]
             self.assertEqual(len(busy), 1, "one replica serves the stream")
             victim, survivor = busy[0], [r for r in replicas if r is not busy[0]][0]
+
+            def read_rest():
+                for chunk in stream:
+                    for c in chunk.choices:
+                        texts[c.index] += c.delta.content or ""
+
+            # The rest of the stream is read beside the requests below: left unread, its 3 x 800
+            # tokens of events can fill the sockets between the victim, the router and this
+            # client, so the victim's writes block and its drain cannot end before its timeout.
+            reader = threading.Thread(target=read_rest, daemon=True)
+            reader.start()
             victim.proc.send_signal(signal.SIGTERM)
             # New requests meanwhile and after: the first goes where its prefix is cached, the
             # draining victim, which answers 503; the router opens the victim's circuit and
             # retries on the survivor. None fails, every reply is the same.
-            served = 0
+            # The victim may drain for up to its --drain-timeout (60 s: its stream of 3 x 800
+            # tokens is slow when other tests load the machine), so the bound is a time past
+            # that, not a request count.
+            served, deadline = 0, time.monotonic() + 90
             while victim.proc.poll() is None or served < 8:
                 q = QUESTIONS[served % len(QUESTIONS)]
                 self.assertEqual(self.chat(routed, q, stream=served % 2 == 1), want[q], q)
                 served += 1
-                if served > 400:
+                if time.monotonic() > deadline:
                     self.fail("the drained replica never exited")
-            for chunk in stream:  # the stream in flight was drained, not cut
-                for c in chunk.choices:
-                    texts[c.index] += c.delta.content or ""
-            self.assertEqual(texts, [long_want] * 3)
+            reader.join(timeout=120)
+            self.assertFalse(reader.is_alive(), "the drained stream never ended")
+            self.assertEqual(texts, [long_want] * 3)  # the stream in flight was drained, not cut
             self.assertEqual(victim.proc.wait(timeout=30), 0)
             self.assertIn("drained (0 requests ended", victim.proc.stderr.read())
             metrics = get(router.metrics_url + "/metrics")[1].splitlines()
