@@ -19,6 +19,7 @@ Run: build/venv/bin/python tests/python/test_structured_outputs.py (ctest runs i
 import concurrent.futures
 import gzip
 import json
+import random
 import re
 import shutil
 import sys
@@ -116,7 +117,11 @@ def serve_byte_level(cls, template):
     import pathlib
     cls.dir = tempfile.TemporaryDirectory()
     path = pathlib.Path(cls.dir.name)
-    random_qwen3(path, vocab=256 + len(cls.SPECIALS), bos=257, eos=256, qwen_tokenizer=False)
+    # Seeded: on a byte-level vocabulary xgrammar lets a string's bytes form invalid UTF-8,
+    # which decodes to U+FFFD and can break maxLength (a known defect, docs/serving.md); some
+    # random weights pick such bytes, so fixed weights keep this test about the call format.
+    random_qwen3(path, randbytes=random.Random(7).randbytes, vocab=256 + len(cls.SPECIALS),
+                 bos=257, eos=256, qwen_tokenizer=False)
     byte_level_tokenizer(path, cls.SPECIALS)
     cls.server = Server(model=path, chat_template=ROOT / "tests" / "data" / "chat_templates" /
                         template)
