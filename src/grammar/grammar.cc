@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "grammar/utf8_guard.h"
 #include "io/tokenizer/utf8.h"
 
 #if METRALE_HAVE_XGRAMMAR
@@ -195,11 +196,14 @@ bool grammar_available() { return true; }
 
 class CompiledGrammar {
  public:
-  explicit CompiledGrammar(xgrammar::CompiledGrammar g) : g_(std::move(g)) {}
+  CompiledGrammar(xgrammar::CompiledGrammar g, std::shared_ptr<const Utf8Guard> guard)
+      : g_(std::move(g)), guard_(std::move(guard)) {}
   const xgrammar::CompiledGrammar& get() const { return g_; }
+  const Utf8Guard& guard() const { return *guard_; }
 
  private:
   xgrammar::CompiledGrammar g_;
+  std::shared_ptr<const Utf8Guard> guard_;  // the tokenizer's, shared by its grammars
 };
 
 namespace {
@@ -272,6 +276,7 @@ struct GrammarCompiler::Impl {
   xgrammar::TokenizerInfo marker_info;
   xgrammar::GrammarCompiler marker_compiler;
   std::map<std::string, AddedTokenInfo, std::less<>> added;  // added tokens by their text
+  std::shared_ptr<const Utf8Guard> guard;
   std::mutex mu;
   std::map<std::string, std::shared_ptr<const CompiledGrammar>> cache;
   Impl(xgrammar::TokenizerInfo i, xgrammar::TokenizerInfo mi, int threads)
@@ -283,10 +288,11 @@ struct GrammarCompiler::Impl {
 
 namespace {
 
-// `markers`: the special tokens keep their text behind FF FE (GrammarCompiler::Impl) instead
-// of none.
-xgrammar::TokenizerInfo make_info(const Tokenizer& tok, int64_t vocab_size,
-                                  const std::vector<int32_t>& eos_ids, bool markers) {
+// The bytes each token id adds to the output, as xgrammar reads them (RAW vocabulary). Special
+// tokens add none (xgrammar's "special" tokens, never allowed by a grammar; the eos ids are stop
+// tokens instead: allowed at an accept state), or with `markers` keep their text behind FF FE
+// (GrammarCompiler::Impl).
+std::vector<std::string> vocab_bytes(const Tokenizer& tok, int64_t vocab_size, bool markers) {
   int64_t n = static_cast<int64_t>(tok.id_limit());
   METRALE_CHECK(vocab_size >= n, "grammar: the logits width ", vocab_size,
                 " is below the tokenizer's ", n, " ids");
@@ -302,8 +308,6 @@ xgrammar::TokenizerInfo make_info(const Tokenizer& tok, int64_t vocab_size,
   const VocabKind kind = detect_vocab_kind(vocab);
   for (int64_t i = 0; i < n; ++i) {
     std::string& t = vocab[static_cast<size_t>(i)];
-    // Empty: xgrammar's "special" tokens, never allowed by a grammar (the eos ids are stop
-    // tokens instead: allowed at an accept state).
     if (tok.is_special(static_cast<int32_t>(i))) {
       if (markers && !t.empty()) {
         t = "\xFF\xFE" + t;
@@ -314,6 +318,11 @@ xgrammar::TokenizerInfo make_info(const Tokenizer& tok, int64_t vocab_size,
       t = token_bytes(t, kind);
     }
   }
+  return vocab;
+}
+
+xgrammar::TokenizerInfo make_info(std::vector<std::string> vocab, int64_t vocab_size,
+                                  const std::vector<int32_t>& eos_ids) {
   std::vector<int32_t> stops;
   for (int32_t e : eos_ids)
     if (e >= 0 && e < vocab_size) stops.push_back(e);
@@ -410,8 +419,13 @@ GrammarCompiler::GrammarCompiler(const Tokenizer& tokenizer, int64_t vocab_size,
                                  std::vector<int32_t> eos_ids)
     : vocab_size_(vocab_size) {
   int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-  impl_ = std::make_unique<Impl>(make_info(tokenizer, vocab_size, eos_ids, false),
-                                 make_info(tokenizer, vocab_size, eos_ids, true), threads);
+  std::vector<std::string> bytes = vocab_bytes(tokenizer, vocab_size, /*markers=*/false);
+  auto guard = std::make_shared<const Utf8Guard>(bytes, vocab_size);
+  impl_ = std::make_unique<Impl>(
+      make_info(std::move(bytes), vocab_size, eos_ids),
+      make_info(vocab_bytes(tokenizer, vocab_size, /*markers=*/true), vocab_size, eos_ids),
+      threads);
+  impl_->guard = std::move(guard);
   for (const AddedTokenInfo& a : tokenizer.added_tokens()) impl_->added.emplace(a.content, a);
 }
 
@@ -486,7 +500,7 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
   } catch (const std::exception& e) {
     throw make_error(spec.field, ": ", engine_message(e.what()));
   }
-  auto compiled = std::make_shared<const CompiledGrammar>(std::move(*g));
+  auto compiled = std::make_shared<const CompiledGrammar>(std::move(*g), impl_->guard);
   // A grammar no token can start (and that does not match the empty output) matches nothing.
   GrammarMatcher probe(compiled);
   std::vector<uint32_t> mask(probe.mask_words());
@@ -623,6 +637,10 @@ struct GrammarMatcher::Impl final : FillJob {
   int64_t vocab;
   std::vector<uint32_t> mask;  // the prefetched mask (kReady)
   MaskWorkers* workers = MaskWorkers::get();
+  // Where the output stands inside a UTF-8 character, and before each accepted token (the
+  // rollback's history).
+  Utf8State utf8;
+  std::vector<Utf8State> utf8_before;
   explicit Impl(std::shared_ptr<const CompiledGrammar> g)
       : grammar(std::move(g)),
         m(grammar->get()),
@@ -642,7 +660,13 @@ struct GrammarMatcher::Impl final : FillJob {
     t.shape = shape;
     t.strides = nullptr;
     t.byte_offset = 0;
-    return m.FillNextTokenBitmask(&t, 0);
+    bool narrowed = m.FillNextTokenBitmask(&t, 0);
+    if (!narrowed && utf8.need > 0) {
+      std::fill(out.begin(), out.end(), ~0u);
+      narrowed = true;
+    }
+    if (narrowed) grammar->guard().restrict(utf8, out);
+    return narrowed;
   }
   void run() override { restricts = fill(mask); }
 
@@ -709,14 +733,24 @@ void GrammarMatcher::apply_mask(std::span<float> logits) {
 }
 
 bool GrammarMatcher::accept(int32_t token) {
-  if (token < 0 || token >= impl_->vocab) return false;
-  impl_->invalidate();
-  return impl_->m.AcceptToken(token);
+  Impl& i = *impl_;
+  if (token < 0 || token >= i.vocab) return false;
+  i.invalidate();
+  const std::optional<Utf8State> next = i.grammar->guard().after(i.utf8, token);
+  if (!next || !i.m.AcceptToken(token)) return false;
+  i.utf8_before.push_back(i.utf8);
+  i.utf8 = *next;
+  return true;
 }
 void GrammarMatcher::rollback(size_t n) {
   if (n == 0) return;
-  impl_->invalidate();
-  impl_->m.Rollback(static_cast<int>(n));
+  Impl& i = *impl_;
+  METRALE_CHECK(n <= i.utf8_before.size(), "grammar: rolling back ", n, " tokens of ",
+                i.utf8_before.size(), " accepted");
+  i.invalidate();
+  i.m.Rollback(static_cast<int>(n));
+  i.utf8 = i.utf8_before[i.utf8_before.size() - n];
+  i.utf8_before.resize(i.utf8_before.size() - n);
 }
 bool GrammarMatcher::terminated() const {
   auto lock = impl_->own(MaskWorkers::Queued::kKeep);

@@ -17,6 +17,7 @@
 #include "engine/generation.h"
 #include "io/tokenizer/gzip_file.h"
 #include "io/tokenizer/tokenizer.h"
+#include "io/tokenizer/utf8.h"
 
 namespace metrale {
 namespace {
@@ -134,6 +135,110 @@ TEST(Grammar, SchemaWalksParseAndValidateOverQwen3) {
     EXPECT_EQ(j.size(), 3u);
   }
   EXPECT_GT(whole, 0);
+}
+
+// The bytes Qwen3's byte-level tokens spell (GPT-2's byte map undone).
+std::string qwen3_bytes(const std::vector<int32_t>& ids) {
+  std::string out;
+  for (int32_t id : ids) {
+    const std::string t = *qwen3().id_to_token(id);
+    for (size_t i = 0; i < t.size();) {
+      char32_t c = 0;
+      i += tok::utf8_decode(t, i, &c);
+      out.push_back(static_cast<char>(tok::char_to_byte(c)));
+    }
+  }
+  return out;
+}
+
+size_t codepoints(const std::string& utf8) {
+  return static_cast<size_t>(std::count_if(utf8.begin(), utf8.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
+}
+
+TEST(Grammar, ConstrainedTextIsValidUtf8OverByteTokens) {
+  // xgrammar 0.2.9 matches a character class by the lead byte's length alone, so over byte
+  // tokens it let "[^<]{0,3}" spell overlong forms and surrogates (C0 BC, E0 80 80, ED A0 80),
+  // which decode to one U+FFFD a byte: more characters than the grammar allows (a glm45 forced
+  // call's "maxLength": 3 string came back 5 long). The guard keeps every output valid UTF-8.
+  SKIP_WITHOUT_XGRAMMAR();
+  const Tokenizer& tok = qwen3();
+  const int32_t eos = *tok.token_to_id("<|im_end|>");
+  GrammarCompiler c(tok, static_cast<int64_t>(tok.id_limit()), {eos});
+  std::vector<int32_t> byte_token(256);
+  for (int b = 0; b < 256; ++b) byte_token[b] = *tok.token_to_id(tok::byte_to_utf8()[b]);
+
+  for (const GrammarSpec& spec :
+       {GrammarSpec{.kind = GrammarSpec::Kind::kRegex, .text = "[^<]{0,3}"},
+        schema(R"({"type":"string","maxLength":3})")}) {
+    SCOPED_TRACE(spec.text);
+    auto g = c.compile(spec);
+    GrammarMatcher m(g);
+    std::vector<uint32_t> first(m.mask_words()), mask(m.mask_words());
+    const size_t quote = spec.kind == GrammarSpec::Kind::kJsonSchema ? 1 : 0;
+    if (quote) {
+      ASSERT_TRUE(m.accept(*tok.token_to_id("\"")));
+    }
+    m.fill_mask(first);
+    for (int b = 0x80; b < 0x100; ++b) {
+      const bool lead = b >= 0xC2 && b <= 0xF4;
+      EXPECT_EQ(allowed(first, byte_token[b]), lead) << "byte " << b << " first";
+    }
+    // Inside E0 / ED only the bytes that keep the character valid.
+    for (const auto& [lead, lo, hi] :
+         {std::tuple{0xE0, 0xA0, 0xBF}, std::tuple{0xED, 0x80, 0x9F}}) {
+      ASSERT_TRUE(m.accept(byte_token[lead]));
+      m.fill_mask(mask);
+      for (int b = 0; b < 0x100; ++b) {
+        EXPECT_EQ(allowed(mask, byte_token[b]), b >= lo && b <= hi) << lead << " then " << b;
+      }
+      EXPECT_FALSE(m.accept(byte_token[lo - 1]));  // refused, the state unchanged
+      EXPECT_FALSE(allowed(mask, eos));
+      m.rollback(1);
+      m.fill_mask(mask);
+      EXPECT_EQ(mask, first);
+    }
+
+    // Random walks, half their picks among the 128 high bytes: every output is valid UTF-8 of
+    // at most 3 characters.
+    std::mt19937 rng(5);
+    int ended = 0;
+    for (int walk = 0; walk < 300; ++walk) {
+      GrammarMatcher w(g);
+      std::vector<int32_t> ids;
+      if (quote) {
+        ids.push_back(*tok.token_to_id("\""));
+        ASSERT_TRUE(w.accept(ids.back()));
+      }
+      for (int step = 0; step < 16; ++step) {
+        w.fill_mask(mask);
+        std::vector<int32_t> ok;
+        if (rng() % 2 == 0) {
+          for (int b = 0x80; b < 0x100; ++b)
+            if (allowed(mask, byte_token[b])) ok.push_back(byte_token[b]);
+        }
+        if (ok.empty()) ok = allowed_ids(mask, w.vocab_size());
+        ASSERT_FALSE(ok.empty()) << ::testing::PrintToString(ids);
+        const int32_t pick = w.completed() && allowed(mask, eos) && rng() % 3 == 0
+                                 ? eos
+                                 : ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+        ASSERT_TRUE(w.accept(pick));
+        if (pick == eos) break;
+        ids.push_back(pick);
+      }
+      if (!w.terminated()) continue;
+      ++ended;
+      std::string text = qwen3_bytes(ids);
+      if (quote) {
+        ASSERT_TRUE(text.size() >= 2 && text.front() == '"' && text.back() == '"') << text;
+        text = text.substr(1, text.size() - 2);
+      }
+      ASSERT_EQ(tok::utf8_valid_prefix(text), text.size()) << ::testing::PrintToString(text);
+      EXPECT_LE(codepoints(text), 3u) << text;
+    }
+    EXPECT_GT(ended, 100);
+  }
 }
 
 TEST(Grammar, MaskRollbackAndTokensOfTheText) {
