@@ -103,9 +103,11 @@ double bench_prefill(Model& m, int64_t n, int reps) {
   return median(tps);
 }
 
-// adapters: each row's adapter ("" = base), cycled over the batch; empty: all base.
+// adapters: each row's adapter ("" = base), cycled over the batch; empty: all base. Each timed
+// run's tokens/s, in run order, into *runs when given.
 double bench_decode(Model& m, int64_t batch, int64_t depth, int64_t steps, int reps,
-                    const std::vector<std::string>& adapters = {}) {
+                    const std::vector<std::string>& adapters = {},
+                    std::vector<double>* runs = nullptr) {
   const auto B = static_cast<size_t>(batch);
   std::vector<float> logits(B * static_cast<size_t>(m.vocab_size()));
   std::vector<double> tps;
@@ -130,6 +132,7 @@ double bench_decode(Model& m, int64_t batch, int64_t depth, int64_t steps, int r
     for (Sequence& s : seqs) m.release(s);
     if (r > 0) tps.push_back(static_cast<double>(batch * steps) / dt);
   }
+  if (runs != nullptr) *runs = tps;
   return median(tps);
 }
 
@@ -291,9 +294,12 @@ void run_bench(const BenchFlags& f) {
   }
 
   std::vector<double> prefill_tps, decode_tps;
+  std::vector<std::vector<double>> decode_runs(batches.size());  // [batch][timed run]
   for (int64_t n : prefills) prefill_tps.push_back(bench_prefill(m, n, f.reps));
-  for (int64_t b : batches)
-    decode_tps.push_back(bench_decode(m, b, f.depth, f.decode_tokens, f.reps));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    decode_tps.push_back(
+        bench_decode(m, batches[i], f.depth, f.decode_tokens, f.reps, {}, &decode_runs[i]));
+  }
   // [mix][batch]
   std::vector<std::vector<double>> lora_tps;
   for (int64_t n : mixes) {
@@ -333,6 +339,14 @@ void run_bench(const BenchFlags& f) {
     for (size_t i = 0; i < batches.size(); ++i)
       std::printf("%s\"%lld\": %.3f", i ? ", " : "", static_cast<long long>(batches[i]),
                   decode_tps[i]);
+    // Every timed run, in order: whether a process's runs drift or sit in one mode.
+    std::printf("}, \"decode_runs\": {");
+    for (size_t i = 0; i < batches.size(); ++i) {
+      std::printf("%s\"%lld\": [", i ? ", " : "", static_cast<long long>(batches[i]));
+      for (size_t r = 0; r < decode_runs[i].size(); ++r)
+        std::printf("%s%.3f", r ? ", " : "", decode_runs[i][r]);
+      std::printf("]");
+    }
     std::printf("}, \"decode_lora\": {");
     for (size_t j = 0; j < mixes.size(); ++j) {
       std::printf("%s\"%lld\": {", j ? ", " : "", static_cast<long long>(mixes[j]));
