@@ -343,6 +343,8 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
       in.view = true;
       --stats_.layer_dispatches;  // the layer loop dispatches nothing for a view either
     }
+    if (in.kind == Instr::Kind::kSerial && n_threads_ > 1 && splits_itself(node))
+      in.kind = Instr::Kind::kPooled;
     code_.push_back(std::move(in));
   }
   for (const auto& [why, at] : unfused) {
@@ -398,9 +400,13 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
       in.kind = Instr::Kind::kNorm;
     }
   }
-  for (Instr& in : code_) {
+  for (size_t k = 0; k < code_.size(); ++k) {
+    Instr& in = code_[k];
     if (in.kind == Instr::Kind::kAttention) in.plan.spans = in.spans.data();
-    if (in.kind == Instr::Kind::kSerial || in.kind == Instr::Kind::kPrep) {
+    if (in.kind == Instr::Kind::kPooled) {
+      ++stats_.pooled;
+      pooled_.push_back(k);
+    } else if (in.kind == Instr::Kind::kSerial || in.kind == Instr::Kind::kPrep) {
       ++stats_.serial;
     } else {
       ++stats_.partitioned;
@@ -411,9 +417,18 @@ Program::Program(const Graph& graph, const GraphPlan& plan, Executor& exec, CpuB
   }
   stats_.barriers = place_barriers(false);
   stats_.barriers_unsplit = place_barriers(true);
-  if (n_threads_ > 1) {  // the region's end (the pool's join)
-    ++stats_.barriers;
-    ++stats_.barriers_unsplit;
+  if (n_threads_ > 1) {
+    // Each region's end (the pool's join; a region between two adjacent pooled ops is empty
+    // and never started), and each pooled op's own join.
+    int64_t joins = static_cast<int64_t>(pooled_.size());
+    size_t begin = 0;
+    for (size_t k = 0; k <= pooled_.size(); ++k) {
+      const size_t end = k < pooled_.size() ? pooled_[k] : code_.size();
+      if (end > begin) ++joins;
+      begin = end + 1;
+    }
+    stats_.barriers += joins;
+    stats_.barriers_unsplit += joins;
   }
   stats_.width = width;
   stats_.instructions = static_cast<int64_t>(code_.size());
@@ -433,6 +448,7 @@ std::string Program::describe() const {
   char line[256];
   for (const Instr& in : code_) {
     const char* kind = in.kind == Instr::Kind::kSerial   ? "serial"
+                       : in.kind == Instr::Kind::kPooled ? "pooled"
                        : in.kind == Instr::Kind::kPrep   ? "prep  "
                        : in.kind == Instr::Kind::kLinear ? "split "
                        : in.kind == Instr::Kind::kAdd    ? "split "

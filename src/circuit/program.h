@@ -18,9 +18,14 @@
 //    every row: cpu::kv_store_items) and attention (a static range of the call's
 //    AttentionPlan items: cpu::attention_items, kv head outermost). Each output's arithmetic is
 //    the backend kernel's, so the results equal the layer loop's bit for bit whatever the split;
-//  - serial: every other node (a whole-row norm at width 1, MoE, the delta rule, ...), run on
-//    thread 0 through the executor's call of the backend op (its own parallel_for runs inline
-//    there), exactly as the layer loop runs it.
+//  - serial: every other small node (a whole-row norm at width 1, the embedding, the router,
+//    ...), run on thread 0 through the executor's call of the backend op (its own parallel_for
+//    runs inline there), exactly as the layer loop runs it;
+//  - pooled: the nodes whose backend op is big and splits itself (MoE experts, the delta rule,
+//    latent attention, MLA's per-head products): the region ends before one, the caller's
+//    thread runs it through the executor with the whole pool (the layer loop's op and split,
+//    so the same bits), and a new region starts after it. With more than one thread; at one
+//    such a node is serial.
 // A fusion policy (circuit/fusion.h) may fold a residual add, a gated activation or a norm into
 // the linear next to it; the ops' arithmetic stays the same.
 // A barrier is put before an instruction only when one of its threads touches bytes (of the
@@ -65,7 +70,8 @@ class Program {
     int64_t instructions = 0;
     int64_t partitioned = 0;  // instructions every thread runs a share of
     int64_t serial = 0;       // instructions thread 0 runs alone
-    int64_t barriers = 0;     // per step, the region's end included
+    int64_t pooled = 0;       // instructions run between two regions over the whole pool
+    int64_t barriers = 0;     // per step: inside regions, each region's end, each pooled op's join
     // The barriers were rope, rms_norm, kv_store and attention run on thread 0 (as before they
     // split): what splitting them saved or cost.
     int64_t barriers_unsplit = 0;
@@ -108,7 +114,10 @@ class Program {
   // Marks barrier_before where the accesses need one (unsplit: only counts them, the split ops
   // taken as serial); returns how many.
   int64_t place_barriers(bool unsplit);
-  void region(int t, const PassInputs& in);
+  // Thread t's share of code_[first, last) (no pooled instruction among them).
+  void region(int t, const PassInputs& in, size_t first, size_t last);
+  // code_[begin, end) in one parallel region of the pool; rethrows what a thread threw.
+  void run_region(const PassInputs& in, size_t begin, size_t end);
   void run_pre_norm(const Instr& in, int t) const;
   void barrier();
 
@@ -121,6 +130,7 @@ class Program {
   FusionPolicy fusion_;
   std::vector<std::string> notes_;
   std::vector<Instr> code_;
+  std::vector<size_t> pooled_;  // indices of the kPooled instructions, in order
   std::vector<float> scratch_;  // linear inputs as their kernels read them (bf16, quantized)
   uintptr_t scratch_base_ = 0;  // its 64-byte aligned start
   // Each thread's own rows for the norm fusion (the normalised rows and their kernel input).

@@ -34,6 +34,12 @@ int64_t Program::place_barriers(bool unsplit) {
   std::vector<Access> since, mine;
   for (Instr& in : code_) {
     if (!unsplit) in.barrier_before = false;
+    if (in.kind == Instr::Kind::kPooled) {
+      // The region ends before it and a new one starts after it: every thread's work so far is
+      // done (the pool's joins), so nothing after it waits on anything before.
+      since.clear();
+      continue;
+    }
     mine.clear();
     add_accesses(in, mine, unsplit);
     bool conflict = false;
@@ -204,6 +210,7 @@ void Program::add_accesses(const Instr& in, std::vector<Access>& out, bool unspl
       }
       return;
     case Instr::Kind::kSerial:
+    case Instr::Kind::kPooled:
       break;
   }
   // A serial node: everything it names, as written, on thread 0; and the layer's KV pages or

@@ -41,6 +41,18 @@ inline bool norm_splits(const node::RmsNorm& n, int64_t width) {
   return norm_by_groups(n) || width > 1;
 }
 
+// Whether a node the program does not partition is big enough, and split by its backend op
+// over the pool, that running it between two regions with every thread (kPooled) beats running
+// it on thread 0 alone: MoE's experts, the delta rule, latent attention, MLA's per-head
+// products, and an attention the program does not split.
+inline bool splits_itself(const Node& n) {
+  return std::holds_alternative<node::Moe>(n.args) ||
+         std::holds_alternative<node::DeltaRule>(n.args) ||
+         std::holds_alternative<node::LatentAttention>(n.args) ||
+         std::holds_alternative<node::Linears>(n.args) ||
+         std::holds_alternative<node::Attention>(n.args);
+}
+
 }  // namespace circuit_detail
 
 // Bytes one thread touches: rows [0, n_rows) of `stride` bytes from `base`, bytes [c0, c1) of
@@ -73,6 +85,8 @@ struct Program::Access {
 struct Program::Instr {
   enum class Kind : uint8_t {
     kSerial,     // thread 0: the executor runs `node`
+    kPooled,     // between two regions: the executor runs `node` on the caller's thread, the
+                 // backend op splitting it over every thread of the pool as in the layer loop
     kPrep,       // thread 0: a linear's input as its kernel reads it, into the scratch
     kLinear,     // every thread: outputs part[t] of `job`
     kAdd,        // every thread: columns part[t] of y += x

@@ -67,15 +67,18 @@ void Program::run_pre_norm(const Instr& in, int t) const {
   }
 }
 
-void Program::region(int t, const PassInputs& pass) {
+void Program::region(int t, const PassInputs& pass, size_t first, size_t last) {
   const auto ut = static_cast<size_t>(t);
-  for (const Instr& in : code_) {
+  for (size_t k = first; k < last; ++k) {
+    const Instr& in = code_[k];
     if (in.barrier_before && n_threads_ > 1) barrier();
     if (failed_.load(std::memory_order_relaxed)) continue;
     try {
       switch (in.kind) {
         case Instr::Kind::kSerial:
           if (t == 0) exec_->run_node(*backend_, *in.node, pass);
+          break;
+        case Instr::Kind::kPooled:  // never inside a region (run() runs it between two)
           break;
         case Instr::Kind::kPrep:
           if (t == 0) {
@@ -234,9 +237,21 @@ void Program::run(const PassInputs& in, float* logits, int64_t logits_stride) {
   }
   for (Instr& i : code_)
     if (i.next) i.next->store(0, std::memory_order_relaxed);  // published by the dispatch
+  size_t begin = 0;
+  for (size_t k : pooled_) {
+    run_region(in, begin, k);
+    // Outside any region: the backend op's parallel_for dispatches to the whole pool.
+    exec_->run_node(*backend_, *code_[k].node, in);
+    begin = k + 1;
+  }
+  run_region(in, begin, code_.size());
+}
+
+void Program::run_region(const PassInputs& in, size_t begin, size_t end) {
+  if (begin >= end) return;
   failed_.store(false, std::memory_order_relaxed);
   backend_->pool().parallel_for(static_cast<size_t>(n_threads_),
-                                [&](size_t, size_t, int t) { region(t, in); });
+                                [&](size_t, size_t, int t) { region(t, in, begin, end); });
   for (std::exception_ptr& e : errors_) {
     if (e) {
       std::exception_ptr first = e;

@@ -182,16 +182,18 @@ void print_circuit(const std::string& dir, int threads, int64_t max_rows,
                 std::string(model->backend().name()).c_str());
     return;
   }
-  std::printf("  %6s %12s %6s %6s %8s | %-21s | %16s %16s\n", "width", "instructions", "split",
-              "serial", "barriers", "linears only: split serial barriers", "layer dispatches",
-              "workspace bytes");
+  std::printf("  %6s %12s %6s %6s %6s %8s | %-21s | %16s %16s\n", "width", "instructions", "split",
+              "serial", "pooled", "barriers", "linears only: split serial barriers",
+              "layer dispatches", "workspace bytes");
   for (const auto& p : model->programs()) {
     const Program::Stats& s = p->stats();
     std::printf(
-        "  %6lld %12lld %6lld %6lld %8lld |               %5lld %6lld %8lld | %16lld %16zu\n",
+        "  %6lld %12lld %6lld %6lld %6lld %8lld |               %5lld %6lld %8lld | %16lld "
+        "%16zu\n",
         static_cast<long long>(s.width), static_cast<long long>(s.instructions),
         static_cast<long long>(s.partitioned), static_cast<long long>(s.serial),
-        static_cast<long long>(s.barriers), static_cast<long long>(s.partitioned - s.split_ops),
+        static_cast<long long>(s.pooled), static_cast<long long>(s.barriers),
+        static_cast<long long>(s.partitioned - s.split_ops),
         static_cast<long long>(s.serial + s.split_ops), static_cast<long long>(s.barriers_unsplit),
         static_cast<long long>(s.layer_dispatches), s.workspace_bytes);
   }

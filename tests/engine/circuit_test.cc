@@ -175,6 +175,26 @@ TEST(Circuit, DefaultFusionsCutBarriers) {
   }
 }
 
+// MoE experts, the delta rule and latent attention split themselves over the pool: at 2 threads
+// the program runs them between two regions with every thread (kPooled), at 1 on thread 0.
+TEST(Circuit, BigSelfSplittingOpsRunOverThePool) {
+  for (const char* name : {"qwen3_moe_f32", "qwen3_next_f32", "deepseek_v3_noqlora_bf16"}) {
+    auto two = load(name, 2, ExecutorKind::kCircuit);
+    auto one = load(name, 1, ExecutorKind::kCircuit);
+    ASSERT_FALSE(two->programs().empty()) << name;
+    for (size_t i = 0; i < two->programs().size(); ++i) {
+      const Program& p = *two->programs()[i];
+      EXPECT_GT(p.stats().pooled, 0) << name << " width " << p.stats().width;
+      EXPECT_NE(p.describe().find("pooled"), std::string::npos) << name;
+      EXPECT_EQ(one->programs()[i]->stats().pooled, 0) << name;
+      EXPECT_EQ(one->programs()[i]->stats().barriers, 0) << name;
+    }
+  }
+  // A dense model has none.
+  auto dense = load("qwen3_f32", 2, ExecutorKind::kCircuit);
+  for (const auto& p : dense->programs()) EXPECT_EQ(p->stats().pooled, 0);
+}
+
 TEST(Circuit, UnknownExecutorIsAnError) {
   EXPECT_EQ(parse_executor("layers"), ExecutorKind::kLayers);
   EXPECT_EQ(parse_executor("circuit"), ExecutorKind::kCircuit);
