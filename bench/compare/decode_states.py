@@ -72,14 +72,17 @@ def probe(exe: Path) -> dict:
 
 def engine_command(engine: str, args, threads: int) -> list[str]:
     if engine == "llama.cpp":
+        depth = ["-d", str(args.depth)] if args.depth else []
         return [str(llama_cpp_peer.build_dir(args.cache_dir) / "bin" / "llama-bench"), "-m",
                 str(args.gguf), "-t", str(threads), "-p", "0", "-n", str(args.decode_tokens),
-                "-r", str(args.reps), "-o", "json"]
+                *depth, "-r", str(args.reps), "-o", "json", *shlex.split(args.llama_args)]
     executor = engine.removeprefix("metrale-")
     cmd = [str(args.metrale_bin), "bench", "-m", str(args.model_dir), "-t", str(threads),
            "--executor", executor, "--prefill", "16", "--batch", "1",
            "--decode-tokens", str(args.decode_tokens), "--reps", str(args.reps),
-           "--no-bandwidth", "--json"]
+           "--no-bandwidth", "--json", *shlex.split(args.metrale_args)]
+    if args.depth:
+        cmd += ["--depth", str(args.depth)]
     if executor == "circuit":
         cmd += ["--fusion", args.fusion]
     return cmd
@@ -98,7 +101,8 @@ def run_engine(engine: str, cmd: list[str], timeout: float) -> dict:
     d = json.loads(lines[-1])
     return {"tps": d["decode"]["1"], "runs": d.get("decode_runs", {}).get("1", []),
             "barriers_per_step": d.get("barriers_per_step"), "kv": d.get("kv_dtype"),
-            "active_weight_bytes": d.get("active_weight_bytes")}
+            "active_weight_bytes": d.get("active_weight_bytes"),
+            "kv_bytes_per_token": d.get("kv_bytes_per_token")}
 
 
 def roofline_fraction(s: dict, bytes_per_token: float) -> float:
@@ -112,9 +116,14 @@ def roofline_fraction(s: dict, bytes_per_token: float) -> float:
 def summarize(samples: list[dict], threads: list[int]) -> tuple[dict, str]:
     """Medians per (threads, label, engine), and the markdown table."""
     summary: dict = {}
-    # The weights a step reads (metrale's count; llama.cpp reads the same bf16 weights).
+    # The weights a step reads (metrale's count; llama.cpp reads the same bf16 weights), and at
+    # depth the KV cache (metrale's bytes per token: with --kv-dtype bf16 as many as
+    # llama.cpp's f16).
     step_bytes = next((s["active_weight_bytes"] for s in samples
                        if s.get("active_weight_bytes")), None)
+    kv = next((s["kv_bytes_per_token"] for s in samples if s.get("kv_bytes_per_token")), 0)
+    if step_bytes:
+        step_bytes += kv * max((s.get("depth", 0) for s in samples), default=0)
     lines = ["| threads | host state | runs per engine | metrale layers | metrale circuit | "
              "llama.cpp | layers / llama.cpp | circuit / llama.cpp | of the probe's roofline "
              "(layers, circuit, llama.cpp) | spread within the state (max / min - 1: layers, "
@@ -174,6 +183,11 @@ def main() -> int:
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--fusion", default="default", help="the circuit's fusion policy")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="tokens of context before the timed steps (metrale --depth, llama-bench "
+                         "-d); 0: metrale after 16, llama.cpp from an empty cache")
+    ap.add_argument("--metrale-args", default="", help="more flags for every metrale bench")
+    ap.add_argument("--llama-args", default="", help="more flags for every llama-bench")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--summarize", action="store_true",
@@ -218,13 +232,15 @@ def main() -> int:
             order = ENGINES[r % 3:] + ENGINES[:r % 3]
             for e in order:
                 cmd = engine_command(e, args, t)
+                load = Path("/proc/loadavg").read_text().split()[0]
                 res = run_engine(e, cmd, args.timeout)
                 after = probe(exe)
                 results["probes"].append(after)
                 label = last["state"] if last["state"] == after["state"] else "changed"
                 results["samples"].append({"round": r, "threads": t, "engine": e, "label": label,
                                            "probe_before": last, "probe_after": after,
-                                           "command": cmd, **res})
+                                           "command": cmd, "load_1min": float(load),
+                                           "depth": args.depth, **res})
                 log(f"round {r} t={t} {e}: {res['tps']:.1f} tok/s ({label}; read x2 "
                     f"{last['read_scaling']:.2f} -> {after['read_scaling']:.2f})")
                 last = after
