@@ -579,6 +579,8 @@ class Backend {
 
   // Every later op call is bracketed by observer->begin/end (nullptr: none). Not owned.
   void set_observer(OpObserver* observer) { observer_ = observer; }
+  // The observer set, or null (a circuit program brackets the ops it runs itself: program.h).
+  OpObserver* observer() const { return observer_; }
 
  protected:
   // Per device; arguments already validated by the public op of the same name.

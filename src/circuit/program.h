@@ -119,6 +119,9 @@ class Program {
   // code_[begin, end) in one parallel region of the pool; rethrows what a thread threw.
   void run_region(const PassInputs& in, size_t begin, size_t end);
   void run_pre_norm(const Instr& in, int t) const;
+  // The backend op an instruction stands for in a profile (a linear's input prep counts to
+  // the linear, as it does inside the backend's linear; fused epilogues count to their linear).
+  static Op observed_op(const Instr& in);
   void barrier();
 
   const Graph* graph_;

@@ -48,6 +48,26 @@ void Program::barrier() {
   }
 }
 
+Op Program::observed_op(const Instr& in) {
+  using K = Instr::Kind;
+  switch (in.kind) {
+    case K::kAdd:
+      return Op::kAdd;
+    case K::kGated:
+      return Op::kGatedActivation;
+    case K::kRope:
+      return Op::kRope;
+    case K::kNorm:
+      return Op::kRmsNorm;
+    case K::kKvStore:
+      return Op::kKvStore;
+    case K::kAttention:
+      return Op::kAttention;
+    default:  // kLinear, kPrep (serial and pooled ones are bracketed by the backend's op)
+      return Op::kLinear;
+  }
+}
+
 void Program::run_pre_norm(const Instr& in, int t) const {
   // Every thread normalises every row into its own rows, exactly as the norm's kernel does;
   // writes its share of the norm's output (for any later reader); then makes the linear's
@@ -69,9 +89,26 @@ void Program::run_pre_norm(const Instr& in, int t) const {
 
 void Program::region(int t, const PassInputs& pass, size_t first, size_t last) {
   const auto ut = static_cast<size_t>(t);
+  // With an observer on the backend (`bench --profile`), thread 0 brackets each instruction
+  // it runs as the op the layer loop would have called, from its start to the start of the next
+  // (so a barrier's wait counts to the op whose stragglers it waits for); a serial one is
+  // bracketed by the backend op the executor calls.
+  OpObserver* const observer = t == 0 ? backend_->observer() : nullptr;
+  const Instr* open = nullptr;
+  auto close = [&] {
+    if (open != nullptr) observer->end(observed_op(*open), open->w);
+    open = nullptr;
+  };
   for (size_t k = first; k < last; ++k) {
     const Instr& in = code_[k];
     if (in.barrier_before && n_threads_ > 1) barrier();
+    if (observer != nullptr) {
+      close();
+      if (in.kind != Instr::Kind::kSerial && !in.view) {
+        open = &in;
+        observer->begin(observed_op(in), in.w);
+      }
+    }
     if (failed_.load(std::memory_order_relaxed)) continue;
     try {
       switch (in.kind) {
@@ -193,6 +230,7 @@ void Program::region(int t, const PassInputs& pass, size_t first, size_t last) {
       failed_.store(true, std::memory_order_relaxed);
     }
   }
+  if (observer != nullptr) close();
 }
 
 void Program::run(const PassInputs& in, float* logits, int64_t logits_stride) {

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
+#include "backend/op_profiler.h"
 #include "circuit/program.h"
 #include "core/error.h"
 #include "engine/model.h"
@@ -193,6 +195,36 @@ TEST(Circuit, BigSelfSplittingOpsRunOverThePool) {
   // A dense model has none.
   auto dense = load("qwen3_f32", 2, ExecutorKind::kCircuit);
   for (const auto& p : dense->programs()) EXPECT_EQ(p->stats().pooled, 0);
+}
+
+// `bench --profile` under the circuit: thread 0 brackets each instruction as the op the layer
+// loop calls, so a program's step profiles the same ops, as often, as the layer loop's.
+TEST(Circuit, ProfileCountsTheLayerLoopsOps) {
+  for (const char* name : {"qwen3_f32", "qwen3_moe_f32"}) {
+    std::map<std::string, uint64_t> calls[2];
+    for (const int k : {0, 1}) {
+      auto m = load(name, 2, k == 0 ? ExecutorKind::kLayers : ExecutorKind::kCircuit);
+      const Reference ref(name);
+      const auto V = static_cast<size_t>(m->vocab_size());
+      std::vector<float> logits(V);
+      Sequence s;
+      m->prefill(s, ref.ids("input_ids"), logits);
+      OpProfiler prof;
+      m->backend().set_observer(&prof);
+      std::vector<Sequence*> one{&s};
+      m->decode(one, std::vector<int32_t>{1}, logits);
+      m->backend().set_observer(nullptr);
+      EXPECT_EQ(m->circuit_steps(), k == 0 ? 0 : 1) << name;
+      for (const OpProfiler::Entry& e : prof.entries()) {
+        calls[k][e.key] = e.calls;
+        EXPECT_GE(e.seconds, 0.0) << e.key;
+      }
+      m->release(s);
+    }
+    // The layer loop's views (gather_rows of the one wanted row) are no op in the program.
+    calls[0].erase("gather_rows");
+    EXPECT_EQ(calls[1], calls[0]) << name;
+  }
 }
 
 TEST(Circuit, UnknownExecutorIsAnError) {
