@@ -1,6 +1,6 @@
 // CPU kernel throughput: linear as GEMV (decode: weight GB/s is the figure of merit, since
-// decode is memory-bound) and as GEMM (prefill: GFLOP/s), for plain and quantized weights,
-// paged decode attention, rms_norm.
+// decode is memory-bound) and as GEMM (prefill: GFLOP/s), for plain and quantized weights and
+// the bf16-compute kernel, paged decode attention, rms_norm.
 // Threads: METRALE_THREADS or the physical core count (core/thread_pool.h).
 #include <benchmark/benchmark.h>
 
@@ -86,6 +86,44 @@ BENCHMARK(BM_Linear)
     ->Args({3072, 1024, 64, 1, 0})
     ->Args({1024, 3072, 64, 1, 0})
     ->Args({1024, 1024, 512, 0, 0})
+    ->UseRealTime();
+
+// The bf16-compute kernel (Compute::kBF16, backend/cpu/linear_pairs.h) at prefill sizes:
+// Qwen3-0.6B's four linears (q|k|v, o, gate|up, down) on a step of `rows` rows, the weights
+// cold (from DRAM, as every linear of a prefill step reads them: a 0.6B model's 880 MB of
+// weights pass through the caches once per step) or hot.
+// args: n_out, n_in, rows, cold
+void BM_LinearBf16Compute(benchmark::State& state) {
+  const int64_t n_out = state.range(0), n_in = state.range(1), rows = state.range(2);
+  const double weight_bytes = 2.0 * static_cast<double>(n_out * n_in);
+  const int64_t copies = copies_for(state.range(3) != 0, weight_bytes);
+  CpuBackend be(pool(), Compute::kBF16);
+  const auto wf = random_floats(static_cast<size_t>(n_out * n_in), 1);
+  std::vector<uint16_t> wb(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+  const WeightTensor raw{
+      .name = "w", .format = WeightFormat::kBF16, .n_out = n_out, .n_in = n_in, .data = wb.data()};
+  std::vector<WeightTensor> w;
+  for (int64_t i = 0; i < copies; ++i) w.push_back(be.prepare(raw, PrepareMode::kCopy));
+  const auto x = random_floats(static_cast<size_t>(rows * n_in), 2);
+  std::vector<float> y(static_cast<size_t>(rows * n_out));
+  size_t next = 0;
+  for (auto _ : state) {
+    be.linear(rows_of(x.data(), rows, n_in), w[next], rows_of(y.data(), rows, n_out));
+    next = next + 1 == w.size() ? 0 : next + 1;
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(rows * n_out * n_in) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = pool().size();
+}
+BENCHMARK(BM_LinearBf16Compute)
+    ->ArgNames({"out", "in", "rows", "cold"})
+    ->ArgsProduct({{4096}, {1024}, {128, 512}, {0, 1}})
+    ->ArgsProduct({{1024}, {2048}, {128, 512}, {1}})
+    ->ArgsProduct({{6144}, {1024}, {128, 512}, {1}})
+    ->ArgsProduct({{1024}, {3072}, {128, 512}, {0, 1}})
     ->UseRealTime();
 
 // The quantized layouts of common checkpoints (compressed-tensors W4A16 / W8A16 / FP8,
