@@ -4,6 +4,10 @@
 // Threads: METRALE_THREADS or the physical core count (core/thread_pool.h).
 #include <benchmark/benchmark.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <iterator>
@@ -125,6 +129,47 @@ BENCHMARK(BM_LinearBf16Compute)
     ->ArgsProduct({{6144}, {1024}, {128, 512}, {1}})
     ->ArgsProduct({{1024}, {3072}, {128, 512}, {0, 1}})
     ->UseRealTime();
+
+#if defined(__x86_64__)
+// The ceiling BM_LinearBf16Compute is measured against: one thread issuing vdpbf16ps alone into
+// 24 independent accumulators (nothing loaded, no dependency a core must wait on), 64 FLOP
+// each. On Zen 5: 2 per cycle. (Its rate counter divides by CPU time, so a shared machine
+// does not lower it.)
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"  // g++ 12's AVX-512 headers (linear_packed.cc)
+#endif
+__attribute__((target("avx512f,avx512bf16"))) double dot_bf16_peak_loop(int64_t iters) {
+  __m512 acc[24];
+  for (__m512& c : acc) c = _mm512_setzero_ps();
+  __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3F803F80));
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x00010001));
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 24
+    for (__m512& c : acc) c = _mm512_dpbf16_ps(c, a, b);
+    __asm__ volatile("" : "+v"(a));  // keeps the loop from being folded
+  }
+  float sum = 0.0f;
+  for (const __m512& c : acc) sum += _mm512_reduce_add_ps(c);
+  return sum;
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+void BM_DotBf16Peak(benchmark::State& state) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bf16")) {
+    state.SkipWithError("this CPU has no AVX512_BF16");
+    return;
+  }
+  constexpr int64_t kIters = 1 << 20;
+  for (auto _ : state) benchmark::DoNotOptimize(dot_bf16_peak_loop(kIters));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(64.0 * 24 * kIters * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DotBf16Peak);
+#endif
 
 // The quantized layouts of common checkpoints (compressed-tensors W4A16 / W8A16 / FP8,
 // ModelOpt NVFP4), with bf16 scales except NVFP4's e4m3.
