@@ -1,8 +1,12 @@
 // CPU kernel throughput: linear as GEMV (decode: weight GB/s is the figure of merit, since
-// decode is memory-bound) and as GEMM (prefill: GFLOP/s), for plain and quantized weights,
-// paged decode attention, rms_norm.
+// decode is memory-bound) and as GEMM (prefill: GFLOP/s), for plain and quantized weights and
+// the bf16-compute kernel, paged decode attention, rms_norm.
 // Threads: METRALE_THREADS or the physical core count (core/thread_pool.h).
 #include <benchmark/benchmark.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -87,6 +91,85 @@ BENCHMARK(BM_Linear)
     ->Args({1024, 3072, 64, 1, 0})
     ->Args({1024, 1024, 512, 0, 0})
     ->UseRealTime();
+
+// The bf16-compute kernel (Compute::kBF16, backend/cpu/linear_pairs.h) at prefill sizes:
+// Qwen3-0.6B's four linears (q|k|v, o, gate|up, down) on a step of `rows` rows, the weights
+// cold (from DRAM, as every linear of a prefill step reads them: a 0.6B model's 880 MB of
+// weights pass through the caches once per step) or hot.
+// args: n_out, n_in, rows, cold
+void BM_LinearBf16Compute(benchmark::State& state) {
+  const int64_t n_out = state.range(0), n_in = state.range(1), rows = state.range(2);
+  const double weight_bytes = 2.0 * static_cast<double>(n_out * n_in);
+  const int64_t copies = copies_for(state.range(3) != 0, weight_bytes);
+  CpuBackend be(pool(), Compute::kBF16);
+  const auto wf = random_floats(static_cast<size_t>(n_out * n_in), 1);
+  std::vector<uint16_t> wb(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+  const WeightTensor raw{
+      .name = "w", .format = WeightFormat::kBF16, .n_out = n_out, .n_in = n_in, .data = wb.data()};
+  std::vector<WeightTensor> w;
+  for (int64_t i = 0; i < copies; ++i) w.push_back(be.prepare(raw, PrepareMode::kCopy));
+  const auto x = random_floats(static_cast<size_t>(rows * n_in), 2);
+  std::vector<float> y(static_cast<size_t>(rows * n_out));
+  size_t next = 0;
+  for (auto _ : state) {
+    be.linear(rows_of(x.data(), rows, n_in), w[next], rows_of(y.data(), rows, n_out));
+    next = next + 1 == w.size() ? 0 : next + 1;
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(rows * n_out * n_in) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = pool().size();
+}
+BENCHMARK(BM_LinearBf16Compute)
+    ->ArgNames({"out", "in", "rows", "cold"})
+    ->ArgsProduct({{4096}, {1024}, {128, 512}, {0, 1}})
+    ->ArgsProduct({{1024}, {2048}, {128, 512}, {1}})
+    ->ArgsProduct({{6144}, {1024}, {128, 512}, {1}})
+    ->ArgsProduct({{1024}, {3072}, {128, 512}, {0, 1}})
+    ->UseRealTime();
+
+#if defined(__x86_64__)
+// The ceiling BM_LinearBf16Compute is measured against: one thread issuing vdpbf16ps alone into
+// 24 independent accumulators (nothing loaded, no dependency a core must wait on), 64 FLOP
+// each. On Zen 5: 2 per cycle. (Its rate counter divides by CPU time, so a shared machine
+// does not lower it.)
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"  // g++ 12's AVX-512 headers (linear_packed.cc)
+#endif
+__attribute__((target("avx512f,avx512bf16"))) double dot_bf16_peak_loop(int64_t iters) {
+  __m512 acc[24];
+  for (__m512& c : acc) c = _mm512_setzero_ps();
+  __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3F803F80));
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x00010001));
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 24
+    for (__m512& c : acc) c = _mm512_dpbf16_ps(c, a, b);
+    __asm__ volatile("" : "+v"(a));  // keeps the loop from being folded
+  }
+  float sum = 0.0f;
+  for (const __m512& c : acc) sum += _mm512_reduce_add_ps(c);
+  return sum;
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+void BM_DotBf16Peak(benchmark::State& state) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bf16")) {
+    state.SkipWithError("this CPU has no AVX512_BF16");
+    return;
+  }
+  constexpr int64_t kIters = 1 << 20;
+  for (auto _ : state) benchmark::DoNotOptimize(dot_bf16_peak_loop(kIters));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(64.0 * 24 * kIters * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DotBf16Peak);
+#endif
 
 // The quantized layouts of common checkpoints (compressed-tensors W4A16 / W8A16 / FP8,
 // ModelOpt NVFP4), with bf16 scales except NVFP4's e4m3.

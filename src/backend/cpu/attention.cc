@@ -257,14 +257,11 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
       v_rows[k - first] = t.cache.v_row<T>(table.slot(k, ps)) + kvh * hd;
     }
     // Online-softmax update of each query that has keys in this block.
-    bool uniform = true;  // every active query reads exactly [first, last]
     int n_active = 0;
-    int64_t key_begin[kMaxQueries], n_keys[kMaxQueries];  // per active query, from `first`
     for (int j = 0; j < n; ++j) {
       const int64_t a = std::max(qs[j].lo, b0) - b0;
       const int64_t b = std::min(qs[j].hi, b0 + kAttentionBlock - 1) - b0;
       if (a > b) continue;
-      uniform = uniform && a == first - b0 && b == last - b0;
       float* s = scores + j * kAttentionBlock;
       VF sv[kVecs];
       VF block_max = hn::Set(df, kNegInf);
@@ -294,17 +291,16 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
         hn::Store(pv, df, s + v * kN);
       }
       acc_of[n_active] = acc[j];
-      p_of[n_active] = s + a;
-      key_begin[n_active] = b0 + a - first;
-      n_keys[n_active] = b - a + 1;
+      p_of[n_active] = s + (first - b0);
       ++n_active;
     }
-    if (uniform) {
-      Pv(acc_of, p_of, n_active, v_rows, last - first + 1, hd);
-    } else {  // the diagonal block of a prefill tile, or a window edge: each query its own keys
-      for (int i = 0; i < n_active; ++i)
-        Pv(&acc_of[i], &p_of[i], 1, v_rows + key_begin[i], n_keys[i], hd);
-    }
+    // Every active query over all the tile's keys [first, last], sharing each V read, even
+    // where queries see different keys (the diagonal block of a prefill tile, a window edge):
+    // a key outside a query's range has p = Exp(-inf) = +0 exactly, and acc + 0 * V[k] is acc,
+    // bit for bit (acc starts at +0 and a sum of products with p >= 0 is never -0; V of a key
+    // the cache holds is finite: an inf or NaN there makes every later query's output NaN
+    // anyway), so each query's result is the one its own keys give.
+    Pv(acc_of, p_of, n_active, v_rows, last - first + 1, hd);
   }
   for (int j = 0; j < n; ++j) {
     const float inv = 1.0f / hn::GetLane(hn::SumOfLanes(df, l[j]));

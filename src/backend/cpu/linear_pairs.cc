@@ -84,10 +84,22 @@ METRALE_BF16_TARGET inline __m512 dot2(__m512 acc, __m512i w, __m512i x) {
 // where llama.cpp's plain row reads then out-read it; one stream unprefetched was fastest on
 // the Zen 4 VM by ~25-30% over the old 3-stream prefetched kernel.)
 
+// Cache lines of weights a tile call prefetches into L2 for the next layout tile, spread over
+// its k pairs: one line every `every` pairs (lines * every <= n_pairs), from `from` on.
+// 16 bytes, so it is passed in two registers (24 were passed through the stack, and the
+// reload after the caller's stores showed in profiles).
+struct Prefetch {
+  const char* from = nullptr;
+  int32_t lines = 0;
+  int32_t every = 0;
+};
+static_assert(sizeof(Prefetch) == 16);
+
 // x rows [r0, r0 + R) against groups [g0, g0 + C): R x C accumulators of 16 outputs each,
 // one weight line per group and one broadcast pair per row for each k pair.
 template <int R, int C, bool kNative>
-METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_t o_end) {
+METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_t o_end,
+                              Prefetch pf) {
   const int64_t n_pairs = t.n_in / 2;
   __m512 acc[R][C];
   METRALE_UNROLL for (int r = 0; r < R; ++r) METRALE_UNROLL for (int c = 0; c < C; ++c) acc[r][c] =
@@ -96,7 +108,14 @@ METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_
   for (int r = 0; r < R; ++r) x[r] = t.x + (r0 + r) * t.n_in;
   const uint16_t* w[C];
   for (int c = 0; c < C; ++c) w[c] = t.w + line_offset(n_pairs, g0 + c, 0);
+  int64_t next_pf = pf.lines > 0 ? 0 : -1;  // the k pair that issues the next prefetch
+  int64_t pf_left = pf.lines;
   for (int64_t p = 0; p < n_pairs; ++p) {
+    if (p == next_pf) {
+      _mm_prefetch(pf.from, _MM_HINT_T1);
+      pf.from += 64;
+      next_pf = --pf_left > 0 ? next_pf + pf.every : -1;
+    }
     __m512i wv[C];
     METRALE_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm512_load_si512(w[c] + p * kLineStride);
     METRALE_UNROLL for (int r = 0; r < R; ++r) {
@@ -125,7 +144,7 @@ METRALE_BF16_TARGET void tile(const PairsTask& t, int64_t g0, int64_t r0, int64_
 // vdpbf16ps's latency at a core's memory bandwidth.)
 constexpr int kTileRows = 8;
 constexpr int kTileGroups = kPairsTileGroups;
-using TileFn = void (*)(const PairsTask&, int64_t, int64_t, int64_t);
+using TileFn = void (*)(const PairsTask&, int64_t, int64_t, int64_t, Prefetch);
 
 template <bool kNative, int R>
 constexpr void fill_row(TileFn (&row)[kTileGroups]) {
@@ -149,18 +168,53 @@ struct Tiles {
   }
 };
 
+// Row blocks from which a call prefetches the next tile's weights (below: decode-sized calls,
+// which are bound by reading the weights and read them best as one unprefetched stream).
+constexpr int64_t kPrefetchBlocks = 4;
+
 template <bool kNative>
 void linear_pairs(const PairsTask& t, int64_t o_begin, int64_t o_end) {
   static constexpr Tiles<kNative> kTiles;
   const int64_t g_end = (o_end + kGroup - 1) / kGroup;
+  const int64_t n_pairs = t.n_in / 2;
+  const int64_t blocks = (t.n_rows + kTileRows - 1) / kTileRows;
+  // The matrix's groups, the padding of its last layout tile included.
+  const int64_t g_all = (t.n_out + kTile * kGroup - 1) / (kTile * kGroup) * kTile;
+  const int64_t tile_lines = n_pairs * kTile;  // a layout tile: n_pairs lines of 64 bytes per group
+  // Lines of the next tile each row block prefetches (the last blocks may have fewer left) and
+  // the k pairs between two of its prefetches, worked out once per call: a division per tile
+  // call (~10^4 cycles of work each) showed as ~4% of an embedding run's samples.
+  const int64_t per_block = (tile_lines + blocks - 1) / blocks;
+  const int64_t every = std::max<int64_t>(1, n_pairs / std::max<int64_t>(1, per_block));
   // Group tiles outside, row tiles inside: a tile's weights (3 x 16 x n_in bf16, <= 288 KiB at
   // n_in 3072) stay in L2 while every row block passes over them. A range starting inside a
   // layout tile first finishes that tile, so the tiles after it are whole.
+  //
+  // The first row block would read the tile from DRAM at the rate it computes (192 bytes per
+  // 24 vdpbf16ps, ~60 GB/s on one Zen 5 core at 2 per cycle), which DRAM cannot feed, and
+  // every later block from L2. So with several row blocks each block also prefetches its share
+  // of the next layout tile into L2 (even past o_end: the next piece, whichever thread takes
+  // it), spread over its k pairs: the weights then stream from DRAM at the average rate the
+  // compute needs instead of in bursts it waits for.
   for (int64_t g = o_begin / kGroup; g < g_end;) {
     const int64_t nc = std::min<int64_t>(kTileGroups - g % kTileGroups, g_end - g);
-    for (int64_t r0 = 0; r0 < t.n_rows; r0 += kTileRows) {
+    const int64_t g_next = (g / kTile + 1) * kTile;  // the next layout tile's first group
+    const bool prefetch = blocks >= kPrefetchBlocks && g_next < g_all;
+    const char* next =
+        prefetch ? reinterpret_cast<const char*>(t.w + line_offset(n_pairs, g_next, 0)) : nullptr;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t r0 = b * kTileRows;
       const int64_t nr = std::min<int64_t>(kTileRows, t.n_rows - r0);
-      kTiles.fn[nr - 1][nc - 1](t, g, r0, o_end);
+      Prefetch pf;
+      if (prefetch) {
+        // kPrefetchBlocks >= 4 keeps per_block <= n_pairs, so every line fits the pass.
+        const int64_t first = b * per_block;
+        if (first < tile_lines)
+          pf = {.from = next + first * 64,
+                .lines = static_cast<int32_t>(std::min(per_block, tile_lines - first)),
+                .every = static_cast<int32_t>(every)};
+      }
+      kTiles.fn[nr - 1][nc - 1](t, g, r0, o_end, pf);
     }
     g += nc;
   }
