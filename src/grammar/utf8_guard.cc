@@ -34,8 +34,7 @@ std::optional<Utf8State> utf8_step(Utf8State s, std::string_view bytes) {
   return s;
 }
 
-Utf8Guard::Utf8Guard(const std::vector<std::string>& token_bytes, int64_t vocab)
-    : vocab_(vocab) {
+Utf8Guard::Utf8Guard(const std::vector<std::string>& token_bytes, int64_t vocab) : vocab_(vocab) {
   METRALE_CHECK(vocab >= static_cast<int64_t>(token_bytes.size()) &&
                     vocab <= std::numeric_limits<int32_t>::max(),
                 "Utf8Guard: a vocabulary of ", vocab, " ids for ", token_bytes.size(), " tokens");

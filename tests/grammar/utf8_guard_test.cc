@@ -52,8 +52,8 @@ TEST(Utf8Guard, StepAgreesWithTheStrictDecoder) {
   for (const char* bad : {"\xC0\xBC", "\xC1\x81", "\xE0\x80\x80", "\xE0\x9F\xBF", "\xED\xA0\x80",
                           "\xF0\x80\x80\x80", "\xF4\x90\x80\x80", "\xF5\x80\x80\x80"})
     EXPECT_FALSE(utf8_step({}, bad).has_value()) << testing::PrintToString(std::string(bad));
-  for (const char* good : {"<", "\xC2\x80", "\xE0\xA0\x80", "\xED\x9F\xBF", "\xF0\x90\x80\x80",
-                           "\xF4\x8F\xBF\xBF"})
+  for (const char* good :
+       {"<", "\xC2\x80", "\xE0\xA0\x80", "\xED\x9F\xBF", "\xF0\x90\x80\x80", "\xF4\x8F\xBF\xBF"})
     EXPECT_EQ(utf8_step({}, good), Utf8State{}) << testing::PrintToString(std::string(good));
 }
 
