@@ -87,15 +87,19 @@ dict_of() {
   esac
 }
 
-# flags_of TARGET: libFuzzer flags of its own. -entropic=0 where it pays: clang 14's libFuzzer
-# keeps the entropic schedule's feature frequencies with a linear search of the 100 rarest
-# features for every feature an input covers (later libFuzzers use a bitmap), which for these
-# targets, each input covering thousands of features, took more time than the target (grammar:
-# 54% of the samples; executions in 10 s: 2 759 with it, 7 806 without, at equal coverage). The
-# schedule only weighs which corpus input is mutated next; what each input checks is unchanged.
+# flags_of TARGET: libFuzzer flags of its own. -entropic=0 where it paid (docs/reliability.md):
+# clang 14's libFuzzer keeps the entropic schedule's feature frequencies with a linear search of
+# the 100 rarest features for every feature an input covers (later libFuzzers use a bitmap),
+# which for these targets, each input covering thousands of features, took more time than the
+# target (grammar_compile_fuzz: 54% of the samples). Executions in one process's first 6-10 s
+# with it and without, at equal coverage: grammar_compile 2 759 / 7 806, chat_template 2 860 /
+# 7 624, openai_request 7 572 / 18 016, tokenizer_json 3 787 / 7 551, model_config 4 932 /
+# 7 541, quant_tensors 15 690 / 22 022, peft_adapter 9 030 / 13 994 (vision_decode: no gain).
+# The schedule only weighs which corpus input is mutated next; what each input checks is the same.
 flags_of() {
   case "$1" in
-    grammar_compile_fuzz | peft_adapter_fuzz | quant_tensors_fuzz) echo "-entropic=0" ;;
+    grammar_compile_fuzz | peft_adapter_fuzz | quant_tensors_fuzz | chat_template_fuzz | \
+      openai_request_fuzz | tokenizer_json_fuzz | model_config_fuzz) echo "-entropic=0" ;;
   esac
 }
 
