@@ -41,8 +41,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   const size_t nul = input.find('\0');
   const std::string_view text = input.substr(0, nul);
-  const std::string_view request_json =
-      nul == std::string_view::npos ? kRequest : input.substr(nul + 1);
   metrale::chat::RenderOptions options;
   options.limits.max_steps = 20000;
   options.limits.max_output_bytes = 1 << 20;
@@ -55,8 +53,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return t;
   };
   try {
-    const metrale::chat::ChatRequest request =
-        metrale::chat::ChatRequest::from_json(request_json, "fuzz/request.json");
+    // The fixed request is parsed once; a request given after the NUL is parsed every time.
+    static const metrale::chat::ChatRequest kFixed =
+        metrale::chat::ChatRequest::from_json(kRequest, "fuzz/request.json");
+    const metrale::chat::ChatRequest parsed =
+        nul == std::string_view::npos
+            ? metrale::chat::ChatRequest{}
+            : metrale::chat::ChatRequest::from_json(input.substr(nul + 1), "fuzz/request.json");
+    const metrale::chat::ChatRequest& request = nul == std::string_view::npos ? kFixed : parsed;
     const metrale::chat::ChatTemplate t = metrale::chat::ChatTemplate::from_string(
         text, "fuzz/chat_template.jinja", {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
     (void)t.render(request, options);

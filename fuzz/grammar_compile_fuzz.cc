@@ -3,7 +3,7 @@
 // grammar or throw metrale::Error naming the field, never crash, hang or report; a grammar that
 // compiles is walked a few steps (mask, accept the first allowed token, roll back), every
 // other mask the one the mask workers filled ahead (GrammarMatcher::prefetch).
-// The vocabulary is the demo model's (run from the repository root).
+// The vocabulary is the demo model's (found under the source tree: fuzz_source.h).
 //
 // Seeds: fuzz/corpus/grammar_compile_fuzz/, e.g.
 //   ./grammar_compile_fuzz -max_len=4096 fuzz/corpus/grammar_compile_fuzz
@@ -14,12 +14,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "fuzz_source.h"
 #include "grammar/grammar.h"
 #include "io/tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using metrale::GrammarSpec;
-  static const metrale::Tokenizer tok = metrale::Tokenizer::from_file("models/demo/tokenizer.json");
+  static const metrale::Tokenizer tok =
+      metrale::Tokenizer::from_file(metrale::fuzz::source_path("models/demo/tokenizer.json"));
   static metrale::GrammarCompiler compiler(tok, static_cast<int64_t>(tok.id_limit()),
                                            {*tok.eos_id()});
   if (size == 0 || !metrale::grammar_available()) return 0;

@@ -9,7 +9,7 @@
 // and, when the request has tools, for tool calls in a format picked by the prompt's length.
 //
 //   ./openai_request_fuzz -dict=fuzz/openai_request.dict -max_len=4096 /tmp/openai_corpus
-// (run from the source root: it reads models/demo/tokenizer.json)
+// (it reads models/demo/tokenizer.json under the source tree: fuzz_source.h)
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +20,7 @@
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "fuzz_source.h"
 #include "http/openai_api.h"
 #include "http/openai_embeddings.h"
 #include "io/tokenizer/tokenizer.h"
@@ -29,7 +30,8 @@ namespace {
 using namespace metrale;
 
 const Tokenizer& tokenizer() {
-  static const Tokenizer tok = Tokenizer::from_file("models/demo/tokenizer.json");
+  static const Tokenizer tok =
+      Tokenizer::from_file(fuzz::source_path("models/demo/tokenizer.json"));
   return tok;
 }
 

@@ -2,8 +2,7 @@
 // adapter_model.safetensors of tests/data/fixtures/lora/qwen3_dense/a, checked against that
 // fixture's model (qwen3, hidden 64, 3 layers), must yield an adapter or a metrale::Error, never
 // a crash, hang or other exception. Seed with the fixtures' adapter_config.json files
-// (fuzz/corpus/peft_adapter_fuzz). Run from the source root.
-#include <unistd.h>
+// (fuzz/corpus/peft_adapter_fuzz). The fixture is found under the source tree (fuzz_source.h).
 
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +11,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "fuzz_source.h"
 #include "lora/peft_adapter.h"
 
 namespace {
@@ -42,10 +42,9 @@ metrale::LoraModelInfo fixture_model() {
 
 fs::path scratch() {
   static const fs::path dir = [] {
-    const fs::path d =
-        fs::temp_directory_path() / ("peft_adapter_fuzz." + std::to_string(getpid()));
-    fs::create_directories(d);
-    fs::copy_file("tests/data/fixtures/lora/qwen3_dense/a/adapter_model.safetensors",
+    const fs::path d = metrale::fuzz::scratch_dir("metrale-fuzz-peft_adapter_fuzz");
+    fs::copy_file(metrale::fuzz::source_path(
+                      "tests/data/fixtures/lora/qwen3_dense/a/adapter_model.safetensors"),
                   d / "adapter_model.safetensors", fs::copy_options::overwrite_existing);
     return d;
   }();

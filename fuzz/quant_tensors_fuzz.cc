@@ -2,7 +2,6 @@
 // read_quantized (module "m", shapes from the first two bytes) into a checked weight whose
 // every row dequantizes, or refused with a metrale::Error — never a crash or a wrong-sized
 // read. Seed with small files holding one module in each layout (fuzz/README.md).
-#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -12,14 +11,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "fuzz_source.h"
 #include "io/safetensors/checkpoint.h"
 #include "weights/quant_tensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   static const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("metrale-quant-fuzz-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+      metrale::fuzz::scratch_dir("metrale-fuzz-quant_tensors_fuzz");
   {
     std::ofstream f(dir / "model.safetensors", std::ios::binary | std::ios::trunc);
     f.write(reinterpret_cast<const char*>(data + 2), static_cast<std::streamsize>(size - 2));

@@ -1,22 +1,20 @@
 // Encodes arbitrary bytes with the Qwen3 tokenizer (loaded once) and decodes the result.
-// Run from the source root (or set METRALE_SOURCE_DIR) so the fixture is found.
+// The fixture is found under the source tree (fuzz_source.h).
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
 #include "../tests/io/tokenizer/gzip_file.h"
+#include "fuzz_source.h"
 #include "io/tokenizer/tokenizer.h"
 
 namespace {
 
 const metrale::Tokenizer& qwen3() {
-  static const metrale::Tokenizer tok = [] {
-    const char* env = std::getenv("METRALE_SOURCE_DIR");
-    const std::string root = env ? std::string(env) + "/" : std::string();
-    return metrale::Tokenizer::from_json(
-        metrale::testing::read_gzip_file(root + "tests/data/tokenizers/qwen3/tokenizer.json.gz"),
-        "qwen3");
-  }();
+  static const metrale::Tokenizer tok = metrale::Tokenizer::from_json(
+      metrale::testing::read_gzip_file(
+          metrale::fuzz::source_path("tests/data/tokenizers/qwen3/tokenizer.json.gz")),
+      "qwen3");
   return tok;
 }
 
