@@ -44,6 +44,23 @@ int64_t copies_for(bool cold, double bytes) {
   return cold ? std::max<int64_t>(2, static_cast<int64_t>(std::ceil(kColdBytes / bytes))) : 1;
 }
 
+// The timed loop of a linear benchmark: `copies` huge-page-backed copies of `raw` (copies_for),
+// each call on the next, over `rows` rows of random input.
+void time_linear(benchmark::State& state, CpuBackend& be, const WeightTensor& raw, int64_t copies,
+                 int64_t rows) {
+  const int64_t n_out = raw.n_out, n_in = raw.n_in;
+  std::vector<WeightTensor> w;
+  for (int64_t i = 0; i < copies; ++i) w.push_back(be.prepare(raw, PrepareMode::kCopy));
+  const auto x = random_floats(static_cast<size_t>(rows * n_in), 2);
+  std::vector<float> y(static_cast<size_t>(rows * n_out));
+  size_t next = 0;
+  for (auto _ : state) {
+    be.linear(rows_of(x.data(), rows, n_in), w[next], rows_of(y.data(), rows, n_out));
+    next = next + 1 == w.size() ? 0 : next + 1;
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+
 // args: n_out, n_in, rows, format (0 f32, 1 bf16), cold (weights from DRAM, copies_for)
 void BM_Linear(benchmark::State& state) {
   const int64_t n_out = state.range(0), n_in = state.range(1), rows = state.range(2);
@@ -61,16 +78,7 @@ void BM_Linear(benchmark::State& state) {
       .n_out = n_out,
       .n_in = n_in,
       .data = format == WeightFormat::kF32 ? static_cast<const void*>(wf.data()) : wb.data()};
-  std::vector<WeightTensor> w;  // huge-page-backed copies
-  for (int64_t i = 0; i < copies; ++i) w.push_back(be.prepare(raw, PrepareMode::kCopy));
-  const auto x = random_floats(static_cast<size_t>(rows * n_in), 2);
-  std::vector<float> y(static_cast<size_t>(rows * n_out));
-  size_t next = 0;
-  for (auto _ : state) {
-    be.linear(rows_of(x.data(), rows, n_in), w[next], rows_of(y.data(), rows, n_out));
-    next = next + 1 == w.size() ? 0 : next + 1;
-    benchmark::DoNotOptimize(y.data());
-  }
+  time_linear(state, be, raw, copies, rows);
   state.SetBytesProcessed(static_cast<int64_t>(weight_bytes) * state.iterations());
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * static_cast<double>(rows * n_out * n_in) * 1e-9,
@@ -107,16 +115,7 @@ void BM_LinearBf16Compute(benchmark::State& state) {
   for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
   const WeightTensor raw{
       .name = "w", .format = WeightFormat::kBF16, .n_out = n_out, .n_in = n_in, .data = wb.data()};
-  std::vector<WeightTensor> w;
-  for (int64_t i = 0; i < copies; ++i) w.push_back(be.prepare(raw, PrepareMode::kCopy));
-  const auto x = random_floats(static_cast<size_t>(rows * n_in), 2);
-  std::vector<float> y(static_cast<size_t>(rows * n_out));
-  size_t next = 0;
-  for (auto _ : state) {
-    be.linear(rows_of(x.data(), rows, n_in), w[next], rows_of(y.data(), rows, n_out));
-    next = next + 1 == w.size() ? 0 : next + 1;
-    benchmark::DoNotOptimize(y.data());
-  }
+  time_linear(state, be, raw, copies, rows);
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * static_cast<double>(rows * n_out * n_in) * 1e-9,
                          benchmark::Counter::kIsIterationInvariantRate);
