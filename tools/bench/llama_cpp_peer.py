@@ -424,16 +424,22 @@ def ensure_gguf(cache: Path, src: Path, model_dir: Path, fmt: str) -> Path:
     return out
 
 
+def build_extra_tool(cache: Path, src: Path, name: str) -> Path:
+    """Tool `name` of the pinned build, built on first use in the same cmake configuration as
+    TOOLS (the build stamp is left as it is)."""
+    ensure_build(cache, src)
+    tool = build_dir(cache) / "bin" / name
+    if not tool.is_file():
+        log(f"building {name} in {build_dir(cache)}")
+        subprocess.run(["cmake", "--build", str(build_dir(cache)), "--target", name, "-j2"],
+                       check=True, stdout=sys.stderr)
+    return tool
+
+
 def ensure_quantize_tool(cache: Path, src: Path) -> Path:
     """llama-quantize of the pinned build (same cmake configuration as TOOLS; the build
     stamp is left as it is)."""
-    ensure_build(cache, src)
-    tool = build_dir(cache) / "bin" / QUANTIZE_TOOL
-    if not tool.is_file():
-        log(f"building {QUANTIZE_TOOL} in {build_dir(cache)}")
-        subprocess.run(["cmake", "--build", str(build_dir(cache)), "--target", QUANTIZE_TOOL,
-                        "-j2"], check=True, stdout=sys.stderr)
-    return tool
+    return build_extra_tool(cache, src, QUANTIZE_TOOL)
 
 
 def server_tool_path(cache: Path) -> Path:
@@ -482,13 +488,7 @@ def ensure_mtmd_tool(cache: Path, src: Path) -> Path:
     """llama-mtmd-cli of the pinned build (tools/mtmd is configured by CMAKE_FLAGS already: the
     pinned tools/CMakeLists.txt adds it unconditionally); libmtmd, libllama and ggml are
     shared with the other tools. The build stamp is left as it is, as for llama-quantize."""
-    ensure_build(cache, src)
-    tool = build_dir(cache) / "bin" / MTMD_TOOL
-    if not tool.is_file():
-        log(f"building {MTMD_TOOL} in {build_dir(cache)}")
-        subprocess.run(["cmake", "--build", str(build_dir(cache)), "--target", MTMD_TOOL,
-                        "-j2"], check=True, stdout=sys.stderr)
-    return tool
+    return build_extra_tool(cache, src, MTMD_TOOL)
 
 
 def mmproj_command(src: Path, model_dir: Path, out: Path, outtype: str = "bf16") -> list[str]:
