@@ -109,6 +109,10 @@ CMAKE_FLAGS = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
 # its build as it left it.
 SERVER_CMAKE_FLAGS = ["-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
                       "-DLLAMA_USE_PREBUILT_UI=OFF"]
+# llama-lookup (bench/compare/spec_bench.py) is one of the pinned tree's examples; the server's
+# flags are repeated so that reconfiguring for it keeps llama-server's target.
+LOOKUP_TOOL = "llama-lookup"
+LOOKUP_CMAKE_FLAGS = [*SERVER_CMAKE_FLAGS, "-DLLAMA_BUILD_EXAMPLES=ON"]
 
 
 def log(msg: str) -> None:
@@ -455,21 +459,34 @@ def server_info(cache: Path) -> dict:
 
 def ensure_server_tool(cache: Path, src: Path) -> Path:
     """llama-server of the pinned build: the build directory of TOOLS reconfigured with
-    SERVER_CMAKE_FLAGS (later -D options win), then its llama-server target (libllama, ggml
-    and common are shared with the bench tools, so only the server's own sources compile).
-    The build stamp is left as it is, as for llama-quantize."""
+    SERVER_CMAKE_FLAGS, then its llama-server target (see build_reconfigured_tool)."""
+    return build_reconfigured_tool(cache, src, SERVER_TOOL, SERVER_CMAKE_FLAGS)
+
+
+def ensure_lookup_tool(cache: Path, src: Path) -> Path:
+    """llama-lookup (bench/compare/spec_bench.py: llama.cpp's prompt-lookup decoding, the
+    pinned examples/lookup/lookup.cpp unchanged): the build directory reconfigured with
+    LOOKUP_CMAKE_FLAGS, then its target (see build_reconfigured_tool)."""
+    return build_reconfigured_tool(cache, src, LOOKUP_TOOL, LOOKUP_CMAKE_FLAGS)
+
+
+def build_reconfigured_tool(cache: Path, src: Path, name: str, flags: list[str]) -> Path:
+    """Tool `name` of the pinned build, once: the build directory of TOOLS reconfigured with
+    CMAKE_FLAGS + `flags` (later -D options win; cmake's cache keeps what an earlier tool
+    turned on), then its target alone (libllama, ggml and common are shared with the bench
+    tools, so only the tool's own sources compile). The build stamp is left as it is, as for
+    llama-quantize."""
     ensure_build(cache, src)
-    tool = server_tool_path(cache)
+    tool = build_dir(cache) / "bin" / name
     if tool.is_file():
         return tool
     build = build_dir(cache)
-    log(f"building {SERVER_TOOL} in {build} (once; several minutes on 2 cores)")
-    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS,
-                    *SERVER_CMAKE_FLAGS], check=True, stdout=sys.stderr)
-    subprocess.run(["cmake", "--build", str(build), "--target", SERVER_TOOL, "-j2"],
+    log(f"building {name} in {build} (once; minutes on 2 cores)")
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS, *flags],
+                   check=True, stdout=sys.stderr)
+    subprocess.run(["cmake", "--build", str(build), "--target", name, "-j2"],
                    check=True, stdout=sys.stderr)
     return tool
-
 
 
 # llama-mtmd-cli (bench/compare/vision_tower.py --mtmd): the vision tower of a Qwen3-VL
