@@ -185,7 +185,8 @@ void SpeculativeFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--draft-tokens", draft_tokens, "most draft tokens per sequence per step (K)");
   cmd.add_option("--draft-ladder", ladder,
                  "drafts by batch size: rungs n_max:drafts, e.g. 4:3,8:3,16:1,32:1 (the first "
-                 "rung with n_max >= the sequences decoding, else the last; clamped to 1..K)");
+                 "rung with n_max >= the sequences decoding, else the last; clamped to 1..K, an "
+                 "explicit 0: no drafts at that width)");
   cmd.add_option("--dispatch-cap", dispatch_cap,
                  "most draft rows one step adds over all its sequences (1..128)");
   cmd.add_option("--ngram-min", ngram_min,

@@ -61,7 +61,8 @@ DraftLadder DraftLadder::parse(std::string_view spec, int64_t num_drafts, std::s
     if (!l.rungs_.empty() && n_max <= l.rungs_.back().n_max) {
       throw fail("n_max ", n_max, " must be above the previous rung's ", l.rungs_.back().n_max);
     }
-    l.rungs_.push_back({.n_max = n_max, .drafts = std::clamp<int64_t>(drafts, 1, num_drafts)});
+    // 0 stays 0 (no drafts at this width); any other count is clamped to 1..num_drafts.
+    l.rungs_.push_back({.n_max = n_max, .drafts = std::min(drafts, num_drafts)});
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }

@@ -6,7 +6,11 @@
 //   "4:3,8:3,16:1,32:1"  — rungs n_max:drafts; the first rung whose n_max >= the number of
 //                          active sequences gives the draft count, past the last rung the
 //                          last rung does.
-// Each rung's drafts are clamped to 1..num_drafts (the --draft-tokens K the run allows).
+// Each rung's drafts are clamped to 1..num_drafts (the --draft-tokens K the run allows), except
+// an explicit 0: no drafts at that width, so "4:3,8:3,16:0" turns speculation off from 9
+// sequences on. One draft per stream still loses where a step of 2x the rows is compute-bound
+// (docs/performance.md measures 0.81-0.97x at batch 16 with "16:1"); a stream given 0 decodes
+// its one row, and an MTP drafter only records that row, computing it in its next pass.
 // Independently, the dispatch cap (1..128, default 32) bounds the draft rows one verify step
 // adds over all its sequences; fit_dispatch_cap shares it out.
 #include <cstdint>
@@ -21,7 +25,7 @@ inline constexpr int64_t kMaxDispatchCap = 128;
 
 struct LadderRung {
   int64_t n_max = 0;   // active sequences up to this many use `drafts`
-  int64_t drafts = 0;  // after clamping to 1..num_drafts
+  int64_t drafts = 0;  // after clamping to 1..num_drafts (0 stays 0: no drafts)
 };
 
 class DraftLadder {

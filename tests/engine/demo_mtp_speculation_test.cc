@@ -114,6 +114,57 @@ TEST(DemoMtp, DraftsChangeNoTokenAndAreAccepted) {
   }
 }
 
+// A ladder rung of 0 drafts ("3:3,4:0"): while all four streams decode, none drafts (each
+// decodes its one row; the drafter only records it); once a stream stops (at a stop string),
+// the other three draft 3 again, the drafter first computing the rows it recorded. Output is
+// plain decoding's throughout, and fewer drafts are made than with 3 at every width.
+TEST(DemoMtp, ALadderRungOfZeroDraftsNothingAndDraftingResumes) {
+  auto m = load();
+  const Tokenizer& tok = *m->tokenizer();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* p : kPrompts) prompts.push_back(tok.encode(p, true));
+  GenerateOptions plain_options = greedy();
+  plain_options.stop_strings = {"God"};
+  const std::vector<GenerateResult> plain = generate_batch(*m, prompts, plain_options);
+  size_t shortest = static_cast<size_t>(kTokens);
+  for (const GenerateResult& r : plain) shortest = std::min(shortest, r.tokens.size());
+  ASSERT_LT(shortest + 8, static_cast<size_t>(kTokens))
+      << "no stream stops early: the test needs one to (change the stop string)";
+
+  SpeculationCounts counts[2];
+  for (int zero = 0; zero < 2; ++zero) {
+    auto drafter = MtpProposer::load(*m);
+    const MtpProposer* d = drafter.get();
+    GenerateOptions o = plain_options;
+    o.speculation = {.proposer = std::move(drafter),
+                     .ladder = zero ? speculative::DraftLadder::parse("3:3,4:0", 3)
+                                    : speculative::DraftLadder::constant(3)};
+    const std::vector<GenerateResult> got = generate_batch(*m, prompts, o);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, plain[i].tokens) << kPrompts[i] << (zero ? ", 3:3,4:0" : ", K = 3");
+      counts[zero] += got[i].speculation;
+      // While four decode, a step verifies no draft: a stream verifies drafts in at most the
+      // steps after the first stop.
+      if (zero) {
+        EXPECT_LE(got[i].speculation.verify_steps,
+                  static_cast<int64_t>(got[i].tokens.size() - shortest) + 1)
+            << kPrompts[i];
+      }
+    }
+    expect_consistent(counts[zero], 3);
+    EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages()) << "target pages leaked";
+    EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << "drafter pages leaked";
+  }
+  EXPECT_GT(counts[1].accepted, 0) << "drafting never resumed";
+  EXPECT_LT(counts[1].drafted, counts[0].drafted);
+  std::printf(
+      "first stop after %zu tokens; 3:3,4:0: %lld drafted, %lld accepted; K = 3 at every "
+      "width: %lld drafted, %lld accepted\n",
+      shortest, static_cast<long long>(counts[1].drafted),
+      static_cast<long long>(counts[1].accepted), static_cast<long long>(counts[0].drafted),
+      static_cast<long long>(counts[0].accepted));
+}
+
 // Drafter prefill off (SpeculationOptions::drafter_prefill, `--drafter-prefill 0`): the drafter
 // computes no rows over the prompt — its first is key P - 1 (the first generated token and the
 // prompt's last hidden), then the rows of what is decoded — so it drafts from less context and

@@ -1,6 +1,6 @@
 // The draft ladder: rung choice by active sequences (first n_max >= active, else the last),
-// drafts clamped to 1..num_drafts, malformed specs named by rung, the dispatch cap's range,
-// and fit_dispatch_cap's even share.
+// drafts clamped to 1..num_drafts (an explicit 0 kept), malformed specs named by rung, the dispatch
+// cap's range, and fit_dispatch_cap's even share.
 #include "speculative/ladder.h"
 
 #include <gtest/gtest.h>
@@ -34,10 +34,10 @@ TEST(DraftLadder, PicksTheFirstRungThatHoldsTheBatch) {
   EXPECT_EQ(steps.drafts_for(64), 2);
 }
 
-TEST(DraftLadder, ClampsDraftsToOneThroughNumDrafts) {
+TEST(DraftLadder, ClampsDraftsToNumDraftsAndKeepsAnExplicitZero) {
   const DraftLadder l = DraftLadder::parse("2:9,4:0,8:2", 3);
   EXPECT_EQ(l.drafts_for(1), 3);  // 9 -> num_drafts
-  EXPECT_EQ(l.drafts_for(3), 1);  // 0 -> 1
+  EXPECT_EQ(l.drafts_for(3), 0);  // 0: no drafts at this width
   EXPECT_EQ(l.drafts_for(8), 2);
   EXPECT_EQ(DraftLadder::constant(5).drafts_for(1 << 20), 5);
 }
