@@ -3,19 +3,23 @@
 n-gram drafting beside llama.cpp's prompt-lookup decoding (llama-lookup), in one run.
 
     python3 bench/compare/spec_bench.py --threads 2 --compute bf16 --decode-tokens 128 --reps 3 \
-        --mtp-draft-tokens 1,2,3 --mtp-batch 1,4,16 --draft-ladder 4:3,8:3,16:1,32:1 \
-        --ngram-draft-tokens 8 --out out/spec
+        --mtp-draft-tokens 1,2,3 --mtp-batch 1,4,16 --draft-ladder 4:3,8:3,16:0 \
+        --ngram-draft-tokens 4 --out out/spec
 
 The models: the trained demo pair padded to be memory-bound (tools/demo/pad_demo.py: the same
 function, 181 MB / 174 MB of weights instead of 3.3 MB / 2.1 MB; made once under
---cache-dir). models/demo_mtp (DeepSeek-V3 with its MTP layer) for MTP; models/demo (Qwen3) for
-n-gram, since llama.cpp converts it (and has no MTP drafting in this pin to compare with).
+--cache-dir). models/demo_mtp (DeepSeek-V3 with its MTP layer) for MTP; for n-gram
+models/demo_copy (--ngram-model; models/demo fine-tuned to copy what its context holds,
+tools/demo/train_demo_copy.py), a Qwen3 that llama.cpp converts (and this pin has no MTP
+drafting to compare with).
 
 (a) MTP, per --mtp-draft-tokens K: `metrale bench --speculative mtp --draft-tokens K
     --draft-ladder LADDER --batch B...` (the bench's greedy generation of --prompt by B streams,
     --decode-tokens new tokens each, without and with speculation, median of --reps timed runs
     after one warm-up, the output compared token for token).
-(b) n-gram at batch 1: the same `metrale bench` with --speculative ngram and --draft-tokens K;
+(b) n-gram at batch 1, on an input-grounded task (--ngram-prompt edit: a passage the copy model
+    never trained on, then its first words again, so the answer copies the prompt): the same
+    `metrale bench` with --speculative ngram and --draft-tokens K;
     beside it llama-lookup -n N --spec-draft-n-max K and --spec-draft-n-max 0 (the same
     program drafting nothing: its plain decoding), each --reps times, interleaved, the median
     of its "decoded N tokens in S seconds" line. Both engines get --threads, greedy sampling
@@ -61,6 +65,14 @@ PROMPT = ("And God said, Let there be light: and there was light. And God saw th
           "and the darkness he called Night. And the evening and the morning were the first day. "
           "And God said,")
 ENCODED_RE = re.compile(r"encoded\s+(\d+) tokens")
+# The n-gram part's input-grounded task (--ngram-prompt edit): a passage, then its first words
+# again, so that the answer copies the prompt (tools/demo/train_demo_copy.py's first prompt).
+# Revelation 21:3 lies in the last 60k tokens of the KJV stream, which train_demo_copy.py never
+# trains on; it ends without its period so that the separator is a bare newline token.
+PASSAGE = ("And I heard a great voice out of heaven saying, Behold, the tabernacle of God is with "
+           "men, and he will dwell with them, and they shall be his people, and God himself shall "
+           "be with them, and be their God")
+EDIT_PROMPT = PASSAGE + "\nAnd I heard a great voice out"
 DECODED_RE = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 STAT_RE = re.compile(r"^\S+ I (n_drafted|n_accept|n_predict)\s+=\s+(\d+)", re.M)
 
@@ -104,9 +116,9 @@ def padded(cache: Path, source: str, name: str) -> Path:
 
 
 def metrale_bench(a, model: Path, kind: str, k: int, batches: list[int],
-                  commands: list) -> dict:
+                  commands: list, prompt: str = PROMPT) -> dict:
     cmd = [a.bin, "bench", "--model", str(model), "--threads", str(a.threads), "--compute",
-           a.compute, "--speculative", kind, "--draft-tokens", str(k), "--spec-prompt", PROMPT,
+           a.compute, "--speculative", kind, "--draft-tokens", str(k), "--spec-prompt", prompt,
            "--batch", ",".join(map(str, batches)), "--prefill", "8", "--decode-tokens",
            str(a.decode_tokens), "--reps", str(a.reps), "--no-bandwidth", "--json"]
     if kind == "mtp":
@@ -126,9 +138,9 @@ def metrale_bench(a, model: Path, kind: str, k: int, batches: list[int],
     return {"command": cmd, "prompt_tokens": j["speculative"]["prompt_tokens"], "rows": rows}
 
 
-def metrale_greedy(a, model: Path, commands: list) -> dict:
+def metrale_greedy(a, model: Path, commands: list, prompt: str) -> dict:
     cmd = [a.bin, "generate", "--model", str(model), "--threads", str(a.threads), "--compute",
-           a.compute, "--prompt", PROMPT, "--max-tokens", str(a.decode_tokens), "--json"]
+           a.compute, "--prompt", prompt, "--max-tokens", str(a.decode_tokens), "--json"]
     out = json.loads(run(cmd, commands).stdout.splitlines()[0])
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
@@ -136,8 +148,8 @@ def metrale_greedy(a, model: Path, commands: list) -> dict:
             "text": tok.decode(out["ids"], skip_special_tokens=False)}
 
 
-def llama_lookup(a, tool: Path, gguf: Path, k: int, commands: list) -> dict:
-    cmd = [str(tool), "-m", str(gguf), "-p", PROMPT, "-n", str(a.decode_tokens),
+def llama_lookup(a, tool: Path, gguf: Path, k: int, commands: list, prompt: str) -> dict:
+    cmd = [str(tool), "-m", str(gguf), "-p", prompt, "-n", str(a.decode_tokens),
            "--spec-draft-n-max", str(k), "--temp", "0", "-t", str(a.threads), "-tb",
            str(a.threads), "-c", "2048", "-lm", "none"]
     load = loadavg()
@@ -147,8 +159,8 @@ def llama_lookup(a, tool: Path, gguf: Path, k: int, commands: list) -> dict:
         sys.exit(f"spec_bench: no 'decoded' line from {' '.join(cmd)}:\n{r.stderr[-2000:]}")
     stats = {k_: int(v) for k_, v in STAT_RE.findall(r.stderr)}
     text = r.stdout
-    start = text.find(PROMPT)
-    generated = text[start + len(PROMPT):] if start >= 0 else text
+    start = text.find(prompt)
+    generated = text[start + len(prompt):] if start >= 0 else text
     enc = ENCODED_RE.search(r.stderr)
     return {"prompt_tokens": int(enc.group(1)) if enc else None,
             "tokens": int(m.group(1)), "seconds": float(m.group(2)),
@@ -211,8 +223,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--mtp-draft-tokens", type=int_list, default=[1, 2, 3])
     ap.add_argument("--mtp-batch", type=int_list, default=[1, 4, 16])
-    ap.add_argument("--draft-ladder", default="4:3,8:3,16:1,32:1")
-    ap.add_argument("--ngram-draft-tokens", type=int, default=8)
+    ap.add_argument("--draft-ladder", default="4:3,8:3,16:0")
+    ap.add_argument("--ngram-draft-tokens", type=int, default=4)
+    ap.add_argument("--ngram-model", default="demo_copy", choices=["demo", "demo_copy"],
+                    help="models/<this>, padded, for the n-gram part")
+    ap.add_argument("--ngram-prompt", default="edit", choices=["edit", "genesis"],
+                    help="edit: Revelation 21:3, then its first words again (the answer "
+                    "copies the prompt); genesis: bench's default prompt")
     ap.add_argument("--carry-sessions", type=int, default=4)
     ap.add_argument("--carry-words", type=int, default=200)
     ap.add_argument("--carry-reply", type=int, default=32)
@@ -226,14 +243,15 @@ def main() -> None:
     commands: list = []
 
     mtp_model = padded(cache, "demo_mtp", "demo_mtp_padded")
-    ngram_model = padded(cache, "demo", "demo_padded")
+    ngram_model = padded(cache, a.ngram_model, a.ngram_model + "_padded")
+    ngram_prompt = EDIT_PROMPT if a.ngram_prompt == "edit" else PROMPT
     src = llama_cpp_peer.ensure_source(cache)
     lookup = llama_cpp_peer.ensure_lookup_tool(cache, src)
     gguf = llama_cpp_peer.ensure_gguf(cache, src, ngram_model, "bf16")
 
     results = {"argv": sys.argv, "options": vars(a), "metrale_commit": git_commit(),
                "llama_cpp": llama_cpp_peer.source_info(cache), "lookup_tool": str(lookup),
-               "gguf": str(gguf), "prompt": PROMPT, "cpu": subprocess.run(
+               "gguf": str(gguf), "prompt": PROMPT, "ngram_prompt": ngram_prompt, "cpu": subprocess.run(
                    ["lscpu"], capture_output=True, text=True).stdout}
 
     mtp = {}
@@ -246,10 +264,10 @@ def main() -> None:
     ngram_runs, lookup_on, lookup_off = [], [], []
     for rep in range(a.reps):
         log(f"ngram round {rep + 1}")
-        ngram_runs.append(metrale_bench(a, ngram_model, "ngram", k, [1], commands))
-        lookup_on.append(llama_lookup(a, lookup, gguf, k, commands))
-        lookup_off.append(llama_lookup(a, lookup, gguf, 0, commands))
-    greedy = metrale_greedy(a, ngram_model, commands)
+        ngram_runs.append(metrale_bench(a, ngram_model, "ngram", k, [1], commands, ngram_prompt))
+        lookup_on.append(llama_lookup(a, lookup, gguf, k, commands, ngram_prompt))
+        lookup_off.append(llama_lookup(a, lookup, gguf, 0, commands, ngram_prompt))
+    greedy = metrale_greedy(a, ngram_model, commands, ngram_prompt)
     results["ngram"] = {"metrale": ngram_runs, "llama_lookup": lookup_on,
                         "llama_plain": lookup_off, "metrale_greedy": greedy}
     def agree(x: str, y: str) -> bool:  # over the common length: llama-lookup overshoots -n
@@ -289,8 +307,9 @@ def main() -> None:
     l_off = med([r["tps"] for r in lookup_off])
     l_on = med([r["tps"] for r in lookup_on])
     row0 = ngram_runs[-1]["rows"][0]
-    lines += ["", f"(b) n-gram, batch 1, K = {k}, demo_padded ({ngram_runs[0]['prompt_tokens']}-"
-              f"token prompt; llama.cpp: its BF16 GGUF):", "",
+    lines += ["", f"(b) n-gram, batch 1, K = {k}, {a.ngram_model}_padded, prompt "
+              f"{a.ngram_prompt} ({ngram_runs[0]['prompt_tokens']} tokens; llama.cpp: its BF16 "
+              f"GGUF):", "",
               "| engine | plain tokens/s | speculative tokens/s | speculative / plain | drafted | "
               "accepted | accepted / drafted |", "|---|---|---|---|---|---|---|",
               f"| metrale (ngram) | {m_off:.0f} | {m_on:.0f} | {m_on / m_off:.2f}x | "

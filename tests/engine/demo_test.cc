@@ -2,7 +2,8 @@
 // continuation (stopping at eos like HF's generate) and its text, as recorded by
 // tools/demo/train_demo.py in tests/data/demo/reference.json (models/demo) and by
 // tools/demo/train_demo_mtp.py in tests/data/demo_mtp/reference.json (models/demo_mtp: the
-// target without its MTP layer, which transformers drops).
+// target without its MTP layer, which transformers drops), and by tools/demo/train_demo_copy.py
+// in tests/data/demo_copy/reference.json (models/demo_copy).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -47,7 +48,8 @@ TEST_P(DemoCheckpoint, GreedyOutputEqualsTransformers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shipped, DemoCheckpoint, ::testing::Values("demo", "demo_mtp"));
+INSTANTIATE_TEST_SUITE_P(Shipped, DemoCheckpoint,
+                         ::testing::Values("demo", "demo_mtp", "demo_copy"));
 
 }  // namespace
 }  // namespace metrale

@@ -141,20 +141,22 @@ def train(out_dir, log):
 
 def record_reference(model_dir, ref_path, log, model_class=None,
                      generator="tools/demo/train_demo.py", model_name="models/demo",
-                     note="greedy, stops early at eos (the eos id is then the last greedy id)"):
-    """The greedy continuations of kPrompts by transformers (`model_class`, default
-    AutoModelForCausalLM) in float32, with their smallest top-2 logit margins, as JSON at
-    `ref_path`; train_demo_mtp.py records its model's through this too."""
+                     note="greedy, stops early at eos (the eos id is then the last greedy id)",
+                     prompts=None, new_tokens=kNewTokens):
+    """The greedy continuations of `prompts` (default kPrompts) by transformers (`model_class`,
+    default AutoModelForCausalLM) in float32, new_tokens each, with their smallest top-2 logit
+    margins, as JSON at `ref_path`; train_demo_mtp.py and train_demo_copy.py record their
+    models' through this too."""
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = (model_class or AutoModelForCausalLM).from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     gen_cfg = GenerationConfig.from_pretrained(model_dir)
     cases = []
-    for prompt in kPrompts:
+    for prompt in prompts or kPrompts:
         ids = tok(prompt, return_tensors="pt")["input_ids"]
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=kNewTokens, eos_token_id=gen_cfg.eos_token_id,
+                                 max_new_tokens=new_tokens, eos_token_id=gen_cfg.eos_token_id,
                                  pad_token_id=gen_cfg.pad_token_id, output_logits=True,
                                  return_dict_in_generate=True)
         new = out.sequences[0, ids.shape[1]:].tolist()
@@ -169,7 +171,7 @@ def record_reference(model_dir, ref_path, log, model_class=None,
     doc = {"generator": generator,
            "transformers": transformers.__version__,
            "model_dir": model_name, "dtype": "float32 (bf16 weights upcast)",
-           "max_new_tokens": kNewTokens, "eos_token_id": gen_cfg.eos_token_id,
+           "max_new_tokens": new_tokens, "eos_token_id": gen_cfg.eos_token_id,
            "note": note,
            "cases": cases}
     os.makedirs(os.path.dirname(ref_path), exist_ok=True)
