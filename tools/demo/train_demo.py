@@ -80,11 +80,28 @@ def train_tokenizer(chapters):
                                    model_max_length=kArch["max_position_embeddings"])
 
 
+def cosine_lr(step, peak, warmup, steps, floor):
+    """The demo trainings' schedule: linear warmup to `peak` over `warmup` steps, then a cosine
+    from `peak` down to floor * peak at the last step (train_demo_mtp / train_demo_copy too)."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def adamw(named_params, lr):
+    """AdamW as every demo training uses it: weight decay 0.1 on matrices, none on vectors,
+    betas 0.9 / 0.95."""
+    named_params = list(named_params)
+    return torch.optim.AdamW([{"params": [p for _, p in named_params if p.dim() >= 2],
+                               "weight_decay": 0.1},
+                              {"params": [p for _, p in named_params if p.dim() < 2],
+                               "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95))
+
+
 def lr_at(step):
-    if step < kWarmup:
-        return kLr * (step + 1) / kWarmup
-    t = (step - kWarmup) / max(1, kSteps - kWarmup)
-    return kLr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+    return cosine_lr(step, kLr, kWarmup, kSteps, 0.05)
 
 
 def train(out_dir, log):
@@ -102,11 +119,7 @@ def train(out_dir, log):
     model = Qwen3ForCausalLM(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{n_params} parameters")
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=kLr, betas=(0.9, 0.95))
+    opt = adamw(model.named_parameters(), kLr)
     gen = torch.Generator().manual_seed(kSeed)
     model.train()
     t0, ema = time.time(), None

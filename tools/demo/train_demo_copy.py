@@ -23,7 +23,6 @@ passage, a newline, its first kCue tokens).
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -33,7 +32,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_demo import read_kjv, record_reference  # noqa: E402
+from train_demo import adamw, cosine_lr, read_kjv, record_reference  # noqa: E402
 
 kSeqLen = 160
 kBatch = 16
@@ -58,10 +57,7 @@ kPrompts = [kPassage + "\nAnd I heard a great voice out", "And God said"]
 
 
 def lr_at(step):
-    if step < kWarmup:
-        return kLr * (step + 1) / kWarmup
-    t = (step - kWarmup) / max(1, kSteps - kWarmup)
-    return kLr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+    return cosine_lr(step, kLr, kWarmup, kSteps, 0.1)
 
 
 def copy_accuracy(model, data, newline):
@@ -118,11 +114,7 @@ def train(args):
                                              attn_implementation="eager")
     before = copy_accuracy(model, data, newline)
     print(f"copy accuracy before: {before:.3f}", flush=True)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=kLr, betas=(0.9, 0.95))
+    opt = adamw(model.named_parameters(), kLr)
     gen = torch.Generator().manual_seed(kSeed)
     model.train()
     t0, ema = time.time(), None

@@ -24,7 +24,6 @@ Seeded (kSeed) and single-threaded; the committed files are what the tests rely 
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -110,10 +109,7 @@ class Mtp(torch.nn.Module):
 
 
 def lr_at(step):
-    if step < kWarmup:
-        return kLr * (step + 1) / kWarmup
-    t = (step - kWarmup) / max(1, kSteps - kWarmup)
-    return kLr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+    return train_demo.cosine_lr(step, kLr, kWarmup, kSteps, 0.05)
 
 
 def losses(trunk, mtp, x):
@@ -147,10 +143,7 @@ def train(out_dir, tokenizer_dir, log):
     params = list(trunk.named_parameters()) + [("mtp." + n, p) for n, p in mtp.named_parameters()]
     n_trunk = sum(p.numel() for p in trunk.parameters())
     log(f"{n_trunk} target parameters, {sum(p.numel() for p in mtp.parameters())} MTP")
-    opt = torch.optim.AdamW([{"params": [p for _, p in params if p.dim() >= 2],
-                              "weight_decay": 0.1},
-                             {"params": [p for _, p in params if p.dim() < 2],
-                              "weight_decay": 0.0}], lr=kLr, betas=(0.9, 0.95))
+    opt = train_demo.adamw(params, kLr)
     all_params = [p for _, p in params]
     gen = torch.Generator().manual_seed(kSeed)
     trunk.train()
