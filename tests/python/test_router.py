@@ -350,8 +350,15 @@ class RouterTest(unittest.TestCase):
             def served_by(send):
                 before = [r.metrics()["metrale_requests_finished_total"] for r in replicas]
                 send()
-                after = [r.metrics()["metrale_requests_finished_total"] for r in replicas]
-                home = [i for i in range(2) if after[i] > before[i]]
+                # The scheduler publishes its counters once per loop, which can come just after
+                # the reply reached the client: wait for the count rather than read it once.
+                deadline = time.monotonic() + 10
+                while True:
+                    after = [r.metrics()["metrale_requests_finished_total"] for r in replicas]
+                    home = [i for i in range(2) if after[i] > before[i]]
+                    if home or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
                 self.assertEqual(len(home), 1)
                 return home[0]
 
