@@ -43,6 +43,7 @@ decoding, in either engine, is reported (a metrale difference fails the run).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -106,12 +107,18 @@ def run(cmd: list[str], commands: list) -> subprocess.CompletedProcess:
 
 
 def padded(cache: Path, source: str, name: str) -> Path:
-    """The memory-bound copy of models/<source> (tools/demo/pad_demo.py, its defaults)."""
+    """The memory-bound copy of models/<source> (tools/demo/pad_demo.py, its defaults), made
+    again when the source's weights changed (their sha256 is kept beside the copy)."""
     out = cache / name
-    if not (out / "model.safetensors").is_file():
+    weights = REPO / "models" / source / "model.safetensors"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    stamp = out / "source.sha256"
+    if not (out / "model.safetensors").is_file() or \
+            not stamp.is_file() or stamp.read_text().strip() != digest:
         log(f"padding models/{source} -> {out}")
         subprocess.run([sys.executable, str(REPO / "tools" / "demo" / "pad_demo.py"), "--source",
                         str(REPO / "models" / source), "--out", str(out)], check=True)
+        stamp.write_text(digest + "\n")
     return out
 
 
@@ -270,6 +277,7 @@ def main() -> None:
     greedy = metrale_greedy(a, ngram_model, commands, ngram_prompt)
     results["ngram"] = {"metrale": ngram_runs, "llama_lookup": lookup_on,
                         "llama_plain": lookup_off, "metrale_greedy": greedy}
+
     def agree(x: str, y: str) -> bool:  # over the common length: llama-lookup overshoots -n
         return x[:min(len(x), len(y))] == y[:min(len(x), len(y))]
     lookup_same = all(agree(r["text"], lookup_off[0]["text"]) for r in lookup_on + lookup_off)
