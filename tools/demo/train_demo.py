@@ -100,6 +100,17 @@ def adamw(named_params, lr):
                              lr=lr, betas=(0.9, 0.95))
 
 
+def train_step(model, opt, x):
+    """One causal-LM step on the batch x (labels = inputs; the loss shifts them), gradients
+    clipped to norm 1.0; returns the loss."""
+    loss = model(input_ids=x, labels=x, use_cache=False).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
 def lr_at(step):
     return cosine_lr(step, kLr, kWarmup, kSteps, 0.05)
 
@@ -128,12 +139,7 @@ def train(out_dir, log):
             g["lr"] = lr_at(step)
         starts = torch.randint(0, data.numel() - kSeqLen, (kBatch,), generator=gen)
         x = torch.stack([data[s:s + kSeqLen] for s in starts.tolist()])
-        # The causal-LM loss shifts labels itself, so labels are the inputs.
-        loss = model(input_ids=x, labels=x, use_cache=False).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(model, opt, x)
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
         if step % 50 == 0 or step == kSteps - 1:
             log(f"step {step} loss {loss.item():.3f} ema {ema:.3f} lr {lr_at(step):.2e} "

@@ -32,7 +32,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_demo import adamw, cosine_lr, read_kjv, record_reference  # noqa: E402
+from train_demo import adamw, cosine_lr, read_kjv, record_reference, train_step  # noqa: E402
 
 kSeqLen = 160
 kBatch = 16
@@ -134,11 +134,7 @@ def train(args):
                 row = data[s:s + kSeqLen]
             rows.append(row[:kSeqLen])
         x = torch.stack(rows)
-        loss = model(input_ids=x, labels=x, use_cache=False).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(model, opt, x)
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         if step % 50 == 0 or step == kSteps - 1:
             print(f"step {step} loss {loss.item():.3f} ema {ema:.3f} lr {lr_at(step):.2e} "
