@@ -183,7 +183,13 @@ class RouterTest(unittest.TestCase):
                 chunk = next(stream)
                 for c in chunk.choices:
                     texts[c.index] += c.delta.content or ""
-            busy = [r for r in replicas if running(r) > 0]
+            # The running count is published once per scheduler loop: wait for it.
+            deadline = time.monotonic() + 10
+            while True:
+                busy = [r for r in replicas if running(r) > 0]
+                if busy or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             self.assertEqual(len(busy), 1, "one replica serves the stream")
             victim, survivor = busy[0], [r for r in replicas if r is not busy[0]][0]
 
