@@ -132,6 +132,32 @@ void check_table(const KvPageTable& t, const KvLayout& kv, size_t index) {
   }
 }
 
+// Tree verification's key remap (backend.h KeyRemap): one entry per row, each root at or below
+// the row's position, and the row's remapped indices inside its sequence, past the root.
+void check_tree(const char* op, const KeyRemap& tree, std::span<const int32_t> positions,
+                std::span<const int32_t> row_seq, std::span<const KvPageTable> seqs) {
+  if (tree.empty()) return;
+  METRALE_CHECK(tree.rows.size() == positions.size(), op, ": tree: ", tree.rows.size(),
+                " rows for ", positions.size());
+  for (size_t r = 0; r < positions.size(); ++r) {
+    const TreeKeys& t = tree.rows[r];
+    const int32_t p = positions[r];
+    METRALE_CHECK(t.root >= 0 && t.root <= p, op, ": tree: row ", r, " at position ", p,
+                  " has root ", t.root, "; expected 0..", p);
+    if (t.root == p) continue;
+    const auto n = static_cast<size_t>(p - t.root);
+    METRALE_CHECK(t.begin >= 0 && static_cast<size_t>(t.begin) + n <= tree.keys.size(), op,
+                  ": tree: row ", r, " reads keys [", t.begin, ", ", t.begin + n, ") of ",
+                  tree.keys.size());
+    const int64_t len = seqs[static_cast<size_t>(row_seq[r])].seq_len;
+    for (size_t j = 0; j < n; ++j) {
+      const int32_t k = tree.keys[static_cast<size_t>(t.begin) + j];
+      METRALE_CHECK(k > t.root && k < len, op, ": tree: row ", r, " stores key ", t.root + 1 + j,
+                    " at index ", k, ", outside (", t.root, ", ", len, ")");
+    }
+  }
+}
+
 void check_weight(std::string_view op, const WeightTensor& w) {
   METRALE_CHECK(w.data != nullptr, op, " '", w.name, "': weight has no data");
   METRALE_CHECK(w.n_out > 0 && w.n_in > 0, op, " '", w.name, "': shape [", w.n_out, ", ", w.n_in,
@@ -314,6 +340,24 @@ void Backend::kv_store(const KvStoreArgs& a) {
   do_kv_store(a);
 }
 
+void Backend::kv_move(const KvMoveArgs& a) {
+  const KvLayout& kv = a.cache.layout;
+  METRALE_CHECK(a.cache.k != nullptr && (kv.keys_only || a.cache.v != nullptr),
+                "kv_move: cache has no memory");
+  check_kv_dtype("kv_move", kv);
+  METRALE_CHECK(a.from.size() == a.to.size(), "kv_move: ", a.from.size(), " sources for ",
+                a.to.size(), " destinations");
+  for (size_t i = 0; i < a.from.size(); ++i) {
+    METRALE_CHECK(
+        a.from[i] >= 0 && a.from[i] < kv.n_slots() && a.to[i] >= 0 && a.to[i] < kv.n_slots(),
+        "kv_move: move ", i, " from slot ", a.from[i], " to ", a.to[i], " leaves the cache's [0, ",
+        kv.n_slots(), ")");
+  }
+  if (a.from.empty()) return;
+  const ObservedOp observe(*this, Op::kMemory, nullptr);
+  do_kv_move(a);
+}
+
 void Backend::attention(const AttentionArgs& a) {
   check_attention_shape(a.shape, a.cache.layout, max_head_dim());
   METRALE_CHECK(a.cache.k != nullptr && a.cache.v != nullptr, "attention: cache has no memory");
@@ -334,6 +378,7 @@ void Backend::attention(const AttentionArgs& a) {
                   " at position ", p, " is outside its sequence's ",
                   a.seqs[static_cast<size_t>(s)].seq_len, " stored tokens");
   }
+  check_tree("attention", a.tree, a.positions, a.row_seq, a.seqs);
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kAttention, nullptr);
   do_attention(a);
@@ -537,6 +582,7 @@ void Backend::latent_attention(const LatentAttentionArgs& a) {
                   " at position ", p, " is outside its sequence's ",
                   a.seqs[static_cast<size_t>(s)].seq_len, " stored tokens");
   }
+  check_tree("latent_attention", a.tree, a.positions, a.row_seq, a.seqs);
   if (n == 0) return;
   const ObservedOp observe(*this, Op::kLatentAttention, nullptr);
   do_latent_attention(a);

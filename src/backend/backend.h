@@ -182,6 +182,31 @@ struct KvStoreArgs {
   KvLayerView cache;
 };
 
+// Moves tokens within one layer's cache: for i = 0, 1, ... in order, the K and V (keys only:
+// the K) of slot from[i] are copied to slot to[i]. A tree verify's accepted rows move this way
+// to follow their context (Model::compact).
+struct KvMoveArgs {
+  KvLayerView cache;
+  std::span<const int64_t> from;  // [n] slots, page * page_size + offset
+  std::span<const int64_t> to;    // [n]
+};
+
+// Tree verification (speculative/draft_tree.h): the keys of a row that are not stored at their
+// own index. Row r at position p sees keys lo..p; keys 0..rows[r].root are stored at their own
+// index, and key root + j (1 <= j <= p - root) at index keys[rows[r].begin + j - 1] — a draft
+// tree row's ancestors below the tree's root, then the row itself, where the step stored them.
+// So a tree row's result is the one the same tokens give at consecutive indices (a chain), bit
+// for bit. A row without a tree has root = p. Empty rows: every key at its own index.
+struct TreeKeys {
+  int32_t root = 0;
+  int32_t begin = 0;
+};
+struct KeyRemap {
+  std::span<const TreeKeys> rows;  // [n_rows] or empty
+  std::span<const int32_t> keys;   // every remapped index lies in (root, the sequence's seq_len)
+  bool empty() const { return rows.empty(); }
+};
+
 struct AttentionShape {
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;  // divides n_heads (GQA); head h reads kv head h / (n_heads / n_kv)
@@ -204,6 +229,7 @@ struct AttentionArgs {
   std::span<const int32_t> row_seq;    // [n_rows] index into seqs
   std::span<const int32_t> positions;  // [n_rows] in [0, seqs[row_seq[r]].seq_len)
   AttentionShape shape;
+  KeyRemap tree;  // tree verification's rows (TreeKeys); empty: none
 };
 
 // Multi-head latent attention (DeepSeek-V2/V3 MLA) in latent space, over a keys-only cache of
@@ -232,6 +258,7 @@ struct LatentAttentionArgs {
   int64_t n_heads = 0;
   int64_t kv_rank = 0;
   float scale = 0.0f;  // the softmax scale (MLA: qk_head_dim^-0.5, YaRN-adjusted)
+  KeyRemap tree;       // tree verification's rows (TreeKeys); empty: none
 };
 
 enum class Activation : uint8_t {
@@ -544,6 +571,7 @@ class Backend {
   void rms_norm(const RmsNormArgs& a);
   void rope(const RopeArgs& a);
   void kv_store(const KvStoreArgs& a);
+  void kv_move(const KvMoveArgs& a);
   void attention(const AttentionArgs& a);
   void gated_activation(const GatedActivationArgs& a);
   void route(const RouteArgs& a);
@@ -591,6 +619,7 @@ class Backend {
   virtual void do_rms_norm(const RmsNormArgs& a) = 0;
   virtual void do_rope(const RopeArgs& a) = 0;
   virtual void do_kv_store(const KvStoreArgs& a) = 0;
+  virtual void do_kv_move(const KvMoveArgs& a) = 0;
   virtual void do_attention(const AttentionArgs& a) = 0;
   virtual void do_gated_activation(const GatedActivationArgs& a) = 0;
   virtual void do_route(const RouteArgs& a) = 0;

@@ -440,7 +440,8 @@ bool Program::accepts(const PassInputs& in) const {
   return in.n_rows == width_ && in.n_wanted == width_ &&
          in.seqs.size() == static_cast<size_t>(width_) && in.lora_slots.empty() &&
          in.n_injected == 0 && in.n_pools == 0 && in.n_pool_rows == 0 && in.observer == nullptr &&
-         !in.embed_overlays && !in.head_overlays && !in.wanted.empty() && in.wanted.front() == 0;
+         !in.embed_overlays && !in.head_overlays && in.tree.empty() && !in.wanted.empty() &&
+         in.wanted.front() == 0;
 }
 
 std::string Program::describe() const {

@@ -266,7 +266,7 @@ void run_bench(const BenchFlags& f) {
   // The speculative runs' prompt (at most a token per byte, and special tokens) and drafts.
   if (f.spec.on()) {
     tokens_per_seq = std::max(tokens_per_seq, static_cast<int64_t>(spec_text.size()) + 16 +
-                                                  f.decode_tokens + f.spec.draft_tokens + 1);
+                                                  f.decode_tokens + f.spec.max_drafts() + 1);
   }
   if (mf.kv_tokens == 0) mf.kv_tokens = std::max(longest, widest_all * tokens_per_seq) + 64;
   std::unique_ptr<Model> model = load_model(mf);
@@ -358,9 +358,10 @@ void run_bench(const BenchFlags& f) {
     if (f.spec.on()) {
       std::printf(
           "}, \"speculative\": {\"kind\": \"%s\", \"draft_tokens\": %lld, "
-          "\"prompt_tokens\": %zu, \"new_tokens\": %lld, \"batches\": {",
-          f.spec.kind.c_str(), static_cast<long long>(f.spec.draft_tokens), spec_prompt.size(),
-          static_cast<long long>(f.decode_tokens));
+          "\"draft_tree\": \"%s\", \"prompt_tokens\": %zu, \"new_tokens\": %lld, "
+          "\"batches\": {",
+          f.spec.kind.c_str(), static_cast<long long>(f.spec.draft_tokens), f.spec.tree.c_str(),
+          spec_prompt.size(), static_cast<long long>(f.decode_tokens));
       for (size_t i = 0; i < spec_runs.size(); ++i) {
         const SpecRun& r = spec_runs[i];
         std::printf(
@@ -428,8 +429,9 @@ void run_bench(const BenchFlags& f) {
   }
   if (f.spec.on()) {
     std::printf(
-        "speculative (%s, K = %lld): greedy, %zu-token prompt, %lld new tokens per stream\n",
-        f.spec.kind.c_str(), static_cast<long long>(f.spec.draft_tokens), spec_prompt.size(),
+        "speculative (%s, K = %lld%s%s): greedy, %zu-token prompt, %lld new tokens per stream\n",
+        f.spec.kind.c_str(), static_cast<long long>(f.spec.draft_tokens),
+        f.spec.tree.empty() ? "" : ", tree ", f.spec.tree.c_str(), spec_prompt.size(),
         static_cast<long long>(f.decode_tokens));
     for (const SpecRun& r : spec_runs) {
       std::printf(

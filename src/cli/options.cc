@@ -187,6 +187,11 @@ void SpeculativeFlags::add_to(CLI::App& cmd) {
                  "drafts by batch size: rungs n_max:drafts, e.g. 4:3,8:3,16:1,32:1 (the first "
                  "rung with n_max >= the sequences decoding, else the last; clamped to 1..K, an "
                  "explicit 0: no drafts at that width)");
+  cmd.add_option("--draft-tree", tree,
+                 "draft a tree per step, verified at once with tree attention: chain:K, or the "
+                 "nodes' parents, e.g. -1,-1,0,0,1 (two guesses for the next token, two after the "
+                 "first, one after the second); no deeper than --draft-tokens, no more nodes "
+                 "than --dispatch-cap; not for hybrid (Gated DeltaNet) models");
   cmd.add_option("--dispatch-cap", dispatch_cap,
                  "most draft rows one step adds over all its sequences (1..128)");
   cmd.add_option("--ngram-min", ngram_min,
@@ -209,6 +214,15 @@ void SpeculativeFlags::check() const {
   speculative::check_dispatch_cap(dispatch_cap, draft_tokens);
   drafter_context();
   if (!ladder.empty()) speculative::DraftLadder::parse(ladder, draft_tokens, "--draft-ladder");
+  if (!tree.empty()) {
+    const speculative::DraftTree t = speculative::DraftTree::parse(tree, "--draft-tree");
+    METRALE_CHECK(t.max_depth() <= draft_tokens, "--draft-tree: '", tree, "' is ", t.max_depth(),
+                  " drafts deep, deeper than --draft-tokens ", draft_tokens,
+                  " (the most one step drafts); raise --draft-tokens");
+    METRALE_CHECK(t.size() <= dispatch_cap, "--draft-tree: '", tree, "' has ", t.size(),
+                  " nodes, more than --dispatch-cap ", dispatch_cap,
+                  " (the draft rows one step adds)");
+  }
   METRALE_CHECK(ngram_min >= 1 && ngram_min <= speculative::kNgramMaxN, "--ngram-min: expected 1..",
                 speculative::kNgramMaxN, ", found ", ngram_min);
   METRALE_CHECK(ngram_max >= ngram_min && ngram_max <= speculative::kNgramMaxN,
@@ -234,7 +248,7 @@ SpeculationOptions SpeculativeFlags::options(Model& model, int64_t streams,
                   " has no MTP layers (config.json: num_nextn_predict_layers / "
                   "mtp_num_hidden_layers is 0 or absent); use --speculative ngram");
     o.proposer = MtpProposer::load(
-        model, {.kv_tokens = mtp_kv_tokens(model, streams, draft_tokens) + carry_tokens,
+        model, {.kv_tokens = mtp_kv_tokens(model, streams, max_drafts()) + carry_tokens,
                 .kv_dtype = model.kv_pool().layout().dtype});
   } else {
     o.proposer = std::make_shared<speculative::NgramProposer>(
@@ -245,7 +259,14 @@ SpeculationOptions SpeculativeFlags::options(Model& model, int64_t streams,
                  : speculative::DraftLadder::parse(ladder, draft_tokens, "--draft-ladder");
   o.dispatch_cap = dispatch_cap;
   o.drafter_prefill = drafter_context().prefill;
+  if (!tree.empty()) o.tree = speculative::DraftTree::parse(tree, "--draft-tree");
   return o;
+}
+
+int64_t SpeculativeFlags::max_drafts() const {
+  return tree.empty()
+             ? draft_tokens
+             : std::max(draft_tokens, speculative::DraftTree::parse(tree, "--draft-tree").size());
 }
 
 }  // namespace metrale::cli

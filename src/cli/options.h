@@ -55,13 +55,15 @@ struct LoraFlags {
 };
 
 // Speculative decoding: `--speculative ngram|mtp|off`, `--draft-tokens K`, `--draft-ladder
-// SPEC` (n_max:drafts rungs, speculative/ladder.h), `--dispatch-cap N`, and the n-gram
-// lookup's `--ngram-min` / `--ngram-max`.
+// SPEC` (n_max:drafts rungs, speculative/ladder.h), `--draft-tree SPEC` (a tree shape,
+// speculative/draft_tree.h), `--dispatch-cap N`, and the n-gram lookup's `--ngram-min` /
+// `--ngram-max`.
 struct SpeculativeFlags {
   std::string kind = "off";
   int64_t draft_tokens = 4;
   int64_t ngram_min = 1, ngram_max = 4;
   std::string ladder;  // "": K drafts at every batch size
+  std::string tree;    // --draft-tree SPEC (speculative/draft_tree.h); "": chains
   int64_t dispatch_cap = speculative::kDefaultDispatchCap;
   // What the drafter sees before drafting (speculative/drafter_context.h): --drafter-context
   // LIST, --drafter-prefill 0|1, --mtp-carry 0|1, and METRALE_DRAFTER_PREFILL /
@@ -70,6 +72,8 @@ struct SpeculativeFlags {
 
   void add_to(CLI::App& cmd);
   bool on() const { return kind != "off"; }
+  // The most rows one sequence's verify step adds: a tree's nodes, else K.
+  int64_t max_drafts() const;
   // The switches, from the flags and the environment (an Error naming the flag or variable
   // for a value other than "0" / "1").
   speculative::DrafterContext drafter_context() const;

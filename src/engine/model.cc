@@ -170,6 +170,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
     m->row_index_.resize(ur);
     for (size_t i = 0; i < ur; ++i) m->row_index_[i] = static_cast<int32_t>(i);
     m->slots_.resize(ur);
+    m->tree_rows_.resize(ur);
+    m->tree_keys_.resize(ur * (ur + 1) / 2);
+    m->tree_depth_.resize(ur);
     m->tables_.resize(ur);
     m->items_.resize(ur);
     m->state_runs_.resize(ur);
@@ -206,6 +209,22 @@ void Model::check_multimodal(const StepItem& it, size_t index) const {
                       (k == 0 || it.embed_rows[k] > it.embed_rows[k - 1]),
                   "step: item ", index, ": injected row ", it.embed_rows[k], " (entry ", k,
                   ") must be ascending within its ", len, " tokens");
+  }
+}
+
+void Model::check_tree(const StepItem& it, size_t index) const {
+  METRALE_CHECK(state_ == nullptr, "step: item ", index, " is a draft tree, but ",
+                config_.model_type,
+                "'s recurrent layers follow one chain of rows (verify a chain)");
+  METRALE_CHECK(it.embed_rows.empty() && it.positions3.empty(), "step: item ", index,
+                " is a draft tree with multimodal rows; a tree takes token rows only");
+  METRALE_CHECK(it.tree.size() == it.ids.size(), "step: item ", index, " has ", it.tree.size(),
+                " tree parents for ", it.ids.size(), " rows");
+  for (size_t j = 0; j < it.tree.size(); ++j) {
+    const int32_t p = it.tree[j];
+    METRALE_CHECK(j == 0 ? p == -1 : p >= 0 && static_cast<size_t>(p) < j, "step: item ", index,
+                  ": tree row ", j, " has parent ", p, "; expected ",
+                  j == 0 ? "-1 (the root)" : "an earlier row");
   }
 }
 
@@ -273,6 +292,7 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
                  std::span<float> pooled) {
   METRALE_CHECK(!items.empty(), "step: no sequences");
   int64_t n = 0, n_want = 0, n_pools = 0;
+  bool any_tree = false;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
     METRALE_CHECK(it.seq != nullptr, "step: item ", i, " has no sequence");
@@ -293,6 +313,10 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     }
     METRALE_CHECK(it.pool == PoolRows::kNone || it.logits == LogitRows::kNone, "step: item ", i,
                   " pools its rows and wants logits too; an item does one or the other");
+    if (!it.tree.empty()) {
+      check_tree(it, i);
+      any_tree = true;
+    }
     n += len;
     n_want += it.logits == LogitRows::kAll ? len : it.logits == LogitRows::kLast ? 1 : 0;
     n_pools += it.pool != PoolRows::kNone ? 1 : 0;
@@ -316,7 +340,7 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     if (have % page != 0) kv_->unshare(it.seq->block_table, have / page);
     kv_->reserve(it.seq->block_table, have + static_cast<int64_t>(it.ids.size()));
   }
-  int64_t row = 0, w = 0, n_injected = 0, n_pool_rows = 0, pools = 0;
+  int64_t row = 0, w = 0, n_injected = 0, n_pool_rows = 0, pools = 0, n_tree_keys = 0;
   pool_offsets_[0] = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
@@ -333,11 +357,34 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
     for (int64_t j = 0; j < len; ++j, ++row) {
       const auto ur = static_cast<size_t>(row);
       ids_[ur] = it.ids[static_cast<size_t>(j)];
-      positions_[ur] = static_cast<int32_t>(start + j);
+      // A tree row sits at its depth below the root; its K/V is still stored at start + j.
+      int64_t pos = start + j;
+      if (!it.tree.empty()) {
+        const int32_t parent = it.tree[static_cast<size_t>(j)];
+        const int32_t depth = parent < 0 ? 0 : tree_depth_[static_cast<size_t>(parent)] + 1;
+        tree_depth_[static_cast<size_t>(j)] = depth;
+        pos = start + depth;
+      }
+      positions_[ur] = static_cast<int32_t>(pos);
+      if (any_tree) {
+        tree_rows_[ur] = {.root = static_cast<int32_t>(pos), .begin = 0};
+        if (!it.tree.empty() && pos != start + j) {
+          // The row's keys past the root: its ancestors (root-down), then itself.
+          const auto d = static_cast<size_t>(pos - start);
+          int32_t* keys = tree_keys_.data() + n_tree_keys;
+          for (int64_t a = j, k = static_cast<int64_t>(d) - 1; a > 0;
+               a = it.tree[static_cast<size_t>(a)], --k) {
+            keys[k] = static_cast<int32_t>(start + a);
+          }
+          tree_rows_[ur] = {.root = static_cast<int32_t>(start),
+                            .begin = static_cast<int32_t>(n_tree_keys)};
+          n_tree_keys += static_cast<int64_t>(d);
+        }
+      }
       if (multimodal_rope()) {
         for (size_t a = 0; a < 3; ++a) {
           positions3_[3 * ur + a] = it.positions3.empty()
-                                        ? static_cast<int32_t>(start + j + it.seq->rope_delta)
+                                        ? static_cast<int32_t>(pos + it.seq->rope_delta)
                                         : it.positions3[static_cast<size_t>(3 * j) + a];
         }
       }
@@ -376,6 +423,10 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
       .injected_rows = std::span(injected_rows_).first(static_cast<size_t>(n_injected)),
       .row_seq = std::span(row_seq_).first(un),
       .slots = std::span(slots_).first(un),
+      .tree = any_tree
+                  ? KeyRemap{.rows = std::span(tree_rows_).first(un),
+                             .keys = std::span(tree_keys_).first(static_cast<size_t>(n_tree_keys))}
+                  : KeyRemap{},
       .lora_slots =
           any_lora ? std::span<const int32_t>(lora_slots_).first(un) : std::span<const int32_t>(),
       .wanted = std::span(want_).first(uw),
@@ -511,6 +562,48 @@ void Model::truncate(Sequence& seq, int64_t n) {
   }
   kv_->truncate(seq.block_table, n);
   seq.tokens.resize(static_cast<size_t>(n));
+}
+
+void Model::compact(Sequence& seq, int64_t keep, std::span<const int64_t> rows) {
+  const auto have = static_cast<int64_t>(seq.tokens.size());
+  METRALE_CHECK(state_ == nullptr || rows.empty(), "compact: ", config_.model_type,
+                "'s recurrent state cannot skip tokens (truncate instead)");
+  METRALE_CHECK(keep >= 0 && keep <= have, "compact: keep ", keep, " tokens of a sequence of ",
+                have);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    METRALE_CHECK(rows[i] >= keep + static_cast<int64_t>(i) && rows[i] < have &&
+                      (i == 0 || rows[i] > rows[i - 1]),
+                  "compact: row ", i, " is token ", rows[i], "; expected ascending tokens in [",
+                  keep, ", ", have, ")");
+  }
+  const int64_t page = kv_->page_size();
+  // A page the moves write into may be shared (the prefix cache): write into a copy.
+  int64_t unshared = -1;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t to = keep + static_cast<int64_t>(i);
+    if (rows[i] == to || to / page == unshared) continue;
+    unshared = to / page;
+    kv_->unshare(seq.block_table, unshared);
+  }
+  move_from_.clear();
+  move_to_.clear();
+  const KvPageTable table{.block_table = seq.block_table, .seq_len = have};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t to = keep + static_cast<int64_t>(i);
+    seq.tokens[static_cast<size_t>(to)] = seq.tokens[static_cast<size_t>(rows[i])];
+    if (rows[i] == to) continue;
+    move_from_.push_back(table.slot(rows[i], page));
+    move_to_.push_back(table.slot(to, page));
+  }
+  // Moves in ascending order never read what an earlier one wrote: row i's source lies past
+  // every earlier destination.
+  if (!move_from_.empty()) {
+    for (const KvLayerView& l : kv_views_) {
+      if (l.k == nullptr) continue;  // a layer that keeps nothing
+      backend_->kv_move({.cache = l, .from = move_from_, .to = move_to_});
+    }
+  }
+  truncate(seq, keep + static_cast<int64_t>(rows.size()));
 }
 
 void Model::adopt_prefix(Sequence& seq, std::span<const int32_t> tokens,

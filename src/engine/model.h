@@ -103,6 +103,15 @@ struct StepItem {
   // embeds.row(k) [hidden] is the input of row embed_rows[k] (ascending, in [0, ids.size())).
   ConstRows embeds{};
   std::span<const int32_t> embed_rows;
+  // Tree verification (speculative/draft_tree.h): [ids.size()] the parent row of each row
+  // within the item, -1 for row 0 (the tree's root) and an earlier row for every other; empty:
+  // a chain (row j after row j - 1). Row j sits at position start + depth(j) (start: the
+  // tokens cached before the step; the root's depth is 0) and sees the context and its own
+  // ancestors, as if they were the only rows — its logits are bit for bit the ones the same
+  // path gives as a chain. Its K/V is stored at index start + j, and the sequence's tokens
+  // gain the rows in item order: compact() keeps one path. Not with multimodal rows or
+  // recurrent layers (a Gated DeltaNet state follows one chain of rows).
+  std::span<const int32_t> tree;
 };
 
 class Model {
@@ -183,6 +192,11 @@ class Model {
   // n >= seq.state_floor (the ring keeps the state after each of the last ring_depth tokens
   // of steps of at most ring_depth + 1 tokens; a longer step keeps only its final state).
   void truncate(Sequence& seq, int64_t n);
+  // Keeps the first `keep` tokens of `seq`, then its tokens at indices rows[0] < rows[1] < ...
+  // (each at or past `keep`), moving their K/V to indices keep, keep + 1, ...; the rest is
+  // dropped as truncate() drops it. A tree verify's accepted path is kept this way. Throws
+  // (seq unchanged) on rows out of order or range, and for models with recurrent layers.
+  void compact(Sequence& seq, int64_t keep, std::span<const int64_t> rows);
   // Returns the sequence's pages to the pool and empties it (and drops its adapter).
   void release(Sequence& seq);
 
@@ -217,6 +231,8 @@ class Model {
  private:
   Model() = default;
   void check_ids(std::span<const int32_t> ids) const;
+  // Throws unless a draft tree item's parents make a tree of its rows and the model can run it.
+  void check_tree(const StepItem& item, size_t index) const;
   // Throws unless the item's (t, h, w) positions and injected embeddings fit it and the model.
   void check_multimodal(const StepItem& item, size_t index) const;
   // Hybrid models: gives each item's sequence a state slot if it has none, and points
@@ -277,6 +293,10 @@ class Model {
   Buffer injected_;  // [max_rows, injected_cols()] the step's injected rows (backend memory)
   int64_t injected_stride_ = 0;
   std::vector<int64_t> slots_;
+  std::vector<TreeKeys> tree_rows_;           // [max_rows] tree verification (StepItem::tree)
+  std::vector<int32_t> tree_keys_;            // [max_rows * (max_rows + 1) / 2]
+  std::vector<int32_t> tree_depth_;           // [max_rows] one item's rows' depths
+  std::vector<int64_t> move_from_, move_to_;  // compact()'s moves
   std::vector<KvPageTable> tables_;
   std::vector<StateRun> state_runs_;   // [items] hybrid models: each sequence's state blocks
   std::vector<std::byte*> state_out_;  // [rows] the blocks after each row (StateRun::out)

@@ -38,6 +38,20 @@ int32_t first_argmax(const float* v, int64_t n) {
   return static_cast<int32_t>(best);
 }
 
+// The `ranks` best entries of v in descending order, ties to the lower index (so the first is
+// first_argmax's), appended to `out`.
+void append_best(const float* v, int64_t n, int64_t ranks, std::vector<int32_t>& out) {
+  const size_t base = out.size();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto have = static_cast<int64_t>(out.size() - base);
+    if (have == ranks && !(v[i] > v[out.back()])) continue;
+    if (have == ranks) out.pop_back();
+    auto at = out.end();
+    while (at != out.begin() + static_cast<ptrdiff_t>(base) && v[i] > v[*(at - 1)]) --at;
+    out.insert(at, static_cast<int32_t>(i));
+  }
+}
+
 }  // namespace
 
 void MtpProposer::check_ids(std::span<const int32_t> ids, std::string_view call) const {
@@ -335,7 +349,9 @@ void MtpProposer::do_propose_batch(std::span<const ProposeArgs> args,
       const int64_t logit_row = w++;
       if (!rows[r].want) continue;
       const size_t ai = row_active[r];
-      drafts[active[ai]].push_back(first_argmax(logits_.data() + logit_row * vocab_, vocab_));
+      const float* row_logits = logits_.data() + logit_row * vocab_;
+      drafts[active[ai]].push_back(first_argmax(row_logits, vocab_));
+      if (ranks_ > 1) append_best(row_logits, vocab_, ranks_, ranked_[active[ai]]);
       be.copy(chain + ai * stride, chained(static_cast<int64_t>(r), logit_row), H * sizeof(float));
     }
     rows.clear();
@@ -397,6 +413,43 @@ void MtpProposer::do_propose_batch(std::span<const ProposeArgs> args,
     }
     if (!any) break;
     run_rows();
+  }
+}
+
+void MtpProposer::do_propose_tree_batch(std::span<const speculative::ProposeArgs> args,
+                                        const speculative::DraftTree& shape,
+                                        std::span<speculative::TreeDrafts> out) {
+  // The most children a main-chain node (or the root) has in the shape.
+  auto ranks = static_cast<int64_t>(shape.children(-1).size());
+  for (int64_t at = -1, k = 0; k < shape.size(); ++k) {
+    if (shape.parent(k) != at) continue;
+    at = k;
+    ranks = std::max(ranks, static_cast<int64_t>(shape.children(k).size()));
+  }
+  std::vector<speculative::ProposeArgs> chain_args(args.begin(), args.end());
+  for (speculative::ProposeArgs& a : chain_args) a.n = std::min(a.n, shape.main_depth());
+  std::vector<std::vector<int32_t>> chains(args.size());
+  ranks_ = ranks;
+  ranked_.assign(args.size(), {});
+  try {
+    do_propose_batch(chain_args, chains);
+  } catch (...) {
+    ranks_ = 1;
+    throw;
+  }
+  ranks_ = 1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::vector<int32_t>& best = ranked_[i];
+    const auto rows = static_cast<int64_t>(chains[i].size());
+    // Handle: the main-chain depth of the node (0: the root), or -1 off the main chain.
+    speculative::fill_tree(
+        shape, chain_args[i].n, 0,
+        [&](int64_t depth, int64_t rank) {
+          if (depth < 0 || depth >= rows || rank >= ranks) return speculative::TreeGuess{};
+          return speculative::TreeGuess{.token = best[static_cast<size_t>(depth * ranks + rank)],
+                                        .handle = rank == 0 ? depth + 1 : -1};
+        },
+        out[i]);
   }
 }
 

@@ -99,6 +99,12 @@ class MtpProposer final : public speculative::DraftProposer {
   void do_propose(const speculative::ProposeArgs& args, std::vector<int32_t>& drafts) override;
   void do_propose_batch(std::span<const speculative::ProposeArgs> args,
                         std::span<std::vector<int32_t>> drafts) override;
+  // Trees: the main chain as propose_batch drafts it; a main-chain node's (and the root's)
+  // c-th child is the drafter's c-th best token at that row (ties: the lower id). Nodes below
+  // a non-first child have no drafter row to come from and are left out.
+  void do_propose_tree_batch(std::span<const speculative::ProposeArgs> args,
+                             const speculative::DraftTree& shape,
+                             std::span<speculative::TreeDrafts> out) override;
   void do_after_verify(speculative::ProposerState& state, int64_t drafted,
                        int64_t accepted) override;
   void do_catchup(speculative::ProposerState& state, const speculative::CatchupRows& rows) override;
@@ -154,6 +160,10 @@ class MtpProposer final : public speculative::DraftProposer {
   std::vector<int64_t> slots_;
   std::vector<KvPageTable> tables_;
   std::vector<State*> seqs_;
+  // Trees: the best ranks_ tokens of each drafted row, per sequence (do_propose_batch fills
+  // them when ranks_ > 1): ranked_[i][j * ranks_ + c] is draft j + 1's c-th best.
+  int64_t ranks_ = 1;
+  std::vector<std::vector<int32_t>> ranked_;
   Buffer chain_;  // [sequences, padded H] each proposing sequence's last output row
   int64_t chain_rows_ = 0;
 };

@@ -24,6 +24,14 @@ int64_t pages_needed(const KvPool& kv, const Sequence& seq, int64_t rows) {
   return need;
 }
 
+// The first child of row `row` among a tree step's rows (-1: none).
+int64_t first_child(std::span<const int32_t> parents, int64_t row) {
+  for (size_t c = static_cast<size_t>(row) + 1; c < parents.size(); ++c) {
+    if (parents[c] == row) return static_cast<int64_t>(c);
+  }
+  return -1;
+}
+
 }  // namespace
 
 Speculator::Speculator(Model& model, SpeculationOptions options)
@@ -34,6 +42,14 @@ Speculator::Speculator(Model& model, SpeculationOptions options)
   METRALE_CHECK(!p.needs_hidden() || p.hidden_size() == model_.config().hidden_size,
                 "speculative: the ", p.name(), " drafter reads hidden rows of ", p.hidden_size(),
                 " values, but the model's hidden size is ", model_.config().hidden_size);
+  METRALE_CHECK(!options_.tree.has_value() || model_.state_pool() == nullptr,
+                "--draft-tree: ", model_.config().model_type,
+                "'s recurrent layers keep one state per chain of rows, so it verifies chains "
+                "only (drop --draft-tree, or give it chain:K)");
+  METRALE_CHECK(!options_.tree.has_value() || options_.tree->size() <= options_.dispatch_cap,
+                "--draft-tree: a tree of ", options_.tree.has_value() ? options_.tree->size() : 0,
+                " nodes exceeds the dispatch cap of ", options_.dispatch_cap,
+                " draft rows per step (--dispatch-cap)");
 }
 
 Speculator::~Speculator() = default;
@@ -229,6 +245,7 @@ void Speculator::plan(std::span<DecodeStream* const> streams, int64_t max_draft_
                   " tokens, its generation's input ", s->gen->input().size(),
                   " (expected every accepted token but the last)");
     s->ids.assign(1, s->gen->input().back());
+    s->parents.clear();
     s->proposed = 0;
     // A plan whose step never ran (a failed or rebuilt step) verified nothing.
     abandon(*s);
@@ -251,13 +268,18 @@ void Speculator::plan(std::span<DecodeStream* const> streams, int64_t max_draft_
   }
   if (drafting_.empty()) return;
   const size_t n = drafting_.size();
-  proposed_.resize(n);
-  p.propose_batch(args_, std::span(proposed_).first(n));
+  const bool tree = options_.tree.has_value();
   counts_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    drafting_[i]->proposed = static_cast<int64_t>(proposed_[i].size());
-    counts_[i] = drafting_[i]->proposed;
+  if (tree) {
+    trees_.resize(n);
+    p.propose_tree_batch(args_, *options_.tree, std::span(trees_).first(n));
+    for (size_t i = 0; i < n; ++i) counts_[i] = trees_[i].size();
+  } else {
+    proposed_.resize(n);
+    p.propose_batch(args_, std::span(proposed_).first(n));
+    for (size_t i = 0; i < n; ++i) counts_[i] = static_cast<int64_t>(proposed_[i].size());
   }
+  for (size_t i = 0; i < n; ++i) drafting_[i]->proposed = counts_[i];
   speculative::fit_dispatch_cap(
       std::span(counts_).first(n),
       std::max<int64_t>(std::min(options_.dispatch_cap, max_draft_rows), 0));
@@ -271,7 +293,16 @@ void Speculator::plan(std::span<DecodeStream* const> streams, int64_t max_draft_
     int64_t& k = counts_[i];
     while (k > 0 && pages_needed(kv, *s.seq, 1 + k) - base > spare) --k;
     spare -= pages_needed(kv, *s.seq, 1 + k) - base;
-    s.ids.insert(s.ids.end(), proposed_[i].begin(), proposed_[i].begin() + k);
+    if (!tree) {
+      s.ids.insert(s.ids.end(), proposed_[i].begin(), proposed_[i].begin() + k);
+      continue;
+    }
+    // The tree's first k nodes (parents come first, so they are a tree), below row 0.
+    const speculative::TreeDrafts& t = trees_[i];
+    s.ids.insert(s.ids.end(), t.tokens.begin(), t.tokens.begin() + k);
+    s.parents.assign(1, -1);
+    for (int64_t j = 0; j < k; ++j)
+      s.parents.push_back(static_cast<int32_t>(t.parents[static_cast<size_t>(j)] + 1));
   }
 }
 
@@ -285,45 +316,102 @@ void Speculator::finish(DecodeStream& s, std::span<float> logits, ConstRows hidd
   METRALE_CHECK(have >= 0 && std::equal(s.ids.begin(), s.ids.end(), s.seq->tokens.end() - rows),
                 "speculative: finish: the sequence does not end with the step's rows");
   Generation& g = *s.gen;
-  // Row i is picked as plain decoding picks it, after the drafts before it were accepted.
-  int64_t accepted = 0;
+  const bool tree = !s.parents.empty();
+  // Row i is picked as plain decoding picks it, after the drafts before it were accepted; the
+  // next row is the one drafted after it (a chain's i + 1; in a tree, the child of row i whose
+  // draft is the pick).
+  path_.clear();  // the accepted rows after row 0
   bool ended_on_draft = false;
-  for (int64_t i = 0; i <= n; ++i) {
+  for (int64_t i = 0;;) {
     const int32_t tok = g.pick(logits.subspan(static_cast<size_t>(i) * V, V), scratch_);
     g.accept(tok);
-    if (i == n || tok != s.ids[static_cast<size_t>(i + 1)]) break;
-    ++accepted;
+    int64_t next = -1;
+    if (!tree) {
+      if (i < n && tok == s.ids[static_cast<size_t>(i + 1)]) next = i + 1;
+    } else {
+      for (int64_t c = i + 1; c <= n && next < 0; ++c) {
+        if (s.parents[static_cast<size_t>(c)] == i && s.ids[static_cast<size_t>(c)] == tok)
+          next = c;
+      }
+    }
+    if (next < 0) break;
+    path_.push_back(next);
+    i = next;
     if (g.ended()) {
       ended_on_draft = true;
       break;
     }
   }
+  const auto accepted = static_cast<int64_t>(path_.size());
   // Keep t and the accepted drafts, but not one that ended the stream: plain decoding never
   // feeds the token that ends it.
-  model_.truncate(*s.seq, have + 1 + accepted - (ended_on_draft ? 1 : 0));
+  const int64_t kept = accepted - (ended_on_draft ? 1 : 0);
+  if (tree) {
+    keep_rows_.clear();
+    for (int64_t j = 0; j < kept; ++j) keep_rows_.push_back(have + path_[static_cast<size_t>(j)]);
+    model_.compact(*s.seq, have + 1, keep_rows_);
+  } else {
+    model_.truncate(*s.seq, have + 1 + kept);
+  }
   if (n > 0) {
     ++s.counts.verify_steps;
     s.counts.drafted += n;
     s.counts.accepted += accepted;
     constexpr auto kAt = static_cast<int64_t>(SpeculationCounts::kPositions);
-    for (int64_t i = 0; i < std::min(n, kAt); ++i) ++s.counts.drafted_at[static_cast<size_t>(i)];
+    // Draft positions are depths: a tree feeds several drafts at one.
+    int64_t deepest = n;
+    if (tree) {
+      std::vector<int64_t> depth(static_cast<size_t>(rows), 0);
+      deepest = 0;
+      for (int64_t r = 1; r < rows; ++r) {
+        depth[static_cast<size_t>(r)] =
+            depth[static_cast<size_t>(s.parents[static_cast<size_t>(r)])] + 1;
+        deepest = std::max(deepest, depth[static_cast<size_t>(r)]);
+      }
+    }
+    for (int64_t i = 0; i < std::min(deepest, kAt); ++i)
+      ++s.counts.drafted_at[static_cast<size_t>(i)];
     for (int64_t i = 0; i < std::min(accepted, kAt); ++i)
       ++s.counts.accepted_at[static_cast<size_t>(i)];
   }
   if (s.drafter == nullptr) return;
   speculative::DraftProposer& p = *options_.proposer;
-  p.after_verify(*s.drafter, accepted);
-  if (!p.needs_hidden()) return;
+  // The drafter's own drafts are the main chain (a chain: all of them); the path begins with
+  // `on_main` of them.
+  int64_t on_main = 0;
+  for (int64_t j = 0, at = 0; j < accepted; ++j) {
+    const int64_t row = path_[static_cast<size_t>(j)];
+    if (tree && first_child(s.parents, at) != row) break;
+    ++on_main;
+    at = row;
+  }
+  p.after_verify(*s.drafter, on_main);
+  path_ids_.clear();
+  for (const int64_t row : path_) path_ids_.push_back(s.ids[static_cast<size_t>(row)]);
+  if (!p.needs_hidden()) {
+    // A path that left the drafter's chain: the tokens it holds past the chain are not the ones
+    // accepted.
+    if (on_main < accepted) p.catchup(*s.drafter, {.first_key = have, .ids = path_ids_});
+    return;
+  }
   const int64_t H = model_.config().hidden_size;
   METRALE_CHECK(hidden.n_rows == rows && hidden.n_cols == H, "speculative: finish: ", hidden.n_rows,
                 " hidden rows of ", hidden.n_cols, " for ", rows, " rows of ", H);
+  // Key have + j reads the accepted token j + 1 and the hidden of the row before it on the path.
+  const int64_t last_row = accepted > 0 ? path_.back() : 0;
   if (accepted > 0) {
-    p.catchup(*s.drafter,
-              {.first_key = have,
-               .ids = std::span<const int32_t>(s.ids).subspan(1, static_cast<size_t>(accepted)),
-               .hidden = {hidden.data, accepted, H, hidden.stride}});
+    ConstRows path_hidden{hidden.data, accepted, H, hidden.stride};
+    if (tree) {
+      path_hidden_.resize(static_cast<size_t>(accepted * H));
+      for (int64_t j = 0; j < accepted; ++j) {
+        const int64_t row = j == 0 ? 0 : path_[static_cast<size_t>(j - 1)];
+        std::copy_n(hidden.row(row), H, path_hidden_.data() + j * H);
+      }
+      path_hidden = rows_of(path_hidden_.data(), accepted, H);
+    }
+    p.catchup(*s.drafter, {.first_key = have, .ids = path_ids_, .hidden = path_hidden});
   }
-  s.last_hidden.assign(hidden.row(accepted), hidden.row(accepted) + H);
+  s.last_hidden.assign(hidden.row(last_row), hidden.row(last_row) + H);
 }
 
 void Speculator::step(std::span<DecodeStream* const> streams) {
@@ -337,7 +425,8 @@ void Speculator::step(std::span<DecodeStream* const> streams) {
     items_.clear();
     size_t rows = 0;
     for (DecodeStream* s : group) {
-      items_.push_back({.seq = s->seq, .ids = s->ids, .logits = LogitRows::kAll});
+      items_.push_back(
+          {.seq = s->seq, .ids = s->ids, .logits = LogitRows::kAll, .tree = s->parents});
       rows += s->ids.size();
     }
     logits_.resize(rows * V);

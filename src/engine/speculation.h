@@ -24,6 +24,13 @@
 //    (A drafter that samples its drafts from a distribution q would need verify_sampled's
 //    general form; DraftProposer hands over tokens only, so none does yet.)
 //
+// Trees (SpeculationOptions::tree): the rows are t and the tree's nodes, each seeing only its
+// ancestors; the walk starts at t's row, picks as above, and goes on into the child whose draft
+// equals the pick (siblings never share one), so the emitted tokens are again exactly the plain
+// picks — greedy and seeded sampling alike. The accepted path is then compacted to follow t
+// (Model::compact), and the drafter hears it: after_verify with the main chain's accepted
+// nodes, catchup with the path.
+//
 // Rollback: the sequence then keeps t, the accepted drafts, and nothing of the rows after them
 // (Model::truncate: KV pages go back to the pool; a hybrid model's recurrent state comes from
 // the state pool's ring, which keeps the state after every row of a step of at most
@@ -44,6 +51,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -62,6 +70,11 @@ struct SpeculationOptions {
   speculative::DraftLadder ladder = speculative::DraftLadder::constant(4);
   // Draft rows one step may add over all its streams (1..128).
   int64_t dispatch_cap = speculative::kDefaultDispatchCap;
+  // Draft trees (speculative/draft_tree.h, `--draft-tree`): each stream drafts a tree of this
+  // shape (DraftProposer::propose_tree_batch) no deeper than its draft count, verified in the
+  // same one step with tree attention (StepItem::tree); the accepted path is compacted into
+  // place (Model::compact). None: chains. Not for models with recurrent layers.
+  std::optional<speculative::DraftTree> tree;
   // Drafter prefill (speculative/drafter_context.h): a hidden-reading drafter is prefilled over
   // the prompt's hidden rows. Off: it starts at the prompt's last key (start_drafter) and needs
   // only the last prompt row's hidden, so prefill() asks no logits but the last row's, a
@@ -105,6 +118,7 @@ struct DecodeStream {
   // The Speculator's:
   std::unique_ptr<speculative::ProposerState> drafter;
   std::vector<int32_t> ids;        // this step's rows: the last accepted token, then the drafts
+  std::vector<int32_t> parents;    // tree drafting: each row's parent row (-1: row 0); else empty
   std::vector<float> last_hidden;  // hidden-reading proposers: the row that produced `last`
   int64_t proposed = 0;            // drafts the proposer returned this step (before the caps)
 };
@@ -195,6 +209,11 @@ class Speculator {
   std::vector<speculative::ProposeArgs> args_;
   std::vector<DecodeStream*> drafting_;  // plan()'s streams with a drafter
   std::vector<std::vector<int32_t>> proposed_;
+  std::vector<speculative::TreeDrafts> trees_;
+  std::vector<float> path_hidden_;  // finish(): a tree path's hidden rows, gathered
+  std::vector<int64_t> path_;       // finish(): the accepted rows after row 0
+  std::vector<int64_t> keep_rows_;  // finish(): the sequence's indices of the rows it keeps
+  std::vector<int32_t> path_ids_;   // finish(): the accepted drafts
   std::vector<int64_t> counts_;
   std::vector<StepItem> items_;
 };

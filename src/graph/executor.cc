@@ -189,7 +189,8 @@ void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {
                           .seqs = in.seqs,
                           .row_seq = in.row_seq,
                           .positions = in.positions,
-                          .shape = n.shape});
+                          .shape = n.shape,
+                          .tree = in.tree});
           },
           [&](const node::LatentAttention& n) {
             be.latent_attention({.q_latent = rows(n.q_latent),
@@ -204,7 +205,8 @@ void Executor::run_node(Backend& be, const Node& node, const PassInputs& in) {
                                  .positions = in.positions,
                                  .n_heads = n.n_heads,
                                  .kv_rank = n.kv_rank,
-                                 .scale = n.scale});
+                                 .scale = n.scale,
+                                 .tree = in.tree});
           },
           [&](const node::GatedActivation& n) {
             be.gated_activation(

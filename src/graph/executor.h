@@ -52,6 +52,9 @@ struct PassInputs {
   std::span<const float> pos_weights;  // [n_rows * 4]
   std::span<const int32_t> row_seq;    // [n_rows] index of each row's sequence in `seqs`
   std::span<const int64_t> slots;      // [n_rows] KV slot each row's K/V is stored to
+  // Tree verification (backend.h KeyRemap): the rows whose keys are stored away from their own
+  // index; empty when no row of the pass is a tree row.
+  KeyRemap tree;
   // [n_rows] LoRA slot of each row (-1: base weights); empty when no row has one.
   std::span<const int32_t> lora_slots;
   std::span<const int32_t> wanted;             // [n_wanted] rows that want logits, ascending

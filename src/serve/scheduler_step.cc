@@ -16,6 +16,7 @@ int64_t Scheduler::decode_width(const Active& a) const {
   if (a.embeds()) return 0;  // an embedding input never grows past its input
   if (!a.speculative) return 1;
   int64_t drafts = spec_.options().ladder.num_drafts();
+  if (spec_.options().tree.has_value()) drafts = spec_.options().tree->size();
   if (const StatePool* state = model_.state_pool(); state != nullptr) {
     drafts = std::min(drafts, state->plan().ring_depth);
   }
@@ -142,7 +143,8 @@ bool Scheduler::build_step() {
     spec_.plan(decoding_, model_.max_rows() - static_cast<int64_t>(decoding_.size()));
     for (Active* a : decoders) {
       const auto len = static_cast<int64_t>(a->ds.ids.size());
-      items_.push_back({.seq = &a->seq, .ids = a->ds.ids, .logits = LogitRows::kAll});
+      items_.push_back(
+          {.seq = &a->seq, .ids = a->ds.ids, .logits = LogitRows::kAll, .tree = a->ds.parents});
       step_rows_.push_back({.owner = a, .decoding = true, .wanted = len});
       rows += len;
     }

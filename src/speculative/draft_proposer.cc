@@ -116,6 +116,77 @@ void DraftProposer::do_propose_batch(std::span<const ProposeArgs> args,
   for (size_t i = 0; i < args.size(); ++i) do_propose(args[i], drafts[i]);
 }
 
+std::vector<int64_t> TreeDrafts::main_chain() const {
+  std::vector<int64_t> chain;
+  int64_t at = -1;
+  for (int64_t i = 0; i < size(); ++i) {
+    if (parents[static_cast<size_t>(i)] != at) continue;
+    chain.push_back(i);  // the first child of `at`: nodes come after their parent, in rank order
+    at = i;
+  }
+  return chain;
+}
+
+void DraftProposer::propose_tree_batch(std::span<const ProposeArgs> args, const DraftTree& shape,
+                                       std::span<TreeDrafts> out) {
+  METRALE_CHECK(args.size() == out.size(), name(), " proposer: propose_tree_batch: ", args.size(),
+                " sequences but ", out.size(), " trees");
+  std::unordered_set<const ProposerState*> seen;
+  for (const ProposeArgs& a : args) {
+    check_propose(a);
+    METRALE_CHECK(seen.insert(a.state).second, name(),
+                  " proposer: propose_tree_batch: one state appears twice");
+  }
+  for (TreeDrafts& t : out) t.clear();
+  do_propose_tree_batch(args, shape, out);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const TreeDrafts& t = out[i];
+    METRALE_CHECK(t.tokens.size() == t.parents.size() && t.size() <= shape.size(), name(),
+                  " proposer: a draft tree of ", t.tokens.size(), " tokens and ", t.parents.size(),
+                  " parents, for a shape of ", shape.size(), " nodes");
+    std::vector<int64_t> depth(t.tokens.size());
+    for (int64_t k = 0; k < t.size(); ++k) {
+      const int64_t p = t.parents[static_cast<size_t>(k)];
+      METRALE_CHECK(p >= -1 && p < k && t.tokens[static_cast<size_t>(k)] >= 0, name(),
+                    " proposer: draft tree node ", k, " has parent ", p, " and token ",
+                    t.tokens[static_cast<size_t>(k)]);
+      depth[static_cast<size_t>(k)] = p < 0 ? 1 : depth[static_cast<size_t>(p)] + 1;
+      METRALE_CHECK(depth[static_cast<size_t>(k)] <= args[i].n, name(), " proposer: draft tree ",
+                    "node ", k, " at depth ", depth[static_cast<size_t>(k)], ", at most ",
+                    args[i].n, " were asked for");
+      for (int64_t j = 0; j < k; ++j) {
+        METRALE_CHECK(t.parents[static_cast<size_t>(j)] != p ||
+                          t.tokens[static_cast<size_t>(j)] != t.tokens[static_cast<size_t>(k)],
+                      name(), " proposer: draft tree nodes ", j, " and ", k,
+                      " are siblings with one token");
+      }
+    }
+    args[i].state->outstanding_ = static_cast<int64_t>(t.main_chain().size());
+    args[i].state->last_position_ = args[i].position;
+  }
+}
+
+void DraftProposer::do_propose_tree_batch(std::span<const ProposeArgs> args, const DraftTree& shape,
+                                          std::span<TreeDrafts> out) {
+  const int64_t main_depth = shape.main_depth();
+  std::vector<ProposeArgs> chain_args(args.begin(), args.end());
+  for (ProposeArgs& a : chain_args) a.n = std::min(a.n, main_depth);
+  std::vector<std::vector<int32_t>> chains(args.size());
+  do_propose_batch(chain_args, chains);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::vector<int32_t>& c = chains[i];
+    // Handle: the depth reached along the chain; only first children have a guess.
+    fill_tree(
+        shape, chain_args[i].n, 0,
+        [&](int64_t depth, int64_t rank) {
+          return rank == 0 && depth < static_cast<int64_t>(c.size())
+                     ? TreeGuess{.token = c[static_cast<size_t>(depth)], .handle = depth + 1}
+                     : TreeGuess{};
+        },
+        out[i]);
+  }
+}
+
 void DraftProposer::after_verify(ProposerState& state, int64_t accepted) {
   check_owned(state, "after_verify");
   METRALE_CHECK(state.outstanding_ >= 0, name(),

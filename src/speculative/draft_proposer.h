@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backend/rows.h"
+#include "speculative/draft_tree.h"
 
 namespace metrale::speculative {
 
@@ -87,6 +88,53 @@ struct CatchupRows {
   ConstRows hidden;  // ids.size() rows, or 0 rows for a proposer that reads no hiddens
 };
 
+// One sequence's draft tree (draft_tree.h): node i's token and its parent (-1: the root, the
+// `last` token), parents first. A node's children are in rank order — the first is the
+// proposer's best guess — so the first children from the root form the main chain: the drafts
+// propose() gives. Siblings never share a token.
+struct TreeDrafts {
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> parents;
+
+  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+  void clear() {
+    tokens.clear();
+    parents.clear();
+  }
+  // The nodes of the main chain, root-down.
+  std::vector<int64_t> main_chain() const;
+};
+
+// Fills `out` along `shape`: node k of the shape, the c-th child of its parent, asks
+// guess(parent's handle, c) for its token and handle (a token < 0: none, and the node is left
+// out with its subtree); the root's handle is `root`. Nodes deeper than max_depth are left out.
+// Proposers keep what a handle means (a trie node, a drafter row).
+struct TreeGuess {
+  int32_t token = -1;
+  int64_t handle = 0;
+};
+template <typename Guess>
+void fill_tree(const DraftTree& shape, int64_t max_depth, int64_t root, Guess&& guess,
+               TreeDrafts& out) {
+  out.clear();
+  std::vector<int64_t> node_of(static_cast<size_t>(shape.size()), -1);  // shape -> out node
+  std::vector<int64_t> handle_of;
+  std::vector<int64_t> rank(static_cast<size_t>(shape.size()) + 1, 0);  // children seen, by parent
+  for (int64_t k = 0; k < shape.size(); ++k) {
+    const int64_t p = shape.parent(k);
+    const int64_t c = rank[static_cast<size_t>(p + 1)]++;
+    if (shape.depth(k) > max_depth) continue;
+    const int64_t op = p < 0 ? -1 : node_of[static_cast<size_t>(p)];
+    if (p >= 0 && op < 0) continue;  // its parent was left out
+    const TreeGuess g = guess(op < 0 ? root : handle_of[static_cast<size_t>(op)], c);
+    if (g.token < 0) continue;
+    node_of[static_cast<size_t>(k)] = out.size();
+    out.tokens.push_back(g.token);
+    out.parents.push_back(op);
+    handle_of.push_back(g.handle);
+  }
+}
+
 class DraftProposer {
  public:
   DraftProposer() = default;
@@ -117,6 +165,15 @@ class DraftProposer {
   // The same for many sequences at once (one state each, distinct); drafts[i] answers args[i].
   // Proposers without a batched form run one propose() per sequence.
   void propose_batch(std::span<const ProposeArgs> args, std::span<std::vector<int32_t>> drafts);
+  // Tree drafting: out[i] gets a draft tree for args[i] whose nodes follow `shape` (fill_tree:
+  // the c-th child of a node holds the proposer's c-th guess after its parent's path; a node it
+  // has no guess for is left out with its subtree), at depth at most args[i].n. The main chain
+  // is what propose() would draft, and counts as the drafts after_verify() answers: accepted is
+  // how many of its nodes the verified path begins with. A path that leaves the main chain is
+  // handed back by catchup() (the Speculator does it). Proposers without a tree of their own
+  // draft the main chain only.
+  void propose_tree_batch(std::span<const ProposeArgs> args, const DraftTree& shape,
+                          std::span<TreeDrafts> out);
   // `accepted` (0 .. the last propose()'s draft count) of the state's drafts were accepted.
   void after_verify(ProposerState& state, int64_t accepted);
   // Appends rows the drafter missed; keys at or past the context's end, contiguous with it.
@@ -134,6 +191,10 @@ class DraftProposer {
   virtual void do_propose(const ProposeArgs& args, std::vector<int32_t>& drafts) = 0;
   virtual void do_propose_batch(std::span<const ProposeArgs> args,
                                 std::span<std::vector<int32_t>> drafts);
+  // The default: do_propose_batch's chains (at most the shape's main-chain depth), on the
+  // shape's main chain.
+  virtual void do_propose_tree_batch(std::span<const ProposeArgs> args, const DraftTree& shape,
+                                     std::span<TreeDrafts> out);
   // `drafted`: what the last propose() returned.
   virtual void do_after_verify(ProposerState& state, int64_t drafted, int64_t accepted) = 0;
   virtual void do_catchup(ProposerState& state, const CatchupRows& rows) = 0;

@@ -78,6 +78,16 @@ bool DraftTree::is_chain() const {
   return true;
 }
 
+int64_t DraftTree::main_depth() const {
+  int64_t at = -1, depth = 0;
+  for (int64_t k = 0; k < size(); ++k) {
+    if (parent(k) != at) continue;
+    at = k;  // the first child of the node before: children come after their parent, in order
+    ++depth;
+  }
+  return depth;
+}
+
 std::vector<int64_t> DraftTree::children(int64_t node) const {
   std::vector<int64_t> c;
   for (int64_t i = std::max<int64_t>(node + 1, 0); i < size(); ++i) {

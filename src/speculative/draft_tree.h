@@ -35,6 +35,9 @@ class DraftTree {
   int64_t max_depth() const { return max_depth_; }
   std::span<const int64_t> parents() const { return parents_; }
   bool is_chain() const;
+  // The depth of the main chain: the first children from the root (a node's children rank in
+  // node order, the first being a proposer's best guess).
+  int64_t main_depth() const;
   // Children of `node` (-1: the root's), ascending.
   std::vector<int64_t> children(int64_t node) const;
 

@@ -92,6 +92,24 @@ struct NgramState final : ProposerState {
                       tokens.begin() + end_b - n + 1);
   }
 
+  // Up to `limit` ends of earlier occurrences of the context's suffix: every n from max_n
+  // down to min_n, the most recent first within each, an end listed once. The first is match().
+  std::vector<int64_t> matches(int64_t limit) {
+    const int64_t last = size() - 1;
+    index_through(last - 1);
+    std::vector<int64_t> ends;
+    for (int64_t n = std::min(max_n, last); n >= min_n; --n) {
+      const auto it = latest.find(key(last, n));
+      if (it == latest.end()) continue;
+      for (int64_t e = it->second; e >= 0; e = prev[static_cast<size_t>(e * width + n - min_n)]) {
+        if (static_cast<int64_t>(ends.size()) >= limit) return ends;
+        if (same(e, last, n) && std::find(ends.begin(), ends.end(), e) == ends.end())
+          ends.push_back(e);
+      }
+    }
+    return ends;
+  }
+
   // The longest suffix (min_n..max_n) with an earlier occurrence, the most recent one: the
   // end of that occurrence, or -1.
   int64_t match() {
@@ -146,6 +164,52 @@ void NgramProposer::do_propose(const ProposeArgs& a, std::vector<int32_t>& draft
   const int64_t end = std::min(e + a.n, s.size() - 1);
   drafts.assign(s.tokens.begin() + e + 1, s.tokens.begin() + end + 1);
   s.pending = drafts;
+}
+
+void NgramProposer::do_propose_tree_batch(std::span<const ProposeArgs> args, const DraftTree& shape,
+                                          std::span<TreeDrafts> out) {
+  struct TrieNode {
+    int32_t token = -1;
+    std::vector<int64_t> children;  // in the order first met
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ProposeArgs& a = args[i];
+    NgramState& s = ngram_state(*a.state);
+    s.truncate(a.position);
+    s.push(a.last);
+    s.pending.clear();
+    const int64_t depth = std::min(a.n, shape.max_depth());
+    if (depth == 0) continue;
+    // The trie of what followed each occurrence (up to `depth` tokens, inside the context).
+    std::vector<TrieNode> trie(1);
+    for (const int64_t e : s.matches(kNgramTreeOccurrences)) {
+      int64_t at = 0;
+      for (int64_t t = e + 1; t <= std::min(e + depth, s.size() - 1); ++t) {
+        const int32_t tok = s.tokens[static_cast<size_t>(t)];
+        int64_t next = -1;
+        for (const int64_t c : trie[static_cast<size_t>(at)].children) {
+          if (trie[static_cast<size_t>(c)].token == tok) next = c;
+        }
+        if (next < 0) {
+          next = static_cast<int64_t>(trie.size());
+          trie[static_cast<size_t>(at)].children.push_back(next);
+          trie.push_back({.token = tok});
+        }
+        at = next;
+      }
+    }
+    fill_tree(
+        shape, depth, 0,
+        [&](int64_t node, int64_t rank) {
+          const std::vector<int64_t>& c = trie[static_cast<size_t>(node)].children;
+          if (rank >= static_cast<int64_t>(c.size())) return TreeGuess{};
+          const int64_t child = c[static_cast<size_t>(rank)];
+          return TreeGuess{.token = trie[static_cast<size_t>(child)].token, .handle = child};
+        },
+        out[i]);
+    for (const int64_t k : out[i].main_chain())
+      s.pending.push_back(out[i].tokens[static_cast<size_t>(k)]);
+  }
 }
 
 void NgramProposer::do_after_verify(ProposerState& state, int64_t /*drafted*/, int64_t accepted) {

@@ -22,6 +22,13 @@
 // many tables and compares tokens exactly (a hash collision costs time, never a wrong draft);
 // a rollback unlinks the positions it drops, newest first. Cost per token: O(max_n^2), not
 // O(context).
+//
+// Trees (propose_tree_batch): the continuations of every earlier occurrence of the context's
+// suffix, the longest n first and the most recent first within each n (at most
+// kNgramTreeOccurrences), merged into a trie; a node's children rank in the order the trie
+// first met them, so the main chain is the chain propose() drafts, and the branches are what
+// followed the suffix at other places (an edit that went two ways, a list whose items share a
+// start).
 #include <cstdint>
 
 #include "speculative/draft_proposer.h"
@@ -34,6 +41,7 @@ struct NgramOptions {
 };
 
 inline constexpr int64_t kNgramMaxN = 64;
+inline constexpr int64_t kNgramTreeOccurrences = 64;
 
 class NgramProposer final : public DraftProposer {
  public:
@@ -51,6 +59,8 @@ class NgramProposer final : public DraftProposer {
   std::unique_ptr<ProposerState> do_alloc_state() override;
   void do_prefill(ProposerState& state, std::span<const int32_t> prompt, ConstRows) override;
   void do_propose(const ProposeArgs& args, std::vector<int32_t>& drafts) override;
+  void do_propose_tree_batch(std::span<const ProposeArgs> args, const DraftTree& shape,
+                             std::span<TreeDrafts> out) override;
   void do_after_verify(ProposerState& state, int64_t drafted, int64_t accepted) override;
   void do_catchup(ProposerState& state, const CatchupRows& rows) override;
 

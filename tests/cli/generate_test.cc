@@ -96,6 +96,24 @@ TEST(GenerateJson, SpeculativeMtpKeepsTheIds) {
   EXPECT_GT(integer_of(on.out, "drafted"), 0) << on.out;
 }
 
+// --draft-tree: n-gram drafts as a tree, verified at once; the ids are those of plain decoding,
+// and the JSON counts what was drafted and accepted.
+TEST(GenerateJson, ADraftTreeKeepsTheIds) {
+  const std::vector<std::string> base = {"--model",      testing::fixture_dir("qwen3_bf16"),
+                                         "--ids",        "7,7,5,7,9,7,7,5,7,9,7,11,7,7",
+                                         "-n",           "24",
+                                         "--ignore-eos", "--json"};
+  std::vector<std::string> spec = base;
+  for (const char* a : {"--speculative", "ngram", "--draft-tree", "-1,-1,0,0,1,2"})
+    spec.push_back(a);
+  const CliRun off = run_metrale("generate", base);
+  const CliRun on = run_metrale("generate", spec);
+  ASSERT_EQ(off.status, 0) << off.out;
+  ASSERT_EQ(on.status, 0) << on.out;
+  EXPECT_EQ(array_of(on.out, "ids"), array_of(off.out, "ids"));
+  EXPECT_GT(integer_of(on.out, "drafted"), 0) << on.out;
+}
+
 // Bad speculative flags: each a clear error naming the flag, before anything runs.
 TEST(GenerateJson, BadSpeculativeFlagsNameTheFlag) {
   struct Case {
@@ -118,6 +136,21 @@ TEST(GenerateJson, BadSpeculativeFlagsNameTheFlag) {
       {"qwen3_f32",
        {"--speculative", "ngram", "--ngram-min", "3", "--ngram-max", "2"},
        "--ngram-max"},
+      {"qwen3_f32",
+       {"--speculative", "ngram", "--draft-tree", "-1,0,x"},
+       "--draft-tree: node 2: expected a parent index"},
+      {"qwen3_f32",
+       {"--speculative", "ngram", "--draft-tree", "-1,1"},
+       "--draft-tree: node 1: parent must be -1 (the root) or an earlier node"},
+      {"qwen3_f32",
+       {"--speculative", "ngram", "--draft-tree", "chain:6"},
+       "deeper than --draft-tokens 4"},
+      {"qwen3_f32",
+       {"--speculative", "ngram", "--draft-tree", "-1,-1,-1,-1,-1", "--dispatch-cap", "4"},
+       "more than --dispatch-cap 4"},
+      {"qwen3_next_f32",
+       {"--speculative", "ngram", "--draft-tree", "-1,-1,0"},
+       "verifies chains only"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {

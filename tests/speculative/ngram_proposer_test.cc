@@ -160,5 +160,41 @@ TEST(NgramProposer, RejectsOptionsOutsideTheirRanges) {
             std::string::npos);
 }
 
+// Trees: every earlier occurrence of the suffix contributes its continuation to a trie, the
+// longest n-gram and the most recent first; the main chain is the chain propose() drafts, the
+// other children what followed elsewhere, and the tree keeps the shape's order and depth.
+TEST(NgramTree, BranchesAreWhatFollowedTheSuffixElsewhere) {
+  NgramProposer p({.min_n = 1, .max_n = 2});
+  // "1 2" was followed by 3 4 (most recent), by 5 6, and by 3 9.
+  const Ids context = {1, 2, 3, 9, 0, 1, 2, 5, 6, 0, 1, 2, 3, 4, 0, 1, 2};
+  const Ids chain = propose_on(p, context, 2);
+  ASSERT_EQ(chain, (Ids{3, 4}));
+  auto s = p.alloc_state();
+  p.prefill_drafter(*s, std::span(context).first(context.size() - 1), {});
+  const DraftTree shape = DraftTree::parse("-1,-1,-1,0,0,1,5");
+  std::vector<TreeDrafts> out(1);
+  const ProposeArgs a{.state = s.get(),
+                      .last = context.back(),
+                      .position = static_cast<int64_t>(context.size()) - 1,
+                      .n = 2};
+  p.propose_tree_batch({&a, 1}, shape, out);
+  // Root children: 3 (twice; most recent first), 5; below 3: 4 then 9; below 5: 6. Node 2 (a
+  // third root child) and node 6 (depth 3 > n) have nothing.
+  EXPECT_EQ(out[0].tokens, (Ids{3, 5, 4, 9, 6}));
+  EXPECT_EQ(out[0].parents, (std::vector<int64_t>{-1, -1, 0, 0, 1}));
+  EXPECT_EQ(out[0].main_chain(), (std::vector<int64_t>{0, 2}));
+  // The main chain's drafts are what after_verify answers; a path off it comes back by catchup.
+  EXPECT_EQ(error_of([&] { p.after_verify(*s, 3); }).find("accepted must be in 0..2") !=
+                std::string::npos,
+            true);
+  p.after_verify(*s, 1);
+  const Ids path = {3, 9};
+  p.catchup(*s, {.first_key = a.position, .ids = path});
+  Ids want(context.begin(), context.end());
+  want.insert(want.end(), path.begin(), path.end());
+  const std::span<const int32_t> ctx = NgramProposer::context(*s);
+  EXPECT_EQ(Ids(ctx.begin(), ctx.end()), want);
+}
+
 }  // namespace
 }  // namespace metrale::speculative

@@ -51,6 +51,14 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 using kv::LoadWide;
 using kv::Widen;
 
+// Where the keys of a tile are stored: key k at index k up to `root`, past it at
+// keys[k - root - 1] (backend.h TreeKeys; a tree row's tile is that row alone).
+struct KeyIndex {
+  int64_t root = std::numeric_limits<int64_t>::max();
+  const int32_t* keys = nullptr;
+  int64_t operator()(int64_t k) const { return k <= root ? k : keys[k - root - 1]; }
+};
+
 struct Query {
   const float* q = nullptr;
   float* out = nullptr;
@@ -187,14 +195,15 @@ void Pv(float* const* acc, const float* const* p, int n, const T* const* v, int6
 // The K columns of keys [b0, b0 + kBlock) of kv head `kvh`, of which [first, last] are
 // read (the rest are masked off later). When a page holds whole vectors of keys they are
 // read in place; otherwise the keys are gathered into `scratch` ([hd][kBlock]).
+// Keys stored away from their own index (`at`: a tree row's ancestors) are gathered too.
 template <typename T>
 KeyColumns<T> LocateKeys(const AttentionTask& t, const KvPageTable& table, int64_t kvh, int64_t b0,
-                         int64_t first, int64_t last, T* scratch) {
+                         int64_t first, int64_t last, const KeyIndex& at, T* scratch) {
   const KvLayout& kv = t.cache.layout;
   const int64_t hd = kv.head_dim;
   const int64_t ps = kv.page_size;
   KeyColumns<T> kc;
-  if (ps % kN == 0) {
+  if (ps % kN == 0 && last <= at.root) {
     kc.stride = ps;
     int64_t live = -1;  // a vector that overlaps [first, last]: stands in for those that do not
     for (int64_t v = 0; v < kVecs; ++v) {
@@ -217,8 +226,9 @@ KeyColumns<T> LocateKeys(const AttentionTask& t, const KvPageTable& table, int64
       for (int64_t d = 0; d < hd; ++d) std::memset(&scratch[d * kAttentionBlock + i], 0, sizeof(T));
       continue;
     }
-    const int64_t page = table.block_table[static_cast<size_t>(key / ps)];
-    const T* col = t.cache.k_page<T>(page, kvh) + key % ps;
+    const int64_t index = at(key);
+    const int64_t page = table.block_table[static_cast<size_t>(index / ps)];
+    const T* col = t.cache.k_page<T>(page, kvh) + index % ps;
     for (int64_t d = 0; d < hd; ++d) scratch[d * kAttentionBlock + i] = col[d * ps];
   }
   for (int64_t v = 0; v < kVecs; ++v) kc.col[v] = scratch + v * kN;
@@ -227,7 +237,8 @@ KeyColumns<T> LocateKeys(const AttentionTask& t, const KvPageTable& table, int64
 
 // Runs the queries of one tile: all of them read `table`'s cache at kv head `kvh`.
 template <typename T>
-void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Query* qs, int n) {
+void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, const KeyIndex& at,
+                Query* qs, int n) {
   const DF df;
   const DI di;
   const int64_t hd = t.shape.head_dim;
@@ -251,10 +262,10 @@ void AttendTile(const AttentionTask& t, const KvPageTable& table, int64_t kvh, Q
   for (int64_t b0 = lo / kAttentionBlock * kAttentionBlock; b0 <= hi; b0 += kAttentionBlock) {
     const int64_t first = std::max(lo, b0);
     const int64_t last = std::min(hi, b0 + kAttentionBlock - 1);
-    Scores(qs, n, LocateKeys(t, table, kvh, b0, first, last, key_scratch), hd, t.shape.scale,
+    Scores(qs, n, LocateKeys(t, table, kvh, b0, first, last, at, key_scratch), hd, t.shape.scale,
            scores);
     for (int64_t k = first; k <= last; ++k) {
-      v_rows[k - first] = t.cache.v_row<T>(table.slot(k, ps)) + kvh * hd;
+      v_rows[k - first] = t.cache.v_row<T>(table.slot(at(k), ps)) + kvh * hd;
     }
     // Online-softmax update of each query that has keys in this block.
     int n_active = 0;
@@ -328,7 +339,12 @@ void AttentionItemsOf(const AttentionTask& t, const AttentionPlan& plan, int64_t
         qs[n++] = {.q = t.q.row(row) + col, .out = t.out.row(row) + col, .lo = lo, .hi = pos};
       }
     }
-    AttendTile<T>(t, table, tile.kv_head, qs, n);
+    KeyIndex at;
+    if (t.remapped(tile.row_begin)) {
+      const TreeKeys& tk = t.tree[tile.row_begin];
+      at = {.root = tk.root, .keys = t.tree_keys + tk.begin};
+    }
+    AttendTile<T>(t, table, tile.kv_head, at, qs, n);
   }
 }
 
@@ -353,6 +369,10 @@ AttentionTask attention_task(const AttentionArgs& a) {
                      .row_seq = a.row_seq.data(),
                      .positions = a.positions.data(),
                      .shape = a.shape};
+  if (!a.tree.empty()) {
+    task.tree = a.tree.rows.data();
+    task.tree_keys = a.tree.keys.data();
+  }
   if (task.shape.scale == 0.0f)
     task.shape.scale = 1.0f / std::sqrt(static_cast<float>(a.shape.head_dim));
   return task;
@@ -373,7 +393,10 @@ int64_t attention_row_spans(const AttentionTask& t, int64_t rows_per_tile, Atten
   int64_t n = 0;
   for (int64_t r = 0; r < t.q.n_rows;) {
     int64_t e = r + 1;
-    while (e < t.q.n_rows && e - r < rows_per_tile && t.row_seq[e] == t.row_seq[r]) ++e;
+    while (e < t.q.n_rows && e - r < rows_per_tile && t.row_seq[e] == t.row_seq[r] &&
+           !t.remapped(r) && !t.remapped(e)) {
+      ++e;
+    }
     out[n++] = {r, e};
     r = e;
   }

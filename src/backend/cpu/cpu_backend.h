@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
   void do_rms_norm(const RmsNormArgs& a) override;
   void do_rope(const RopeArgs& a) override;
   void do_kv_store(const KvStoreArgs& a) override;
+  void do_kv_move(const KvMoveArgs& a) override;
   void do_attention(const AttentionArgs& a) override;
   void do_gated_activation(const GatedActivationArgs& a) override;
   void do_route(const RouteArgs& a) override;

@@ -90,6 +90,28 @@ void CpuBackend::do_kv_store(const KvStoreArgs& a) {
   });
 }
 
+void CpuBackend::do_kv_move(const KvMoveArgs& a) {
+  const KvLayout& kv = a.cache.layout;
+  const auto eb = static_cast<size_t>(kv.elem_bytes());
+  const int64_t ps = kv.page_size, cols = kv.row_elems();
+  auto* k = static_cast<std::byte*>(a.cache.k);
+  auto* v = static_cast<std::byte*>(a.cache.v);
+  // K is transposed within its page (kv_cache.h): element (head h, dim d) of slot s sits at
+  // page(s) * page_elems + (h * head_dim + d) * page_size + s % page_size.
+  const auto k_at = [&](int64_t slot, int64_t col) {
+    return k + static_cast<size_t>(slot / ps * kv.page_elems() + col * ps + slot % ps) * eb;
+  };
+  for (size_t i = 0; i < a.from.size(); ++i) {
+    const int64_t from = a.from[i], to = a.to[i];
+    if (from == to) continue;
+    for (int64_t c = 0; c < cols; ++c) std::memcpy(k_at(to, c), k_at(from, c), eb);
+    if (v != nullptr) {
+      std::memcpy(v + static_cast<size_t>(to * cols) * eb,
+                  v + static_cast<size_t>(from * cols) * eb, static_cast<size_t>(cols) * eb);
+    }
+  }
+}
+
 void CpuBackend::do_attention(const AttentionArgs& a) {
   const cpu::AttentionTask task = cpu::attention_task(a);
   cpu::AttentionPlan plan = cpu::plan_attention(task.shape);

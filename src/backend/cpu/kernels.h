@@ -64,10 +64,15 @@ struct AttentionTask {
   const KvPageTable* tables = nullptr;
   const int32_t* row_seq = nullptr;
   const int32_t* positions = nullptr;
-  AttentionShape shape;  // scale already resolved (non-zero)
+  AttentionShape shape;            // scale already resolved (non-zero)
+  const TreeKeys* tree = nullptr;  // [rows] tree verification (backend.h KeyRemap), or null
+  const int32_t* tree_keys = nullptr;
 
   const KvPageTable& table(int64_t row) const { return tables[row_seq[row]]; }
   int64_t position(int64_t row) const { return positions[row]; }
+  // Whether some key of `row` is stored away from its own index (a tree verify row): such a
+  // row is a tile of its own.
+  bool remapped(int64_t row) const { return tree != nullptr && tree[row].root < positions[row]; }
 };
 
 // The task of one attention call (the scale resolved); CpuBackend::attention and the circuit's

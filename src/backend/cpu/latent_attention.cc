@@ -70,17 +70,34 @@ HWY_INLINE void DimSums(const float* HWY_RESTRICT p, const T* col, int64_t ps, i
 }
 
 // Latent dims [d0, d0 + DT) of the chunk's outputs: out_lane[d] = inv_lane * sum_k p * c_k[d].
+// Keys own..n_keys-1 of a tree verify row are stored at `moved` (backend.h TreeKeys); the
+// others (all, for a plain row: own = n_keys) at their own index.
+struct RowKeys {
+  int64_t n_keys = 0;
+  int64_t own = 0;
+  const int32_t* moved = nullptr;
+};
+
+template <typename T>
+const T* KeyColumn(const LatentAttentionArgs& a, const KvPageTable& t, int64_t index) {
+  const int64_t ps = a.cache.layout.page_size;
+  return a.cache.k_page<T>(t.block_table[static_cast<size_t>(index / ps)], 0) + index % ps;
+}
+
 template <int DT, typename T>
-HWY_INLINE void OutputTile(const LatentAttentionArgs& a, const KvPageTable& t, int64_t n_keys,
+HWY_INLINE void OutputTile(const LatentAttentionArgs& a, const KvPageTable& t, const RowKeys& rk,
                            const float* HWY_RESTRICT p, VF inv, int64_t d0, float* const* out,
                            int n_lanes) {
   const DF df;
   const int64_t ps = a.cache.layout.page_size;
   VF acc[DT];
   for (int i = 0; i < DT; ++i) acc[i] = hn::Zero(df);
-  for (int64_t first = 0; first < n_keys; first += ps) {
+  for (int64_t first = 0; first < rk.own; first += ps) {
     const T* page = a.cache.k_page<T>(t.block_table[static_cast<size_t>(first / ps)], 0);
-    DimSums<DT, T>(p + first * kN, page + d0 * ps, ps, std::min(ps, n_keys - first), acc);
+    DimSums<DT, T>(p + first * kN, page + d0 * ps, ps, std::min(ps, rk.own - first), acc);
+  }
+  for (int64_t k = rk.own; k < rk.n_keys; ++k) {  // the same sums, key by key, in key order
+    DimSums<DT, T>(p + k * kN, KeyColumn<T>(a, t, rk.moved[k - rk.own]) + d0 * ps, ps, 1, acc);
   }
   HWY_ALIGN float tile[kDimTile * kLatentMaxLanes];
   for (int i = 0; i < DT; ++i) hn::Store(hn::Mul(acc[i], inv), df, tile + i * kN);
@@ -98,6 +115,12 @@ void AttendChunk(const LatentAttentionArgs& a, int64_t r, int64_t h0, int n_lane
   const int64_t dim = kv.head_dim, rank = a.kv_rank, rope = dim - rank, ps = kv.page_size;
   const KvPageTable& t = a.seqs[static_cast<size_t>(a.row_seq[static_cast<size_t>(r)])];
   const int64_t n_keys = a.positions[static_cast<size_t>(r)] + 1;
+  RowKeys rk{.n_keys = n_keys, .own = n_keys};
+  if (!a.tree.empty()) {
+    const TreeKeys& tk = a.tree.rows[static_cast<size_t>(r)];
+    rk.own = tk.root + 1;
+    rk.moved = a.tree.keys.data() + tk.begin;
+  }
   float* q = scratch;
   float* s = scratch + dim * kN;
   // Q[d][lane]: [q_latent | q_rope] of each head; lanes past n_lanes stay 0 (scores 0, unused).
@@ -112,15 +135,17 @@ void AttendChunk(const LatentAttentionArgs& a, int64_t r, int64_t h0, int n_lane
     out[j] = a.out.row(r) + h * rank;
   }
   // Scores, key tile by key tile within each page.
-  for (int64_t first = 0; first < n_keys; first += ps) {
+  for (int64_t first = 0; first < rk.own; first += ps) {
     const T* page = a.cache.k_page<T>(t.block_table[static_cast<size_t>(first / ps)], 0);
-    const int64_t n = std::min(ps, n_keys - first);
+    const int64_t n = std::min(ps, rk.own - first);
     int64_t o = 0;
     for (; o + kKeyTile <= n; o += kKeyTile)
       KeyScores<kKeyTile, T>(q, page + o, ps, dim, s + (first + o) * kN);
     for (; o + 4 <= n; o += 4) KeyScores<4, T>(q, page + o, ps, dim, s + (first + o) * kN);
     for (; o < n; ++o) KeyScores<1, T>(q, page + o, ps, dim, s + (first + o) * kN);
   }
+  for (int64_t k = rk.own; k < n_keys; ++k)
+    KeyScores<1, T>(q, KeyColumn<T>(a, t, rk.moved[k - rk.own]), ps, dim, s + k * kN);
   // Softmax per lane: max of the scaled scores, then exp and their sum in key order.
   const VF scale = hn::Set(df, a.scale);
   VF mx = hn::Set(df, -std::numeric_limits<float>::infinity());
@@ -138,9 +163,9 @@ void AttendChunk(const LatentAttentionArgs& a, int64_t r, int64_t h0, int n_lane
   const VF inv = hn::Div(hn::Set(df, 1.0f), sum);
   int64_t d0 = 0;
   for (; d0 + kDimTile <= rank; d0 += kDimTile)
-    OutputTile<kDimTile, T>(a, t, n_keys, s, inv, d0, out, n_lanes);
-  for (; d0 + 4 <= rank; d0 += 4) OutputTile<4, T>(a, t, n_keys, s, inv, d0, out, n_lanes);
-  for (; d0 < rank; ++d0) OutputTile<1, T>(a, t, n_keys, s, inv, d0, out, n_lanes);
+    OutputTile<kDimTile, T>(a, t, rk, s, inv, d0, out, n_lanes);
+  for (; d0 + 4 <= rank; d0 += 4) OutputTile<4, T>(a, t, rk, s, inv, d0, out, n_lanes);
+  for (; d0 < rank; ++d0) OutputTile<1, T>(a, t, rk, s, inv, d0, out, n_lanes);
 }
 
 template <typename T>
