@@ -140,6 +140,41 @@ TEST(SchedulerSpeculative, PreemptionKeepsEveryStreamUnchanged) {
   EXPECT_GT(sched.stats().preemptions, 0);
 }
 
+// Draft trees (SpeculationOptions::tree) in company: greedy and seeded streams beside prefill
+// chunks, and a KV pool small enough to preempt; every output equals its request run alone.
+TEST(SchedulerSpeculative, DraftTreesKeepEveryStreamUnchanged) {
+  SpeculationOptions tree = ngram(3);
+  tree.tree = speculative::DraftTree::parse("-1,-1,0,0,1,2,4");
+  for (const int64_t kv_tokens : {1024, 128}) {
+    auto model = load("models/demo", kv_tokens);
+    std::vector<ServeRequest> reqs = requests(*model, 36);
+    if (kv_tokens < 1024) reqs.resize(3);
+    std::vector<GenerateResult> want;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (i % 2 == 1) {
+        reqs[i].sampling = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f};
+        reqs[i].seed = 300 + i;
+      }
+      want.push_back(alone(*model, reqs[i]));
+    }
+    Scheduler sched(*model, {.max_seqs = 3, .prefill_chunk = 7, .speculation = tree});
+    std::vector<std::shared_ptr<ServeStream>> streams;
+    for (const ServeRequest& r : reqs) streams.push_back(sched.submit(r));
+    int64_t accepted = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Outcome got = drain(*streams[i]);
+      EXPECT_EQ(got.tokens, want[i].tokens) << "request " << i << ", kv " << kv_tokens;
+      accepted += got.usage.accepted_draft_tokens;
+    }
+    EXPECT_GT(accepted, 0) << "kv " << kv_tokens;
+    if (kv_tokens < 1024) {
+      EXPECT_GT(sched.stats().preemptions, 0);
+    }
+    const SchedulerStats st = settled(sched);
+    EXPECT_EQ(st.kv_pages_free + st.cache.pages_held, st.kv_pages_total);
+  }
+}
+
 // A hybrid model: rejected drafts roll the recurrent state back through the ring.
 TEST(SchedulerSpeculative, AHybridModelRollsItsStateBack) {
   auto model = load("tests/data/fixtures/qwen3_next_f32", 512);
