@@ -123,12 +123,12 @@ def padded(cache: Path, source: str, name: str) -> Path:
 
 
 def metrale_bench(a, model: Path, kind: str, k: int, batches: list[int],
-                  commands: list, prompt: str = PROMPT) -> dict:
+                  commands: list, prompt: str = PROMPT, extra: tuple = ()) -> dict:
     cmd = [a.bin, "bench", "--model", str(model), "--threads", str(a.threads), "--compute",
-           a.compute, "--speculative", kind, "--draft-tokens", str(k), "--spec-prompt", prompt,
-           "--batch", ",".join(map(str, batches)), "--prefill", "8", "--decode-tokens",
+           a.compute, "--speculative", kind, "--draft-tokens", str(k), *extra, "--spec-prompt",
+           prompt, "--batch", ",".join(map(str, batches)), "--prefill", "8", "--decode-tokens",
            str(a.decode_tokens), "--reps", str(a.reps), "--no-bandwidth", "--json"]
-    if kind == "mtp":
+    if kind == "mtp" and a.draft_ladder:
         cmd[cmd.index("--batch"):cmd.index("--batch")] = ["--draft-ladder", a.draft_ladder]
     load = loadavg()
     j = json.loads(run(cmd, commands).stdout)

@@ -328,6 +328,11 @@ void Scheduler::loop() {
     try {
       reap(expired);
       admit();
+      {
+        // What was admitted is running before any of its tokens reaches a client.
+        std::lock_guard lock(mu_);
+        publish();
+      }
       if (running_.empty()) {
         refuse_unfittable_head();
         continue;

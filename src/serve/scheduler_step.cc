@@ -422,7 +422,6 @@ void Scheduler::retire(Active& a, FinishReason why, std::string error) {
   if (why != FinishReason::kError) keep_carry(a);
   spec_.stop(a.ds);
   spec_.free(std::move(a.carried));
-  report(a, why, std::move(error));
   if (a.speculative && a.ds.counts.drafted > 0) {
     const double rate =
         static_cast<double>(a.ds.counts.accepted) / static_cast<double>(a.ds.counts.drafted);
@@ -452,6 +451,13 @@ void Scheduler::retire(Active& a, FinishReason why, std::string error) {
       ++counts_.failed;
       break;
   }
+  // The figures count this request before its client hears the end: a client that reads
+  // stats() (or /metrics) right after its reply sees it.
+  {
+    std::lock_guard lock(mu_);
+    publish();
+  }
+  report(a, why, std::move(error));
 }
 
 bool Scheduler::preempt_youngest(const Active* keep) {
