@@ -7,7 +7,9 @@ shape beside the chain of the same depth, on the same models and prompts as spec
         --ngram-trees 'chain:4;-1,-1,0,0,1,2,3,4,5' --out out/trees
 
 MTP runs on models/demo_mtp padded to be memory-bound, n-gram on models/demo_copy padded with
-the input-grounded edit prompt (spec_bench.py's (a) and (b); tools/demo/pad_demo.py). Each row
+the input-grounded edit prompt (spec_bench.py's (a) and (b); tools/demo/pad_demo.py), or
+(--ngram-model demo --ngram-prompt genesis) models/demo padded with bench's Genesis prompt, whose
+phrases recur with different continuations ("And God said / saw / called"). Each row
 is one `metrale bench` (greedy generation by B streams, --decode-tokens each, without and with
 speculation, median of --reps timed runs after a warm-up, output compared token for token; a
 difference fails the run), with --draft-tokens set to the shape's depth. llama.cpp's pinned
@@ -50,6 +52,10 @@ def main() -> None:
     ap.add_argument("--mtp-trees", default="chain:3;-1,-1,0,0,2,2")
     ap.add_argument("--mtp-batch", type=spec_bench.int_list, default=[1, 4])
     ap.add_argument("--ngram-trees", default="chain:4;-1,-1,0,0,1,2,3,4,5")
+    ap.add_argument("--ngram-model", default="demo_copy", choices=["demo", "demo_copy"])
+    ap.add_argument("--ngram-prompt", default="edit", choices=["edit", "genesis"],
+                    help="edit: spec_bench's input-grounded copy task; genesis: bench's default "
+                    "prompt, whose phrases recur with different continuations")
     ap.add_argument("--cache-dir", default=str(REPO / "build" / "bench-cache"))
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -59,11 +65,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     commands: list = []
     mtp_model = spec_bench.padded(cache, "demo_mtp", "demo_mtp_padded")
-    ngram_model = spec_bench.padded(cache, "demo_copy", "demo_copy_padded")
+    ngram_model = spec_bench.padded(cache, a.ngram_model, a.ngram_model + "_padded")
+    ngram_prompt = spec_bench.EDIT_PROMPT if a.ngram_prompt == "edit" else spec_bench.PROMPT
     runs = []
     for kind, model, specs, batches, prompt in (
             ("mtp", mtp_model, a.mtp_trees, a.mtp_batch, spec_bench.PROMPT),
-            ("ngram", ngram_model, a.ngram_trees, [1], spec_bench.EDIT_PROMPT)):
+            ("ngram", ngram_model, a.ngram_trees, [1], ngram_prompt)):
         for spec in filter(None, specs.split(";")):
             spec_bench.log(f"{kind} {spec}")
             extra = () if spec.startswith("chain:") else ("--draft-tree", spec)

@@ -422,9 +422,20 @@ void Speculator::step(std::span<DecodeStream* const> streams) {
     const std::span<DecodeStream* const> group =
         streams.subspan(b, std::min(streams.size() - b, max_rows));
     plan(group, static_cast<int64_t>(max_rows - group.size()));
+    // The streams' rows in the verify order (speculative/draft_tree.h): below the canonical
+    // width the deepest first, so the rows with the most to attend to start first; a stream's
+    // result does not depend on where its rows sit in the step.
+    keys_.clear();
+    for (size_t i = 0; i < group.size(); ++i) {
+      keys_.push_back({.slot = static_cast<int64_t>(i),
+                       .depth = static_cast<int64_t>(group[i]->ids.size()) - 1});
+    }
+    const std::vector<int64_t> order = speculative::verify_order(keys_);
+    ordered_.clear();
+    for (const int64_t i : order) ordered_.push_back(group[static_cast<size_t>(i)]);
     items_.clear();
     size_t rows = 0;
-    for (DecodeStream* s : group) {
+    for (DecodeStream* s : ordered_) {
       items_.push_back(
           {.seq = s->seq, .ids = s->ids, .logits = LogitRows::kAll, .tree = s->parents});
       rows += s->ids.size();
@@ -439,7 +450,7 @@ void Speculator::step(std::span<DecodeStream* const> streams) {
       throw;
     }
     size_t row = 0;
-    for (DecodeStream* s : group) {
+    for (DecodeStream* s : ordered_) {
       const size_t k = s->ids.size();
       const ConstRows hidden = needs_hidden()
                                    ? ConstRows{hidden_.data() + row * static_cast<size_t>(H),

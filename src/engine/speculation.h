@@ -216,6 +216,8 @@ class Speculator {
   std::vector<int32_t> path_ids_;   // finish(): the accepted drafts
   std::vector<int64_t> counts_;
   std::vector<StepItem> items_;
+  std::vector<speculative::VerifyKey> keys_;  // step(): each stream's slot and draft rows
+  std::vector<DecodeStream*> ordered_;        // step(): the streams in the verify order
 };
 
 }  // namespace metrale

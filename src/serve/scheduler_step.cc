@@ -141,7 +141,17 @@ bool Scheduler::build_step() {
   int64_t rows = 0;
   if (!decoding_.empty()) {
     spec_.plan(decoding_, model_.max_rows() - static_cast<int64_t>(decoding_.size()));
-    for (Active* a : decoders) {
+    // The verify order (speculative/draft_tree.h): below the canonical width the streams with
+    // the most draft rows first; no stream's result depends on it.
+    std::vector<speculative::VerifyKey> keys;
+    for (size_t i = 0; i < decoders.size(); ++i) {
+      keys.push_back({.slot = static_cast<int64_t>(i),
+                      .depth = static_cast<int64_t>(decoders[i]->ds.ids.size()) - 1});
+    }
+    std::vector<Active*> in_order;
+    for (const int64_t i : speculative::verify_order(keys))
+      in_order.push_back(decoders[static_cast<size_t>(i)]);
+    for (Active* a : in_order) {
       const auto len = static_cast<int64_t>(a->ds.ids.size());
       items_.push_back(
           {.seq = &a->seq, .ids = a->ds.ids, .logits = LogitRows::kAll, .tree = a->ds.parents});
