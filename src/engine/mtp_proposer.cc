@@ -351,7 +351,7 @@ void MtpProposer::do_propose_batch(std::span<const ProposeArgs> args,
       const size_t ai = row_active[r];
       const float* row_logits = logits_.data() + logit_row * vocab_;
       drafts[active[ai]].push_back(first_argmax(row_logits, vocab_));
-      if (ranks_ > 1) append_best(row_logits, vocab_, ranks_, ranked_[active[ai]]);
+      if (ranks_ > 0) append_best(row_logits, vocab_, ranks_, ranked_[active[ai]]);
       be.copy(chain + ai * stride, chained(static_cast<int64_t>(r), logit_row), H * sizeof(float));
     }
     rows.clear();
@@ -429,15 +429,16 @@ void MtpProposer::do_propose_tree_batch(std::span<const speculative::ProposeArgs
   std::vector<speculative::ProposeArgs> chain_args(args.begin(), args.end());
   for (speculative::ProposeArgs& a : chain_args) a.n = std::min(a.n, shape.main_depth());
   std::vector<std::vector<int32_t>> chains(args.size());
-  ranks_ = ranks;
+  ranks_ = std::max<int64_t>(ranks, 1);
   ranked_.assign(args.size(), {});
   try {
     do_propose_batch(chain_args, chains);
   } catch (...) {
-    ranks_ = 1;
+    ranks_ = 0;
     throw;
   }
-  ranks_ = 1;
+  ranks = ranks_;
+  ranks_ = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::vector<int32_t>& best = ranked_[i];
     const auto rows = static_cast<int64_t>(chains[i].size());

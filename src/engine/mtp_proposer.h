@@ -161,8 +161,8 @@ class MtpProposer final : public speculative::DraftProposer {
   std::vector<KvPageTable> tables_;
   std::vector<State*> seqs_;
   // Trees: the best ranks_ tokens of each drafted row, per sequence (do_propose_batch fills
-  // them when ranks_ > 1): ranked_[i][j * ranks_ + c] is draft j + 1's c-th best.
-  int64_t ranks_ = 1;
+  // them when ranks_ > 0): ranked_[i][j * ranks_ + c] is draft j + 1's c-th best.
+  int64_t ranks_ = 0;
   std::vector<std::vector<int32_t>> ranked_;
   Buffer chain_;  // [sequences, padded H] each proposing sequence's last output row
   int64_t chain_rows_ = 0;

@@ -114,6 +114,56 @@ TEST(DemoMtp, DraftsChangeNoTokenAndAreAccepted) {
   }
 }
 
+// Draft trees on the trained pair: the drafter's runner-up tokens beside its chain
+// ("-1,-1,0,0,2,2": two guesses at each of three depths along the main chain). The output is
+// plain decoding's, alone and four streams together (each stream verifying as it does alone),
+// and more drafts are accepted per verify step than the chain of the same depth gets. Measured
+// (x86-64, this build): chain 131 accepted in 55 steps (2.38 per step), tree 133 in 53 (2.51).
+TEST(DemoMtp, TreesChangeNoTokenAndAcceptMorePerStepThanTheChain) {
+  auto m = load();
+  const Tokenizer& tok = *m->tokenizer();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* p : kPrompts) prompts.push_back(tok.encode(p, true));
+  std::vector<std::vector<int32_t>> plain;
+  for (const auto& p : prompts) {
+    Session s(*m);
+    plain.push_back(s.generate(p, greedy()).tokens);
+  }
+  double per_step[2] = {0, 0};
+  for (const bool tree : {false, true}) {
+    auto drafter = MtpProposer::load(*m);
+    const MtpProposer* d = drafter.get();
+    GenerateOptions o = greedy();
+    o.speculation = {.proposer = std::move(drafter),
+                     .ladder = speculative::DraftLadder::constant(3)};
+    if (tree) o.speculation.tree = speculative::DraftTree::parse("-1,-1,0,0,2,2");
+    SpeculationCounts alone;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Session s(*m);
+      const GenerateResult r = s.generate(prompts[i], o);
+      EXPECT_EQ(r.tokens, plain[i]) << kPrompts[i] << (tree ? ", tree" : ", chain");
+      alone += r.speculation;
+    }
+    per_step[tree ? 1 : 0] = static_cast<double>(alone.accepted) /
+                             static_cast<double>(std::max<int64_t>(alone.verify_steps, 1));
+    std::printf("%s: %lld accepted of %lld drafted in %lld verify steps (%.2f per step)\n",
+                tree ? "tree -1,-1,0,0,2,2" : "chain:3", static_cast<long long>(alone.accepted),
+                static_cast<long long>(alone.drafted), static_cast<long long>(alone.verify_steps),
+                per_step[tree ? 1 : 0]);
+    const std::vector<GenerateResult> batch = generate_batch(*m, prompts, o);
+    SpeculationCounts together;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(batch[i].tokens, plain[i]) << kPrompts[i] << ", batch";
+      together += batch[i].speculation;
+    }
+    EXPECT_EQ(together.accepted, alone.accepted);
+    EXPECT_EQ(together.drafted, alone.drafted);
+    EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages()) << "target pages leaked";
+    EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << "drafter pages leaked";
+  }
+  EXPECT_GT(per_step[1], per_step[0]) << "the tree's branches were never the ones accepted";
+}
+
 // A ladder rung of 0 drafts ("3:3,4:0"): while all four streams decode, none drafts (each
 // decodes its one row; the drafter only records it); once a stream stops (at a stop string),
 // the other three draft 3 again, the drafter first computing the rows it recorded. Output is

@@ -170,17 +170,21 @@ TEST(TreeDraftsMtp, MtpTreesChangeNoToken) {
     const std::vector<int32_t> prompt = {5, 9, 5, 9, 5, 9, 5, 11, 3};
     constexpr int64_t kTokens = 40;
     const GenerateResult plain = run(*m, prompt, greedy(kTokens));
-    GenerateOptions o = greedy(kTokens);
-    auto drafter = MtpProposer::load(*m);
-    const MtpProposer* d = drafter.get();
-    o.speculation = {.proposer = std::move(drafter),
-                     .ladder = speculative::DraftLadder::constant(3),
-                     .tree = DraftTree::parse("-1,-1,-1,0,0,3,3")};
-    const GenerateResult spec = run(*m, prompt, o);
-    EXPECT_EQ(spec.tokens, plain.tokens) << fixture;
-    EXPECT_GT(spec.speculation.drafted, 0) << fixture;
-    EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages()) << fixture;
-    EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << fixture;
+    // Branches at the root and below it; a chain written as parents; one root child whose
+    // child branches.
+    for (const char* shape : {"-1,-1,-1,0,0,3,3", "-1,0,1", "-1,0,0,1"}) {
+      GenerateOptions o = greedy(kTokens);
+      auto drafter = MtpProposer::load(*m);
+      const MtpProposer* d = drafter.get();
+      o.speculation = {.proposer = std::move(drafter),
+                       .ladder = speculative::DraftLadder::constant(3),
+                       .tree = DraftTree::parse(shape)};
+      const GenerateResult spec = run(*m, prompt, o);
+      EXPECT_EQ(spec.tokens, plain.tokens) << fixture << " " << shape;
+      EXPECT_GT(spec.speculation.drafted, 0) << fixture << " " << shape;
+      EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages()) << fixture << " " << shape;
+      EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << fixture << " " << shape;
+    }
   }
 }
 
