@@ -218,6 +218,109 @@ ordered_json typed_value(const nlohmann::json& tools, std::string_view name, std
   return ordered_json(std::string(value));
 }
 
+// Where a value that starts at `from` ends: the first `marker` past it; or, when `json` (the
+// schema does not type it a string) and it opens a JSON object, array or string, the first
+// `marker` outside its JSON strings, which may spell any marker. A raw newline ends a JSON
+// string too (JSON has none inside one), so malformed text cannot hide a marker for long.
+// kNpos: not (yet) there.
+size_t value_end(std::string_view s, size_t from, std::string_view marker, bool json) {
+  size_t i = from;
+  while (i < s.size() && is_space(s[i])) ++i;
+  if (!json || i >= s.size() || (s[i] != '{' && s[i] != '[' && s[i] != '"')) {
+    return s.find(marker, from);
+  }
+  bool in_string = false, escaped = false;
+  for (; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\n') {
+        in_string = false;
+      } else if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (s.compare(i, marker.size(), marker) == 0) {
+      return i;
+    }
+  }
+  return kNpos;
+}
+
+// Whether parameter `key`'s value may be JSON (typed_value's rule: the schema does not say
+// string).
+bool json_value(const nlohmann::json& tools, std::string_view name, std::string_view key) {
+  return !is_string_type(schema_type(tools, name, key));
+}
+
+// The XML formats' layout of one call body (after <tool_call>):
+//   qwen3_coder: <function=N>\n<parameter=K>\nV\n</parameter>\n...</function>
+//   glm45:       N<arg_key>K</arg_key><arg_value>V</arg_value>...
+struct XmlLayout {
+  bool glm = false;
+  std::string_view key_open, key_close, value_open, value_close;
+};
+constexpr XmlLayout kQwen3CoderLayout{false, "<parameter=", ">", "", "</parameter>"};
+constexpr XmlLayout kGlm45Layout{true, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
+
+// Where the call's end marker is in `buf` (which starts with <tool_call>): past the function
+// name and every parameter value, so that a JSON value's strings may spell any marker (the
+// forced-call grammar lets them). A body that does not follow the layout ends at the first end
+// marker after where the layout broke. kNpos: not (yet) there.
+size_t xml_call_end(std::string_view buf, const XmlLayout& l, const nlohmann::json& tools) {
+  size_t at = kToolCallOpen.size();
+  // What text may still become, when it ends inside a marker it expects.
+  const auto pending = [&](std::string_view m) {
+    const std::string_view rest = buf.substr(std::min(at, buf.size()));
+    return rest.size() < m.size() && m.substr(0, rest.size()) == rest;
+  };
+  std::string name;
+  if (!l.glm) {
+    constexpr std::string_view kFunction = "<function=";
+    while (at < buf.size() && is_space(buf[at])) ++at;
+    if (pending(kFunction)) return kNpos;
+    if (buf.compare(at, kFunction.size(), kFunction) != 0) return buf.find(kToolCallClose, at);
+    const size_t gt = buf.find('>', at);
+    if (gt == kNpos) return kNpos;
+    name = std::string(trim(buf.substr(at + kFunction.size(), gt - at - kFunction.size())));
+    at = gt + 1;
+  } else {
+    const size_t key = buf.find(l.key_open, at);
+    const size_t close = buf.find(kToolCallClose, at);
+    if (close != kNpos && (key == kNpos || close < key)) return close;  // a call without arguments
+    if (key == kNpos) return kNpos;
+    name = std::string(trim(buf.substr(at, key - at)));
+    at = key;
+  }
+  for (;;) {
+    while (at < buf.size() && is_space(buf[at])) ++at;
+    if (at >= buf.size() || pending(l.key_open)) return kNpos;
+    if (buf.compare(at, l.key_open.size(), l.key_open) != 0) break;  // past the parameters
+    const size_t key_end = buf.find(l.key_close, at + l.key_open.size());
+    if (key_end == kNpos) return kNpos;
+    const std::string_view key =
+        trim(buf.substr(at + l.key_open.size(), key_end - at - l.key_open.size()));
+    at = key_end + l.key_close.size();
+    if (!l.value_open.empty()) {
+      while (at < buf.size() && is_space(buf[at])) ++at;
+      if (at >= buf.size() || pending(l.value_open)) return kNpos;
+      if (buf.compare(at, l.value_open.size(), l.value_open) != 0)
+        return buf.find(kToolCallClose, at);
+      at += l.value_open.size();
+    }
+    const size_t end = value_end(buf, at, l.value_close, json_value(tools, name, key));
+    if (end == kNpos) return kNpos;
+    at = end + l.value_close.size();
+  }
+  return buf.find(kToolCallClose, at);
+}
+
 // qwen3_coder: <function=N>\n<parameter=K>\nV\n</parameter>\n...</function>
 std::optional<ToolCall> parse_qwen3_coder(std::string_view body, const nlohmann::json& tools) {
   constexpr std::string_view kFunction = "<function=";
@@ -239,7 +342,8 @@ std::optional<ToolCall> parse_qwen3_coder(std::string_view body, const nlohmann:
       gt = s.find('>');
       if (gt == kNpos) return std::nullopt;
       const std::string_view key = trim(s.substr(kParam.size(), gt - kParam.size()));
-      const size_t end = s.find(kParamEnd, gt + 1);
+      size_t end = value_end(s, gt + 1, kParamEnd, json_value(tools, call.name, key));
+      if (end == kNpos) end = s.find(kParamEnd, gt + 1);  // malformed JSON: the first marker
       if (end == kNpos) return std::nullopt;
       const std::string_view value = strip_one_newline(s.substr(gt + 1, end - gt - 1));
       args[std::string(key)] = typed_value(tools, call.name, key, value);
@@ -280,12 +384,12 @@ std::optional<ToolCall> parse_glm45(std::string_view body, bool closed,
     const std::string_view key = trim(s.substr(kKey.size(), key_end - kKey.size()));
     s = ltrim(s.substr(key_end + kKeyEnd.size()));
     if (!starts_with(s, kValue)) return std::nullopt;
-    const size_t value_end = s.find(kValueEnd);
-    if (value_end == kNpos) return std::nullopt;
-    const std::string_view value =
-        strip_one_newline(s.substr(kValue.size(), value_end - kValue.size()));
+    size_t end = value_end(s, kValue.size(), kValueEnd, json_value(tools, call.name, key));
+    if (end == kNpos) end = s.find(kValueEnd);  // malformed JSON: the first marker
+    if (end == kNpos) return std::nullopt;
+    const std::string_view value = strip_one_newline(s.substr(kValue.size(), end - kValue.size()));
     args[std::string(key)] = typed_value(tools, call.name, key, value);
-    s = s.substr(value_end + kValueEnd.size());
+    s = s.substr(end + kValueEnd.size());
   }
   call.arguments = dump(args);
   return call;
@@ -558,9 +662,22 @@ bool ToolCallParser::step_call(ToolCallDelta& out, bool at_end) {
   const bool deepseek = format_ == ToolCallFormat::kDeepSeekV3;
   const std::string_view end = deepseek ? kDsCallEnd : kToolCallClose;
   const std::string_view buf = buffer_;
-  // DeepSeek: a <｜tool▁calls▁end｜> before the call's end ends the call unterminated.
-  const auto [pos, which] =
-      deepseek ? find_first(buf, {kDsCallEnd, kDsCallsEnd}, scan_) : find_first(buf, {end}, scan_);
+  // DeepSeek: a <｜tool▁calls▁end｜> before the call's end ends the call unterminated. Hermes'
+  // JSON and the XML formats' JSON values may spell the end marker inside their strings: their
+  // end is searched past those (rescanning the held call each time; calls are short).
+  std::pair<size_t, size_t> found;
+  if (deepseek) {
+    found = find_first(buf, {kDsCallEnd, kDsCallsEnd}, scan_);
+  } else if (format_ == ToolCallFormat::kHermes) {
+    found = {value_end(buf, kToolCallOpen.size(), end, /*json=*/true), 0};
+  } else if (format_ == ToolCallFormat::kQwen3Coder || format_ == ToolCallFormat::kGlm45) {
+    found = {xml_call_end(buf, format_ == ToolCallFormat::kGlm45 ? kGlm45Layout : kQwen3CoderLayout,
+                          tools_),
+             0};
+  } else {
+    found = find_first(buf, {end}, scan_);
+  }
+  const auto [pos, which] = found;
   const auto resolve = [&](std::string_view text, bool closed) {
     if (std::optional<ToolCall> call = parse_one(text, closed)) {
       emit_call(out, std::move(*call));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "grammar/pattern.h"
 #include "http/openai_api.h"
 #include "http/openai_fields.h"
 
@@ -52,7 +53,9 @@ struct Tool {
 // string else v | tojson`) and any other as JSON; the parsers type the value by the schema
 // the same way. A raw value ends at the first end marker, so it may not spell one: without
 // constraints it is any text but the format's markers (`begin` / `end` around it), with
-// them one of its values, its pattern, or up to its length in characters other than '<'.
+// them one of its values, its pattern narrowed to never write '<' (grammar/pattern.h; every
+// marker starts with it), or up to its length in characters other than '<'. (A JSON value's
+// strings may spell markers: the parsers end it at the first marker outside them.)
 ojson raw_string(const ojson& s, const std::string& at, const char* format_name, ojson begin,
                  ojson end, const std::vector<std::string>& markers) {
   try {
@@ -83,7 +86,18 @@ ojson raw_string(const ojson& s, const std::string& at, const char* format_name,
     if (any.empty()) throw bad("tool_choice", "no string value matches the schema at '" + at + "'");
     value = any.size() == 1 ? any[0] : ojson{{"type", "or"}, {"elements", any}};
   } else if (s.contains("pattern")) {
-    value = {{"type", "regex"}, {"pattern", s["pattern"]}};
+    if (!s["pattern"].is_string()) {
+      throw bad("tool_choice", "'pattern' (at '" + at + "') must be a string");
+    }
+    // Every marker starts with '<': the value may match the pattern, but never write one.
+    try {
+      value = {{"type", "regex"},
+               {"pattern", grammar::pattern_without(s["pattern"].get<std::string>(), '<',
+                                                    "'pattern' at '" + at + "'")}};
+    } catch (const Error& e) {
+      throw unsupported("tool_choice", std::string(e.message()) + " (a forced " + format_name +
+                                           " call writes it raw, ending it at the first marker)");
+    }
   } else if (s.contains("minLength") || s.contains("maxLength")) {
     const auto bound = [&](const char* k, int64_t fallback) {
       if (!s.contains(k)) return fallback;

@@ -217,6 +217,31 @@ std::vector<Case> cases() {
        "two\n</parameter>\n<parameter=x>\n\n padded \n\n</parameter>\n</function>\n</tool_call>",
        "",
        {call("get_weather", R"({"city":123,"days":"two","x":"\n padded \n"})")}},
+      // A JSON value's strings may spell any marker (a forced call's grammar lets them): the
+      // value ends at the first end marker outside them.
+      {"qwen3_coder JSON value spelling the markers",
+       F::kQwen3Coder,
+       "<tool_call>\n<function=get_weather>\n<parameter=opts>\n{\"html\": "
+       "\"</parameter>\\n</function>\\n</tool_call>\"}\n</parameter>\n<parameter=city>\n"
+       "Bern\n</parameter>\n</function>\n</tool_call> ok",
+       " ok",
+       {call("get_weather",
+             R"({"opts":{"html":"</parameter>\n</function>\n</tool_call>"},"city":"Bern"})")},
+       true},
+      {"glm45 JSON value spelling the markers",
+       F::kGlm45,
+       "<tool_call>get_weather\n<arg_key>opts</arg_key>\n<arg_value>[\"</arg_value>\", "
+       "\"</tool_call>\"]</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n"
+       "</tool_call> ok",
+       " ok",
+       {call("get_weather", R"({"opts":["</arg_value>","</tool_call>"],"days":2})")},
+       true},
+      {"hermes JSON string spelling the end marker",
+       F::kHermes,
+       "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"a </tool_call> "
+       "b\"}}\n</tool_call> done",
+       " done",
+       {call("search", R"({"query":"a </tool_call> b"})")}},
       {"qwen3_coder no parameters",
        F::kQwen3Coder,
        "<tool_call>\n<function=now>\n</function>\n</tool_call>",

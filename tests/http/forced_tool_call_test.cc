@@ -20,6 +20,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -396,14 +397,36 @@ TEST(ForcedToolCall, TheMarkersAreTheTemplatesSpelling) {
 
 // Feeds `text` (tokenized as the tokenizer does, markers as their tokens) to the grammar:
 // whether every token is accepted and the whole is a complete match.
+// With `spelled`, the text between each pair of \x01 bytes is a marker spelled out by ordinary
+// tokens (each of its characters tokenized alone), as a model writing it inside a string would.
 bool accepts(const Case& c, const json& tools, const std::string& text,
              bool reasoning_open = false) {
   GrammarCompiler compiler(*c.tok, static_cast<int64_t>(c.tok->id_limit()), {c.eos});
   GrammarMatcher m(compiler.compile(
       forced_tool_call_grammar(tools, "", c.format, {.reasoning_open = reasoning_open})));
-  for (int32_t id : c.tok->encode(text, /*add_special_tokens=*/false))
+  std::vector<int32_t> ids;
+  size_t at = 0;
+  for (bool spelled = false; at <= text.size(); spelled = !spelled) {
+    const size_t next = std::min(text.find('\x01', at), text.size());
+    const std::string piece = text.substr(at, next - at);
+    if (spelled) {
+      for (char ch : piece) {
+        for (int32_t id : c.tok->encode(std::string(1, ch), false)) ids.push_back(id);
+      }
+    } else {
+      for (int32_t id : c.tok->encode(piece, false)) ids.push_back(id);
+    }
+    at = next + 1;
+  }
+  for (int32_t id : ids)
     if (!m.accept(id)) return false;
   return m.completed();
+}
+
+// `text` with the \x01 marks of accepts() taken out.
+std::string unmarked(std::string text) {
+  std::erase(text, '\x01');
+  return text;
 }
 
 TEST(ForcedToolCall, FreeStringsRunToTheirEndMarker) {
@@ -443,6 +466,60 @@ TEST(ForcedToolCall, FreeStringsRunToTheirEndMarker) {
       chat::ToolCallFormat::kGlm45, g + "if a < b: {x}</arg_value>\n</tool_call>", tools);
   ASSERT_EQ(d.calls.size(), 1u);
   EXPECT_EQ(json::parse(d.calls[0].arguments), json::parse(R"({"body": "if a < b: {x}"})"));
+}
+
+TEST(ForcedToolCall, NoValueEndsTheCallEarly) {
+  if (!grammar_available()) GTEST_SKIP() << "built without xgrammar";
+  // A JSON value's strings may spell any marker; the grammar lets them, and the parser reads
+  // past them. A pattern's raw string never writes '<' (so never a marker), even where the
+  // pattern would allow one; a pattern that needs '<' is refused, naming it.
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "note",
+      "parameters": {"type": "object", "properties": {"body": {"type": "string",
+                     "pattern": "^.{1,40}$"}, "meta": {"type": "object"},
+                     "tags": {"type": "array", "items": {"type": "string"}}},
+                     "required": ["body"]}}}])");
+  const Case hermes = cases()[0], qwen = cases()[1], glm = cases()[3];
+  ASSERT_EQ(std::string(qwen.label), "qwen3_coder");
+  ASSERT_EQ(std::string(glm.label), "glm45");
+  const std::string q =
+      "<tool_call>\n<function=note>\n<parameter=body>\nhi\n</parameter>\n<parameter=meta>\n"
+      "{\"html\": \"</parameter>\\n</function>\\n</tool_call>\"}\n</parameter>\n"
+      "</function>\n</tool_call>";
+  const std::string g =
+      "<tool_call>note\n<arg_key>body</arg_key>\n<arg_value>hi</arg_value>\n<arg_key>tags"
+      "</arg_key>\n<arg_value>[\"\x01</arg_value>\x01\",\"\x01</tool_call>\x01\"]</arg_value>\n"
+      "</tool_call>";
+  const std::string h =
+      "<tool_call>\n{\"name\":\"note\",\"arguments\":{\"body\":\"a \x01</tool_call>\x01 b\"}}\n"
+      "</tool_call>";
+  for (const auto& [c, text, args] :
+       {std::tuple{qwen, q,
+                   R"({"body":"hi","meta":{"html":"</parameter>\n</function>\n</tool_call>"}})"},
+        std::tuple{glm, g, R"({"body":"hi","tags":["</arg_value>","</tool_call>"]})"},
+        std::tuple{hermes, h, R"({"body":"a </tool_call> b"})"}}) {
+    SCOPED_TRACE(c.label);
+    EXPECT_TRUE(accepts(c, tools, text)) << text;
+    const chat::ToolCallDelta d = chat::ToolCallParser::parse(c.format, unmarked(text), tools);
+    EXPECT_EQ(d.content, "");
+    ASSERT_EQ(d.calls.size(), 1u) << text;
+    EXPECT_EQ(json::parse(d.calls[0].arguments), json::parse(args));
+  }
+  const std::string raw = "<tool_call>\n<function=note>\n<parameter=body>\n";
+  EXPECT_TRUE(accepts(qwen, tools, raw + "a b\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(
+      accepts(qwen, tools, raw + "a</parameter>\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(accepts(qwen, tools, raw + "a < b\n</parameter>\n</function>\n</tool_call>"));
+  const json needs_lt = json::parse(R"([{"type": "function", "function": {"name": "f",
+      "parameters": {"type": "object", "properties": {"d": {"type": "string",
+                     "pattern": "^<[a-z]+>$"}}}}}])");
+  try {
+    forced_tool_call_grammar(needs_lt, "f", qwen.format);
+    ADD_FAILURE() << "a pattern that writes '<' was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("'pattern' at '#/properties/d'"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ForcedToolCall, AfterAnOpenThinkBlock) {
