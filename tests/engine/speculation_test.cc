@@ -293,7 +293,7 @@ TEST(Speculation, SampledWithASeedEqualsPlainSampling) {
 }
 
 // Several streams in one step, more draft rows than max_rows has room for (the dispatch share),
-// LoRA adapters mixed per stream: each stream's output is its plain one.
+// LoRA adapters mixed per stream, chains and draft trees: each stream's output is its plain one.
 TEST(Speculation, BatchedStreamsWithAdaptersEqualPlain) {
   LoadOptions lo;
   lo.max_rows = 7;
@@ -307,16 +307,20 @@ TEST(Speculation, BatchedStreamsWithAdaptersEqualPlain) {
   const std::vector<std::string> adapters = {"a", "", "b", "a"};
   GenerateOptions o = greedy(40);
   const std::vector<GenerateResult> plain = generate_batch(*m, prompts, o, adapters);
-  o.speculation = ngram();
-  o.speculation.dispatch_cap = 5;
-  const std::vector<GenerateResult> spec = generate_batch(*m, prompts, o, adapters);
-  int64_t accepted = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(spec[i].tokens, plain[i].tokens) << "stream " << i;
-    accepted += spec[i].speculation.accepted;
+  // Chains, then trees cut to the rows left (their first nodes, still a tree).
+  for (const bool tree : {false, true}) {
+    o.speculation = ngram();
+    o.speculation.dispatch_cap = 5;
+    if (tree) o.speculation.tree = speculative::DraftTree::parse("-1,-1,0,1,2");
+    const std::vector<GenerateResult> spec = generate_batch(*m, prompts, o, adapters);
+    int64_t accepted = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(spec[i].tokens, plain[i].tokens) << "stream " << i << (tree ? ", tree" : "");
+      accepted += spec[i].speculation.accepted;
+    }
+    EXPECT_GT(accepted, 0);
+    EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages());
   }
-  EXPECT_GT(accepted, 0);
-  EXPECT_EQ(m->kv_pool().free_pages(), m->kv_pool().n_pages());
 }
 
 // A LoRA adapter alone (the base fixture falls into a loop the lookup drafts).
