@@ -59,6 +59,8 @@ class MtpServerTest(unittest.TestCase):
                               chat_template=None)
         cls.no_prefill = Server(*FLAGS, "--speculative", "mtp", "--drafter-prefill", "0",
                                 model=model, chat_template=None)
+        cls.tree = Server(*FLAGS, "--speculative", "mtp", "--draft-tokens", "3", "--draft-tree",
+                          "-1,-1,0,0,2", model=model, chat_template=None)
 
     @classmethod
     def tearDownClass(cls):
@@ -67,6 +69,7 @@ class MtpServerTest(unittest.TestCase):
             assert cls.spec.stop() == 0
             assert cls.no_carry.stop() == 0
             assert cls.no_prefill.stop() == 0
+            assert cls.tree.stop() == 0
         finally:
             cls.dir.cleanup()
 
@@ -99,6 +102,15 @@ class MtpServerTest(unittest.TestCase):
             self.assertGreaterEqual(d.rejected_prediction_tokens, 0)
             drafted += d.accepted_prediction_tokens + d.rejected_prediction_tokens
         self.assertGreater(drafted, 0)
+
+    def test_draft_trees_keep_the_replies(self):
+        # --draft-tree: the drafter's runner-up tokens beside its chain, verified in one step.
+        ps = prompts() * 2
+        want = [self.tokens(self.complete(self.plain, p)) for p in ps]
+        with concurrent.futures.ThreadPoolExecutor(len(ps)) as pool:
+            got = list(pool.map(lambda p: self.complete(self.tree, p), ps))
+        self.assertEqual([self.tokens(r) for r in got], want)
+        self.assertGreater(self.tree.metrics()["metrale_spec_draft_tokens_total"], 0)
 
     def test_a_request_may_turn_it_off(self):
         p = prompts()[1]
