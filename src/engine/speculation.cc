@@ -361,12 +361,12 @@ void Speculator::finish(DecodeStream& s, std::span<float> logits, ConstRows hidd
     // Draft positions are depths: a tree feeds several drafts at one.
     int64_t deepest = n;
     if (tree) {
-      std::vector<int64_t> depth(static_cast<size_t>(rows), 0);
+      depth_.assign(static_cast<size_t>(rows), 0);
       deepest = 0;
       for (int64_t r = 1; r < rows; ++r) {
-        depth[static_cast<size_t>(r)] =
-            depth[static_cast<size_t>(s.parents[static_cast<size_t>(r)])] + 1;
-        deepest = std::max(deepest, depth[static_cast<size_t>(r)]);
+        depth_[static_cast<size_t>(r)] =
+            depth_[static_cast<size_t>(s.parents[static_cast<size_t>(r)])] + 1;
+        deepest = std::max(deepest, depth_[static_cast<size_t>(r)]);
       }
     }
     for (int64_t i = 0; i < std::min(deepest, kAt); ++i)

@@ -214,6 +214,7 @@ class Speculator {
   std::vector<int64_t> path_;       // finish(): the accepted rows after row 0
   std::vector<int64_t> keep_rows_;  // finish(): the sequence's indices of the rows it keeps
   std::vector<int32_t> path_ids_;   // finish(): the accepted drafts
+  std::vector<int64_t> depth_;      // finish(): a tree's rows' depths
   std::vector<int64_t> counts_;
   std::vector<StepItem> items_;
   std::vector<speculative::VerifyKey> keys_;  // step(): each stream's slot and draft rows
