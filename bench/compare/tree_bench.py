@@ -14,7 +14,10 @@ is one `metrale bench` (greedy generation by B streams, --decode-tokens each, wi
 speculation, median of --reps timed runs after a warm-up, output compared token for token; a
 difference fails the run), with --draft-tokens set to the shape's depth. llama.cpp's pinned
 llama-lookup drafts chains only, so there is no peer row here; spec_bench.py has it.
-results.json records every command and figure; table.md the table, headed by the command.
+A shape written SHAPE@P runs with --draft-branch-p P (MTP: a runner-up token becomes a branch
+only where the drafter gives it at least probability P); its "nodes" are the shape's, the most
+it drafts. results.json records every command and figure; table.md the table, headed by the
+command.
 """
 
 import argparse
@@ -71,12 +74,16 @@ def main() -> None:
     for kind, model, specs, batches, prompt in (
             ("mtp", mtp_model, a.mtp_trees, a.mtp_batch, spec_bench.PROMPT),
             ("ngram", ngram_model, a.ngram_trees, [1], ngram_prompt)):
-        for spec in filter(None, specs.split(";")):
-            spec_bench.log(f"{kind} {spec}")
+        for item in filter(None, specs.split(";")):
+            # SHAPE@P: an MTP tree with --draft-branch-p P.
+            spec, _, branch_p = item.partition("@")
+            spec_bench.log(f"{kind} {item}")
             extra = () if spec.startswith("chain:") else ("--draft-tree", spec)
+            if branch_p:
+                extra += ("--draft-branch-p", branch_p)
             r = spec_bench.metrale_bench(a, model, kind, depth_of(spec), batches, commands,
                                          prompt, extra)
-            runs.append({"kind": kind, "tree": spec, "nodes": nodes_of(spec),
+            runs.append({"kind": kind, "tree": item, "nodes": nodes_of(spec),
                          "depth": depth_of(spec), **r})
     results = {"argv": sys.argv, "options": vars(a), "metrale_commit": spec_bench.git_commit(),
                "runs": runs, "commands": commands}

@@ -192,6 +192,10 @@ void SpeculativeFlags::add_to(CLI::App& cmd) {
                  "nodes' parents, e.g. -1,-1,0,0,1 (two guesses for the next token, two after the "
                  "first, one after the second); no deeper than --draft-tokens, no more nodes "
                  "than --dispatch-cap; not for hybrid (Gated DeltaNet) models");
+  cmd.add_option("--draft-branch-p", branch_p,
+                 "--speculative mtp with --draft-tree: a runner-up token becomes a branch only "
+                 "where the drafter gives it at least this probability (0, the default: every "
+                 "node of the shape); fewer verify rows where the drafter is sure");
   cmd.add_option("--dispatch-cap", dispatch_cap,
                  "most draft rows one step adds over all its sequences (1..128)");
   cmd.add_option("--ngram-min", ngram_min,
@@ -223,6 +227,10 @@ void SpeculativeFlags::check() const {
                   " nodes, more than --dispatch-cap ", dispatch_cap,
                   " (the draft rows one step adds)");
   }
+  METRALE_CHECK(branch_p >= 0 && branch_p < 1, "--draft-branch-p: expected a probability in "
+                "[0, 1), found ", branch_p);
+  METRALE_CHECK(branch_p == 0 || (kind == "mtp" && !tree.empty()),
+                "--draft-branch-p: applies to --speculative mtp with --draft-tree");
   METRALE_CHECK(ngram_min >= 1 && ngram_min <= speculative::kNgramMaxN, "--ngram-min: expected 1..",
                 speculative::kNgramMaxN, ", found ", ngram_min);
   METRALE_CHECK(ngram_max >= ngram_min && ngram_max <= speculative::kNgramMaxN,
@@ -249,7 +257,8 @@ SpeculationOptions SpeculativeFlags::options(Model& model, int64_t streams,
                   "mtp_num_hidden_layers is 0 or absent); use --speculative ngram");
     o.proposer = MtpProposer::load(
         model, {.kv_tokens = mtp_kv_tokens(model, streams, max_drafts()) + carry_tokens,
-                .kv_dtype = model.kv_pool().layout().dtype});
+                .kv_dtype = model.kv_pool().layout().dtype,
+                .branch_min_prob = branch_p});
   } else {
     o.proposer = std::make_shared<speculative::NgramProposer>(
         speculative::NgramOptions{.min_n = ngram_min, .max_n = ngram_max});

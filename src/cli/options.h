@@ -64,6 +64,7 @@ struct SpeculativeFlags {
   int64_t ngram_min = 1, ngram_max = 4;
   std::string ladder;  // "": K drafts at every batch size
   std::string tree;    // --draft-tree SPEC (speculative/draft_tree.h); "": chains
+  float branch_p = 0;  // --draft-branch-p: MTP trees' branch floor (MtpOptions::branch_min_prob)
   int64_t dispatch_cap = speculative::kDefaultDispatchCap;
   // What the drafter sees before drafting (speculative/drafter_context.h): --drafter-context
   // LIST, --drafter-prefill 0|1, --mtp-carry 0|1, and METRALE_DRAFTER_PREFILL /

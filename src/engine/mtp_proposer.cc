@@ -1,6 +1,7 @@
 #include "engine/mtp_proposer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -75,7 +76,10 @@ std::unique_ptr<MtpProposer> MtpProposer::load(Model& target, const MtpOptions& 
     METRALE_CHECK(o.kv_tokens >= 0 && o.page_size >= 0 && o.max_rows >= 0, "MtpOptions: kv_tokens ",
                   o.kv_tokens, ", page_size ", o.page_size, " and max_rows ", o.max_rows,
                   " must be >= 0 (0: the target's)");
+    METRALE_CHECK(o.branch_min_prob >= 0.0f && o.branch_min_prob < 1.0f,
+                  "MtpOptions: branch_min_prob must be in [0, 1), found ", o.branch_min_prob);
     std::unique_ptr<MtpProposer> p(new MtpProposer());
+    p->branch_min_prob_ = o.branch_min_prob;
     p->target_ = &target;
     p->hidden_ = c.hidden_size;
     p->vocab_ = c.vocab_size;
@@ -351,7 +355,19 @@ void MtpProposer::do_propose_batch(std::span<const ProposeArgs> args,
       const size_t ai = row_active[r];
       const float* row_logits = logits_.data() + logit_row * vocab_;
       drafts[active[ai]].push_back(first_argmax(row_logits, vocab_));
-      if (ranks_ > 0) append_best(row_logits, vocab_, ranks_, ranked_[active[ai]]);
+      if (ranks_ > 0) {
+        std::vector<int32_t>& best = ranked_[active[ai]];
+        const size_t first = best.size();
+        append_best(row_logits, vocab_, ranks_, best);
+        // Their probabilities: softmax over the row, in f64.
+        const double top = row_logits[best[first]];
+        double sum = 0;
+        for (int64_t v = 0; v < vocab_; ++v) sum += std::exp(double{row_logits[v]} - top);
+        for (size_t c = first; c < best.size(); ++c) {
+          ranked_prob_[active[ai]].push_back(
+              static_cast<float>(std::exp(double{row_logits[best[c]]} - top) / sum));
+        }
+      }
       be.copy(chain + ai * stride, chained(static_cast<int64_t>(r), logit_row), H * sizeof(float));
     }
     rows.clear();
@@ -431,6 +447,7 @@ void MtpProposer::do_propose_tree_batch(std::span<const speculative::ProposeArgs
   std::vector<std::vector<int32_t>> chains(args.size());
   ranks_ = std::max<int64_t>(ranks, 1);
   ranked_.assign(args.size(), {});
+  ranked_prob_.assign(args.size(), {});
   try {
     do_propose_batch(chain_args, chains);
   } catch (...) {
@@ -441,12 +458,15 @@ void MtpProposer::do_propose_tree_batch(std::span<const speculative::ProposeArgs
   ranks_ = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::vector<int32_t>& best = ranked_[i];
+    const std::vector<float>& prob = ranked_prob_[i];
     const auto rows = static_cast<int64_t>(chains[i].size());
     // Handle: the main-chain depth of the node (0: the root), or -1 off the main chain.
     speculative::fill_tree(
         shape, chain_args[i].n, 0,
         [&](int64_t depth, int64_t rank) {
           if (depth < 0 || depth >= rows || rank >= ranks) return speculative::TreeGuess{};
+          if (rank > 0 && prob[static_cast<size_t>(depth * ranks + rank)] < branch_min_prob_)
+            return speculative::TreeGuess{};
           return speculative::TreeGuess{.token = best[static_cast<size_t>(depth * ranks + rank)],
                                         .handle = rank == 0 ? depth + 1 : -1};
         },

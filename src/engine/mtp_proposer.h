@@ -55,6 +55,10 @@ struct MtpOptions {
   int64_t max_rows = 0;   // most rows of one drafter pass; 0: the target's max_rows
   DType kv_dtype = DType::kF32;
   WeightPlacement placement = WeightPlacement::kCopy;
+  // Trees: a runner-up token becomes a branch only where the drafter gives it at least this
+  // probability (softmax of its logits row); 0: every node the shape has (EAGLE-2's point:
+  // branch where the drafter is unsure, and spend no verify rows where it is sure). In [0, 1).
+  float branch_min_prob = 0.0f;
 };
 
 // Drafter rows (add any a carry keeps beside them) that never run out while the target's KV pool
@@ -100,8 +104,9 @@ class MtpProposer final : public speculative::DraftProposer {
   void do_propose_batch(std::span<const speculative::ProposeArgs> args,
                         std::span<std::vector<int32_t>> drafts) override;
   // Trees: the main chain as propose_batch drafts it; a main-chain node's (and the root's)
-  // c-th child is the drafter's c-th best token at that row (ties: the lower id). Nodes below
-  // a non-first child have no drafter row to come from and are left out.
+  // c-th child is the drafter's c-th best token at that row (ties: the lower id), kept when its
+  // probability reaches MtpOptions::branch_min_prob. Nodes below a non-first child have no
+  // drafter row to come from and are left out.
   void do_propose_tree_batch(std::span<const speculative::ProposeArgs> args,
                              const speculative::DraftTree& shape,
                              std::span<speculative::TreeDrafts> out) override;
@@ -164,6 +169,8 @@ class MtpProposer final : public speculative::DraftProposer {
   // them when ranks_ > 0): ranked_[i][j * ranks_ + c] is draft j + 1's c-th best.
   int64_t ranks_ = 0;
   std::vector<std::vector<int32_t>> ranked_;
+  std::vector<std::vector<float>> ranked_prob_;  // the drafter's probability of each
+  float branch_min_prob_ = 0.0f;
   Buffer chain_;  // [sequences, padded H] each proposing sequence's last output row
   int64_t chain_rows_ = 0;
 };
