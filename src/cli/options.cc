@@ -227,8 +227,10 @@ void SpeculativeFlags::check() const {
                   " nodes, more than --dispatch-cap ", dispatch_cap,
                   " (the draft rows one step adds)");
   }
-  METRALE_CHECK(branch_p >= 0 && branch_p < 1, "--draft-branch-p: expected a probability in "
-                "[0, 1), found ", branch_p);
+  METRALE_CHECK(branch_p >= 0 && branch_p < 1,
+                "--draft-branch-p: expected a probability in "
+                "[0, 1), found ",
+                branch_p);
   METRALE_CHECK(branch_p == 0 || (kind == "mtp" && !tree.empty()),
                 "--draft-branch-p: applies to --speculative mtp with --draft-tree");
   METRALE_CHECK(ngram_min >= 1 && ngram_min <= speculative::kNgramMaxN, "--ngram-min: expected 1..",

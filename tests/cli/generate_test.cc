@@ -151,6 +151,12 @@ TEST(GenerateJson, BadSpeculativeFlagsNameTheFlag) {
       {"qwen3_next_f32",
        {"--speculative", "ngram", "--draft-tree", "-1,-1,0"},
        "verifies chains only"},
+      {"qwen3_f32",
+       {"--speculative", "ngram", "--draft-tree", "-1,-1", "--draft-branch-p", "0.2"},
+       "--draft-branch-p: applies to --speculative mtp with --draft-tree"},
+      {"deepseek_v3_mtp_bf16",
+       {"--speculative", "mtp", "--draft-tree", "-1,-1", "--draft-branch-p", "1.5"},
+       "--draft-branch-p: expected a probability in [0, 1)"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {

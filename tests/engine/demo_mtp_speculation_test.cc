@@ -134,9 +134,13 @@ TEST(DemoMtp, TreesChangeNoTokenAndAcceptMorePerStepThanTheChain) {
   auto m = load();
   const std::vector<std::vector<int32_t>> prompts = encoded_prompts(*m);
   const std::vector<std::vector<int32_t>> plain = plain_outputs(*m, prompts);
-  double per_step[2] = {0, 0};
-  for (const bool tree : {false, true}) {
-    auto drafter = MtpProposer::load(*m);
+  // The chain, the whole tree, and the tree branching only where the drafter gives the
+  // runner-up at least 0.15 (MtpOptions::branch_min_prob).
+  double per_step[3] = {0, 0, 0};
+  int64_t drafted[3] = {0, 0, 0};
+  for (const int run : {0, 1, 2}) {
+    const bool tree = run > 0;
+    auto drafter = MtpProposer::load(*m, {.branch_min_prob = run == 2 ? 0.15f : 0.0f});
     const MtpProposer* d = drafter.get();
     GenerateOptions o = greedy();
     o.speculation = {.proposer = std::move(drafter),
@@ -149,12 +153,15 @@ TEST(DemoMtp, TreesChangeNoTokenAndAcceptMorePerStepThanTheChain) {
       EXPECT_EQ(r.tokens, plain[i]) << kPrompts[i] << (tree ? ", tree" : ", chain");
       alone += r.speculation;
     }
-    per_step[tree ? 1 : 0] = static_cast<double>(alone.accepted) /
-                             static_cast<double>(std::max<int64_t>(alone.verify_steps, 1));
+    per_step[run] = static_cast<double>(alone.accepted) /
+                    static_cast<double>(std::max<int64_t>(alone.verify_steps, 1));
+    drafted[run] = alone.drafted;
     std::printf("%s: %lld accepted of %lld drafted in %lld verify steps (%.2f per step)\n",
-                tree ? "tree -1,-1,0,0,2,2" : "chain:3", static_cast<long long>(alone.accepted),
-                static_cast<long long>(alone.drafted), static_cast<long long>(alone.verify_steps),
-                per_step[tree ? 1 : 0]);
+                run == 0   ? "chain:3"
+                : run == 1 ? "tree -1,-1,0,0,2,2"
+                           : "the tree, branch p 0.15",
+                static_cast<long long>(alone.accepted), static_cast<long long>(alone.drafted),
+                static_cast<long long>(alone.verify_steps), per_step[run]);
     const std::vector<GenerateResult> batch = generate_batch(*m, prompts, o);
     SpeculationCounts together;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -167,6 +174,11 @@ TEST(DemoMtp, TreesChangeNoTokenAndAcceptMorePerStepThanTheChain) {
     EXPECT_EQ(d->kv_pool().free_pages(), d->kv_pool().n_pages()) << "drafter pages leaked";
   }
   EXPECT_GT(per_step[1], per_step[0]) << "the tree's branches were never the ones accepted";
+  // The floor drops the branches where the drafter is sure: fewer drafts than the whole tree,
+  // more than the chain.
+  EXPECT_LT(drafted[2], drafted[1]);
+  EXPECT_GT(drafted[2], drafted[0]);
+  EXPECT_THROW(MtpProposer::load(*m, {.branch_min_prob = 1.0f}), Error);
 }
 
 // A ladder rung of 0 drafts ("3:3,4:0"): while all four streams decode, none drafts (each
