@@ -87,29 +87,40 @@ std::pair<size_t, size_t> find_first(std::string_view buf,
   return best;
 }
 
-// Scans JSON-ish text outside strings. Returns the index past the bracket that closes the
-// value `s` starts with ('{' or '['), or kNpos when it never closes or nests deeper than
-// kMaxDepth. With `whole`, scans all of `s` and returns 0 when the nesting stays within the
-// limit (kNpos otherwise).
-size_t scan_brackets(std::string_view s, bool whole) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
+// Where JSON-ish text stands relative to its strings, a character at a time.
+struct JsonStrings {
+  bool newline_ends = false;  // a raw newline ends a string (JSON has none inside one)
+  bool in_string = false, escaped = false;
+  // Whether `c` belongs to a string (its quotes included).
+  bool inside(char c) {
     if (in_string) {
-      if (escaped) {
+      if (newline_ends && c == '\n') {
+        in_string = false;
+      } else if (escaped) {
         escaped = false;
       } else if (c == '\\') {
         escaped = true;
       } else if (c == '"') {
         in_string = false;
       }
-      continue;
+      return true;
     }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
+    in_string = c == '"';
+    return in_string;
+  }
+};
+
+// Scans JSON-ish text outside strings. Returns the index past the bracket that closes the
+// value `s` starts with ('{' or '['), or kNpos when it never closes or nests deeper than
+// kMaxDepth. With `whole`, scans all of `s` and returns 0 when the nesting stays within the
+// limit (kNpos otherwise).
+size_t scan_brackets(std::string_view s, bool whole) {
+  int depth = 0;
+  JsonStrings strings;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (strings.inside(c)) continue;
+    if (c == '{' || c == '[') {
       if (++depth > kMaxDepth) return kNpos;
     } else if (c == '}' || c == ']') {
       --depth;
@@ -229,26 +240,9 @@ size_t value_end(std::string_view s, size_t from, std::string_view marker, bool 
   if (!json || i >= s.size() || (s[i] != '{' && s[i] != '[' && s[i] != '"')) {
     return s.find(marker, from);
   }
-  bool in_string = false, escaped = false;
+  JsonStrings strings{.newline_ends = true};
   for (; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\n') {
-        in_string = false;
-      } else if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (s.compare(i, marker.size(), marker) == 0) {
-      return i;
-    }
+    if (!strings.inside(s[i]) && s.compare(i, marker.size(), marker) == 0) return i;
   }
   return kNpos;
 }
