@@ -206,6 +206,16 @@ void check_state(std::string_view op, const StateSlice& s, std::span<const int32
     METRALE_CHECK(run.in != nullptr, op, ": state.runs[", q, "].in is null");
     METRALE_CHECK(run.out.back() != nullptr, op, ": state.runs[", q, "].out: the last block (row ",
                   e - 1, ") is null");
+    if (!run.parent.empty()) {
+      METRALE_CHECK(run.parent.size() == run.out.size(), op, ": state.runs[", q, "].parent has ",
+                    run.parent.size(), " rows for ", run.out.size());
+      for (size_t i = 0; i < run.parent.size(); ++i) {
+        const int32_t p = run.parent[i];
+        METRALE_CHECK(p >= -1 && p < static_cast<int32_t>(i) && run.out[i] != nullptr, op,
+                      ": state.runs[", q, "]: tree row ", i, " continues from row ", p,
+                      " (expected an earlier row or -1) or keeps no state");
+      }
+    }
     r = e;
   }
   // Every sequence with rows matched its out count above, so any excess is a run whose

@@ -452,6 +452,10 @@ struct StateRun {
   // when that intermediate is not kept. The last is never null. Any of them may equal `in`:
   // an op reads the state it starts from before it writes.
   std::span<std::byte* const> out;
+  // Tree verification (engine/model.h StepItem::tree): [rows] the row whose state row i
+  // continues from, -1 for `in`; every row's state is then kept (no null out). Empty: each row
+  // continues from the one before it.
+  std::span<const int32_t> parent;
 };
 
 // Where one layer's state of one kind sits in every block of the pass.

@@ -191,7 +191,7 @@ void SpeculativeFlags::add_to(CLI::App& cmd) {
                  "draft a tree per step, verified at once with tree attention: chain:K, or the "
                  "nodes' parents, e.g. -1,-1,0,0,1 (two guesses for the next token, two after the "
                  "first, one after the second); no deeper than --draft-tokens, no more nodes "
-                 "than --dispatch-cap; not for hybrid (Gated DeltaNet) models");
+                 "than --dispatch-cap (hybrid models: no more than the state ring's depth)");
   cmd.add_option("--draft-branch-p", branch_p,
                  "--speculative mtp with --draft-tree: a runner-up token becomes a branch only "
                  "where the drafter gives it at least this probability (0, the default: every "

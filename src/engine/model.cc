@@ -213,9 +213,12 @@ void Model::check_multimodal(const StepItem& it, size_t index) const {
 }
 
 void Model::check_tree(const StepItem& it, size_t index) const {
-  METRALE_CHECK(state_ == nullptr, "step: item ", index, " is a draft tree, but ",
-                config_.model_type,
-                "'s recurrent layers follow one chain of rows (verify a chain)");
+  METRALE_CHECK(
+      state_ == nullptr || static_cast<int64_t>(it.ids.size()) <= state_->plan().ring_depth + 1,
+      "step: item ", index, " is a draft tree of ", it.ids.size(), " rows, but ",
+      config_.model_type, "'s state ring keeps ",
+      state_ == nullptr ? 0 : state_->plan().ring_depth + 1,
+      " (each row's recurrent state is kept for the path verification picks)");
   METRALE_CHECK(it.embed_rows.empty() && it.positions3.empty(), "step: item ", index,
                 " is a draft tree with multimodal rows; a tree takes token rows only");
   METRALE_CHECK(it.tree.size() == it.ids.size(), "step: item ", index, " has ", it.tree.size(),
@@ -455,6 +458,10 @@ void Model::step(std::span<const StepItem> items, std::span<float> logits, const
       const int64_t depth = state_->plan().ring_depth;
       it.seq->state_floor =
           len <= depth + 1 ? std::max(it.seq->state_floor, have + len - depth) : have + len;
+      // A tree's rows are not one chain: no count past its root is a state truncate() may
+      // take; compact() keeps a path.
+      it.seq->tree_start = it.tree.empty() ? -1 : have;
+      if (!it.tree.empty()) it.seq->state_floor = have + len;
     }
   }
 }
@@ -491,7 +498,8 @@ void Model::bind_states(std::span<const StepItem> items) {
     }
     state_runs_[i] = {
         .in = state_->block(seq.state_slot, have % versions),
-        .out = std::span<std::byte* const>(state_out_.data() + row, static_cast<size_t>(len))};
+        .out = std::span<std::byte* const>(state_out_.data() + row, static_cast<size_t>(len)),
+        .parent = items[i].tree};
     row += static_cast<size_t>(len);
   }
 }
@@ -554,6 +562,7 @@ void Model::truncate(Sequence& seq, int64_t n) {
     if (n == 0) {  // the empty sequence's state is known: zero
       state_->zero_block(state_->block(seq.state_slot, 0));
       seq.state_floor = 0;
+      seq.tree_start = -1;
     }
     METRALE_CHECK(n >= seq.state_floor, "truncate: keep ", n, " of ", have,
                   " tokens, but the recurrent state is held back to ", seq.state_floor,
@@ -566,8 +575,12 @@ void Model::truncate(Sequence& seq, int64_t n) {
 
 void Model::compact(Sequence& seq, int64_t keep, std::span<const int64_t> rows) {
   const auto have = static_cast<int64_t>(seq.tokens.size());
-  METRALE_CHECK(state_ == nullptr || rows.empty(), "compact: ", config_.model_type,
-                "'s recurrent state cannot skip tokens (truncate instead)");
+  const bool hybrid = state_ != nullptr && seq.state_slot >= 0;
+  METRALE_CHECK(!hybrid || rows.empty() || (seq.tree_start >= 0 && keep == seq.tree_start + 1),
+                "compact: ", config_.model_type,
+                "'s recurrent state can skip tokens only right "
+                "after a draft tree's step, keeping its root (token ",
+                seq.tree_start, "); keep ", keep);
   METRALE_CHECK(keep >= 0 && keep <= have, "compact: keep ", keep, " tokens of a sequence of ",
                 have);
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -575,6 +588,19 @@ void Model::compact(Sequence& seq, int64_t keep, std::span<const int64_t> rows) 
                       (i == 0 || rows[i] > rows[i - 1]),
                   "compact: row ", i, " is token ", rows[i], "; expected ascending tokens in [",
                   keep, ", ", have, ")");
+  }
+  if (hybrid && seq.tree_start >= 0 && keep == seq.tree_start + 1) {
+    // The state after the path's last row (token count rows.back() + 1, or the root's) is the
+    // sequence's: into the version of the count it keeps.
+    const int64_t versions = state_->plan().ring_depth + 1;
+    const int64_t from = rows.empty() ? keep : rows.back() + 1;
+    const int64_t to = keep + static_cast<int64_t>(rows.size());
+    if (from % versions != to % versions) {
+      backend_->copy(state_->block(seq.state_slot, to % versions),
+                     state_->block(seq.state_slot, from % versions), state_->plan().block_bytes);
+    }
+    seq.state_floor = to;
+    seq.tree_start = -1;
   }
   const int64_t page = kv_->page_size();
   // A page the moves write into may be shared (the prefix cache): write into a copy.
@@ -687,6 +713,7 @@ void Model::release(Sequence& seq) {
   if (state_ != nullptr && seq.state_slot >= 0) state_->release(seq.state_slot, &seq);
   seq.state_slot = -1;
   seq.state_floor = 0;
+  seq.tree_start = -1;
   kv_->release(seq.block_table);
   seq.tokens.clear();
 }

@@ -69,6 +69,10 @@ struct Sequence {
   // Hybrid models: the fewest tokens truncate() can keep — the oldest token count whose
   // recurrent state is still in the slot's ring.
   int64_t state_floor = 0;
+  // Hybrid models, after a step whose item was a draft tree: the tokens before it (its root is
+  // token tree_start). Its rows' states are in the ring, each in its own version, until
+  // compact() keeps one path; -1 otherwise.
+  int64_t tree_start = -1;
   // The LoRA adapter every row of this sequence runs with (Model::set_adapter; base: none).
   LoraRef lora;
   // Multimodal rope (Model::multimodal_rope()): a row given no (t, h, w) positions rotates by
@@ -109,8 +113,9 @@ struct StepItem {
   // tokens cached before the step; the root's depth is 0) and sees the context and its own
   // ancestors, as if they were the only rows — its logits are bit for bit the ones the same
   // path gives as a chain. Its K/V is stored at index start + j, and the sequence's tokens
-  // gain the rows in item order: compact() keeps one path. Not with multimodal rows or
-  // recurrent layers (a Gated DeltaNet state follows one chain of rows).
+  // gain the rows in item order: compact() keeps one path. Not with multimodal rows. Hybrid
+  // models: each row's recurrent state continues from its parent's, every row's kept in the
+  // ring, so a tree has at most ring_depth + 1 rows.
   std::span<const int32_t> tree;
 };
 
@@ -194,8 +199,10 @@ class Model {
   void truncate(Sequence& seq, int64_t n);
   // Keeps the first `keep` tokens of `seq`, then its tokens at indices rows[0] < rows[1] < ...
   // (each at or past `keep`), moving their K/V to indices keep, keep + 1, ...; the rest is
-  // dropped as truncate() drops it. A tree verify's accepted path is kept this way. Throws
-  // (seq unchanged) on rows out of order or range, and for models with recurrent layers.
+  // dropped as truncate() drops it. A tree verify's accepted path is kept this way. Hybrid
+  // models: only right after a draft tree's step, keeping its root (keep = tree_start + 1) and
+  // a path of its rows; the state after the path's last row becomes the sequence's. Throws
+  // (seq unchanged) on rows out of order or range, or a hybrid sequence that is not there.
   void compact(Sequence& seq, int64_t keep, std::span<const int64_t> rows);
   // Returns the sequence's pages to the pool and empties it (and drops its adapter).
   void release(Sequence& seq);

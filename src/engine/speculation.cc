@@ -42,10 +42,6 @@ Speculator::Speculator(Model& model, SpeculationOptions options)
   METRALE_CHECK(!p.needs_hidden() || p.hidden_size() == model_.config().hidden_size,
                 "speculative: the ", p.name(), " drafter reads hidden rows of ", p.hidden_size(),
                 " values, but the model's hidden size is ", model_.config().hidden_size);
-  METRALE_CHECK(!options_.tree.has_value() || model_.state_pool() == nullptr,
-                "--draft-tree: ", model_.config().model_type,
-                "'s recurrent layers keep one state per chain of rows, so it verifies chains "
-                "only (drop --draft-tree, or give it chain:K)");
   METRALE_CHECK(!options_.tree.has_value() || options_.tree->size() <= options_.dispatch_cap,
                 "--draft-tree: a tree of ", options_.tree.has_value() ? options_.tree->size() : 0,
                 " nodes exceeds the dispatch cap of ", options_.dispatch_cap,
@@ -291,6 +287,9 @@ void Speculator::plan(std::span<DecodeStream* const> streams, int64_t max_draft_
     DecodeStream& s = *drafting_[i];
     const int64_t base = pages_needed(kv, *s.seq, 1);
     int64_t& k = counts_[i];
+    // Hybrid models keep every tree row's state in the ring (StepItem::tree).
+    if (const StatePool* state = model_.state_pool(); tree && state != nullptr)
+      k = std::min(k, state->plan().ring_depth);
     while (k > 0 && pages_needed(kv, *s.seq, 1 + k) - base > spare) --k;
     spare -= pages_needed(kv, *s.seq, 1 + k) - base;
     if (!tree) {

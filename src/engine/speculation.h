@@ -73,7 +73,7 @@ struct SpeculationOptions {
   // Draft trees (speculative/draft_tree.h, `--draft-tree`): each stream drafts a tree of this
   // shape (DraftProposer::propose_tree_batch) no deeper than its draft count, verified in the
   // same one step with tree attention (StepItem::tree); the accepted path is compacted into
-  // place (Model::compact). None: chains. Not for models with recurrent layers.
+  // place (Model::compact). None: chains. Hybrid models: cut to the state ring's depth.
   std::optional<speculative::DraftTree> tree;
   // Drafter prefill (speculative/drafter_context.h): a hidden-reading drafter is prefilled over
   // the prompt's hidden rows. Off: it starts at the prompt's last key (start_drafter) and needs

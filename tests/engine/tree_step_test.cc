@@ -2,8 +2,8 @@
 // gives, bit for bit, the logits its root-to-row path gives as a plain chain (the attention
 // sees the context and the row's ancestors, stored where the step put them, at the positions a
 // chain would give them), next to ordinary rows of other sequences in the same step; and
-// compact() keeps one path so that decoding goes on exactly as after that chain. On dense, MoE
-// and MLA families, a bf16 KV cache, and pages smaller than the tree.
+// compact() keeps one path so that decoding goes on exactly as after that chain. On dense, MoE,
+// MLA and hybrid (Gated DeltaNet) families, a bf16 KV cache, and pages smaller than the tree.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -159,28 +159,86 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TreeStep,
                                            Case{"deepseek_v3_bias_bf16", DType::kBF16, 4}),
                          [](const ::testing::TestParamInfo<Case>& p) { return name_of(p.param); });
 
-TEST(TreeStepHybrid, ARecurrentModelRefusesATree) {
+// Hybrid models: each tree row's recurrent state continues from its parent's (every row's
+// kept in the ring), so the rows equal their chains bit for bit here too, and compact() makes
+// the path's last state the sequence's. A tree larger than the ring is refused.
+class TreeStepHybrid : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TreeStepHybrid, RowsEqualTheirChainsAndCompactKeepsThePathsState) {
   LoadOptions o;
   o.n_threads = 2;
-  o.kv_tokens = 256;
-  auto m = Model::load(testing::fixture_dir("qwen3_next_f32"), o);
-  Sequence seq;
-  std::vector<float> last(static_cast<size_t>(m->vocab_size()));
-  const std::vector<int32_t> prompt = {5, 6, 7};
-  m->prefill(seq, prompt, last);
-  const std::vector<int32_t> ids = {8, 9, 10}, parents = {-1, 0, 0};
-  std::vector<float> logits(3 * last.size());
-  const StepItem item{.seq = &seq, .ids = ids, .logits = LogitRows::kAll, .tree = parents};
-  try {
+  o.kv_tokens = 512;
+  o.page_size = 8;
+  const std::string fixture = GetParam().substr(0, GetParam().find('@'));
+  if (GetParam().ends_with("@f16")) o.state_dtype = DType::kF16;  // states stored rounded
+  auto m = Model::load(testing::fixture_dir(fixture), o);
+  const auto V = static_cast<size_t>(m->vocab_size());
+  const int64_t depth = m->state_pool()->plan().ring_depth;
+  ASSERT_GE(depth, 6) << "the ring must hold the tree's rows";
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const std::vector<int32_t> ids = {21, 22, 23, 24, 25, 26, 27};
+  const std::vector<int32_t> parents = {-1, 0, 0, 1, 2, 2, 5};
+  const auto path_of = [&](size_t j) {
+    std::vector<int32_t> p;
+    for (auto a = static_cast<int32_t>(j); a >= 0; a = parents[static_cast<size_t>(a)])
+      p.insert(p.begin(), ids[static_cast<size_t>(a)]);
+    return p;
+  };
+  const auto chain = [&](const std::vector<int32_t>& path) {
+    Sequence seq;
+    std::vector<float> last(V), logits(path.size() * V);
+    m->prefill(seq, prompt, last);
+    const StepItem item{.seq = &seq, .ids = path, .logits = LogitRows::kAll};
     m->step({&item, 1}, logits);
-    FAIL() << "a tree ran on a hybrid model";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("recurrent layers follow one chain"), std::string::npos)
-        << e.what();
+    m->release(seq);
+    return std::vector<float>(logits.end() - static_cast<ptrdiff_t>(V), logits.end());
+  };
+  Sequence seq;
+  std::vector<float> last(V), logits(ids.size() * V);
+  m->prefill(seq, prompt, last);
+  const StepItem item{.seq = &seq, .ids = ids, .logits = LogitRows::kAll, .tree = parents};
+  m->step({&item, 1}, logits);
+  for (size_t j = 0; j < ids.size(); ++j) {
+    const std::vector<float> want = chain(path_of(j));
+    EXPECT_EQ(std::memcmp(want.data(), logits.data() + j * V, V * sizeof(float)), 0)
+        << "tree row " << j;
   }
-  EXPECT_EQ(seq.tokens.size(), prompt.size());
+  // Row 6's path: 0, 2, 5, 6. A truncate into the tree is refused; compact keeps the path.
+  const auto start = static_cast<int64_t>(prompt.size());
+  EXPECT_THROW(m->truncate(seq, start + 2), Error);
+  m->compact(seq, start + 1, std::vector<int64_t>{start + 2, start + 5, start + 6});
+  std::vector<int32_t> next = path_of(6);
+  next.push_back(31);
+  const std::vector<float> want = chain(next);
+  std::vector<float> got(V);
+  m->decode({std::array{&seq}.data(), 1}, std::vector<int32_t>{31}, got);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), V * sizeof(float)), 0);
+  // Compact needs a tree right before it.
+  EXPECT_THROW(m->compact(seq, start + 2, std::vector<int64_t>{start + 4}), Error);
+  // A tree past the ring.
+  const std::vector<int32_t> wide_ids(static_cast<size_t>(depth + 2), 21);
+  std::vector<int32_t> wide(wide_ids.size(), 0);
+  wide[0] = -1;
+  std::vector<float> wide_logits(wide_ids.size() * V);
+  const StepItem too_big{.seq = &seq, .ids = wide_ids, .logits = LogitRows::kAll, .tree = wide};
+  try {
+    m->step({&too_big, 1}, wide_logits);
+    FAIL() << "a tree larger than the ring ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("state ring keeps"), std::string::npos) << e.what();
+  }
   m->release(seq);
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TreeStepHybrid,
+                         ::testing::Values("qwen3_next_f32", "qwen3_next_f32@f16",
+                                           "qwen3_5_text_bf16"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string n = p.param;
+                           for (char& c : n)
+                             if (c == '@') c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace metrale

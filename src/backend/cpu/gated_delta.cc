@@ -208,6 +208,13 @@ void CausalConvBlock(const CausalConvArgs& a, const StateSpan& span, int64_t c0,
   for (int64_t j = 0; j + 1 < K; ++j) LoadState(run.in + state_row(j), dt, w, window + j * w);
   int64_t oldest = 0;
   for (int64_t i = 0; i < n; ++i) {
+    // A tree row continues from its parent's kept inputs (stored, so as a chain reads them).
+    if (!run.parent.empty() && run.parent[static_cast<size_t>(i)] != i - 1) {
+      const int32_t p = run.parent[static_cast<size_t>(i)];
+      const std::byte* from = p < 0 ? run.in : run.out[static_cast<size_t>(p)];
+      for (int64_t j = 0; j + 1 < K; ++j) LoadState(from + state_row(j), dt, w, window + j * w);
+      oldest = 0;
+    }
     const float* x = a.x.row(span.row_begin + i) + c0;
     float* y = a.out.row(span.row_begin + i) + c0;
     if (i + 1 < n) {  // the next row is a page or more away: no hardware prefetch reaches it
@@ -443,8 +450,25 @@ void DeltaRuleHeadRecurrent(const DeltaRuleArgs& a, const StateSpan& span, int64
   const float* src[kDeltaRowBlock];
   float* dst[kDeltaRowBlock];
   uint16_t* keep16[kDeltaRowBlock];
-  for (int64_t t0 = 0; t0 < n; t0 += kDeltaRowBlock) {
-    const int64_t nb = std::min(kDeltaRowBlock, n - t0);
+  // A tree row continues from its parent's kept state (stored, so as a chain reads it); a
+  // block of rows is a chain (its kv / sq sums for the next row come from this row's S'), so a
+  // block ends before a row whose parent is not the row before it.
+  const auto chained = [&](int64_t t) {
+    return run.parent.empty() || run.parent[static_cast<size_t>(t)] == t - 1;
+  };
+  for (int64_t t0 = 0, nb = 0; t0 < n; t0 += nb) {
+    nb = 1;
+    while (nb < kDeltaRowBlock && t0 + nb < n && chained(t0 + nb)) ++nb;
+    if (!chained(t0)) {
+      const int32_t p = run.parent[static_cast<size_t>(t0)];
+      const std::byte* from = p < 0 ? run.in : run.out[static_cast<size_t>(p)];
+      if (f16) {
+        LoadState(from + off + head * sizeof(uint16_t), DType::kF16, dk * dv, s_scr);
+        cur = s_scr;
+      } else {
+        cur = reinterpret_cast<const float*>(from + off) + head;
+      }
+    }
     for (int64_t i = 0; i < nb; ++i) {
       PrepareRow(a, span.row_begin + t0 + i, h, qn + i * dk, kn + i * dk, &sc[i]);
       std::byte* o = run.out[static_cast<size_t>(t0 + i)];
@@ -673,7 +697,7 @@ void causal_conv_block(const CausalConvArgs& a, const StateSpan& span, int64_t c
 
 bool delta_rule_chunked(const StateRun& run, int64_t min_rows) {
   const auto n = static_cast<int64_t>(run.out.size());
-  if (n <= min_rows) return false;
+  if (n <= min_rows || !run.parent.empty()) return false;
   for (int64_t i = 0; i + 1 < n; ++i)
     if (run.out[static_cast<size_t>(i)] != nullptr) return false;
   return true;
