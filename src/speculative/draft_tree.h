@@ -2,7 +2,10 @@
 // Draft trees: the shape of what one sequence drafts for one verify step. A chain of k drafts
 // is the common case; a branching tree drafts several continuations at once (SpecInfer,
 // Medusa/EAGLE's static trees) and is verified in the same single ragged step, each row seeing
-// only its own ancestors through a tree attention mask.
+// only the context and its own ancestors (engine/model.h StepItem::tree). attention_mask()
+// states that relation; the attention ops realise it by reading a row's ancestors through
+// backend.h's KeyRemap, at the positions the same path's chain gives them, which a mask over
+// scattered keys would not (the kernels' sums group keys by index).
 //
 // A tree is a list of parents: node i (a draft row) hangs below parents[i], -1 being the root
 // — the row of the sequence's last verified token, which the verify step runs first. Parents

@@ -51,11 +51,13 @@ using UniformDraw = std::function<float()>;
 VerifyResult verify_sampled(std::span<const int32_t> drafts, ConstRows target,
                             const ConstRows* draft, const UniformDraw& uniform);
 
-// Greedy verification of a draft tree: from the root, follow the child whose token is the
-// target's argmax at the current row (the first such child when siblings repeat a token),
-// until none is; `next` is the argmax there. `tokens[i]` is node i's draft, `logits` holds
-// tree.size() + 1 rows (the root's, then node i's as row i + 1). `path` lists the accepted
-// nodes, root-down: their rows are the ones whose KV the sequence keeps.
+// Greedy verification of a draft tree, over raw argmaxes (the reference; the engine's walk,
+// engine/speculation.h, picks each row through the stream's Generation, penalties and all):
+// from the root, follow the child whose token is the target's argmax at the current row (the
+// first such child when siblings repeat a token), until none is; `next` is the argmax there.
+// `tokens[i]` is node i's draft, `logits` holds tree.size() + 1 rows (the root's, then node i's as
+// row i + 1). `path` lists the accepted nodes, root-down: their rows are the ones whose KV the
+// sequence keeps.
 struct TreeVerifyResult {
   std::vector<int64_t> path;
   int32_t next = 0;

@@ -67,6 +67,14 @@ TEST(DraftTree, MaskEqualsTheAncestorRelationOnADeepTree) {
   }
 }
 
+TEST(DraftTree, MainDepthFollowsTheFirstChildren) {
+  EXPECT_EQ(DraftTree::chain(3).main_depth(), 3);
+  EXPECT_EQ(DraftTree::parse("-1,-1,0,0,1").main_depth(), 2);  // nodes 0, 2
+  // The main chain ends where a first child has no children, however deep the tree is.
+  EXPECT_EQ(DraftTree::parse("-1,-1,1,2").main_depth(), 1);
+  EXPECT_EQ(DraftTree::parse("-1,0,0,1,3").main_depth(), 4);
+}
+
 TEST(DraftTree, RejectsBadShapes) {
   const auto err = [](const char* spec) { return error_of([&] { DraftTree::parse(spec); }); };
   EXPECT_NE(err("").find("--draft-tree: empty tree"), std::string::npos);
